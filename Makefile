@@ -1,0 +1,33 @@
+# The two commands a user needs (README): `make demo` runs the workflow on this machine,
+# `make test` runs lint + tests. Both create or reuse .venv first (tools/setup_env.sh).
+VENV ?= .venv
+BIN := $(CURDIR)/$(VENV)/bin
+# The venv's bin/ first on PATH: mpiexec (mpich wheel), horovodrun and Parsl's interchange live there.
+RUN := PATH="$(BIN):$$PATH"
+
+.PHONY: demo test env lint format lock clean-venv
+
+env:
+	@VENV=$(VENV) bash tools/setup_env.sh
+
+demo: env
+	$(RUN) python workflow.py --site local $(ARGS)
+
+test: env lint
+	$(RUN) python -m pytest $(PYTEST_ARGS)
+
+lint: env
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+
+format: env
+	$(RUN) ruff check --fix .
+	$(RUN) ruff format .
+
+# Re-resolve requirements.lock from pyproject's direct pins (run by hand, then review the diff).
+lock: env
+	$(RUN) python -m pip freeze --exclude-editable | grep -v -i '^horovod==' > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+
+clean-venv:
+	rm -rf $(VENV)

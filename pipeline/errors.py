@@ -1,0 +1,56 @@
+"""Every error the pipeline raises on purpose, in one place.
+
+Each message is one line that names the file (or setting) and the problem, so a user reading a
+failed Parsl task's log knows what to fix without a traceback.
+"""
+
+
+class FFNError(Exception):
+    """Base of all pipeline errors."""
+
+
+class ConfigError(FFNError, ValueError):
+    """A setting is out of range or inconsistent with another."""
+
+
+class VolumeError(FFNError):
+    """An input volume cannot be used."""
+
+
+class VolumeFileMissing(VolumeError, FileNotFoundError):
+    """The HDF5 file does not exist."""
+
+
+class DatasetMissing(VolumeError, KeyError):
+    """The file exists but has no dataset of that name."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class VolumeShapeError(VolumeError, ValueError):
+    """Not 3-D, raw and labels disagree, or smaller than the field of view."""
+
+
+class VolumeDtypeError(VolumeError, TypeError):
+    """A dtype the pipeline does not accept (raw must be uint8, labels an integer type)."""
+
+
+class NonFiniteError(VolumeError, ValueError):
+    """NaN or infinity in a volume."""
+
+
+class EmptyLabelsError(VolumeError, ValueError):
+    """Ground truth with no labeled voxel (all zero)."""
+
+
+class VoxelSizeError(VolumeError, ValueError):
+    """Voxel size missing, not three positive numbers, or raw and labels disagree."""
+
+
+class CoordinatesError(FFNError, ValueError):
+    """A coordinates file is missing, malformed or cannot be sharded as asked."""
+
+
+class CheckpointError(FFNError):
+    """A model checkpoint is missing or does not match the model."""

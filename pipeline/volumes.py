@@ -1,0 +1,215 @@
+"""Volume I/O and validation: the one array convention of the whole project.
+
+Arrays are (z, y, x). Raw images are `uint8`; labels are `uint64` with 0 = unlabeled. The voxel
+size in nm, also (z, y, x), is stored as the attribute `voxel_size_nm` on each dataset. FFN's own
+literature and flags write sizes as (x, y, z); convert at the edge, never here.
+
+Volumes are addressed by specs `path.h5:dataset`. Reading validates and fails with one line that
+names the file and the problem; writing is atomic (temporary file, then rename).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from pipeline.atomic import atomic_path
+from pipeline.errors import (
+    DatasetMissing,
+    EmptyLabelsError,
+    NonFiniteError,
+    VolumeDtypeError,
+    VolumeFileMissing,
+    VolumeShapeError,
+    VoxelSizeError,
+)
+
+VOXEL_SIZE_ATTR = "voxel_size_nm"
+ZYX = tuple[int, int, int]
+VoxelSize = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class VolumeSpec:
+    """Where one 3-D dataset lives: an HDF5 file and a dataset path inside it."""
+
+    path: Path
+    dataset: str
+
+    @classmethod
+    def parse(cls, spec: "str | VolumeSpec") -> "VolumeSpec":
+        if isinstance(spec, VolumeSpec):
+            return spec
+        path, sep, dataset = str(spec).rpartition(":")
+        if not sep or not path or not dataset:
+            raise DatasetMissing(f"volume spec {spec!r} must look like path.h5:dataset")
+        return cls(Path(path), dataset)
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.dataset}"
+
+
+@dataclass(frozen=True, eq=False)
+class LabeledVolume:
+    """An image with its ground truth, already validated."""
+
+    name: str
+    raw: np.ndarray
+    labels: np.ndarray
+    voxel_size_nm: VoxelSize
+
+    @property
+    def shape(self) -> ZYX:
+        return tuple(self.raw.shape)
+
+
+def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
+    if not spec.path.is_file():
+        raise VolumeFileMissing(f"{spec.path}: file not found")
+    try:
+        f = h5py.File(spec.path, "r")
+    except OSError as exc:
+        raise VolumeFileMissing(f"{spec.path}: not a readable HDF5 file ({exc})") from None
+    with f:
+        if spec.dataset not in f or not isinstance(f[spec.dataset], h5py.Dataset):
+            found = []
+            f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None)
+            raise DatasetMissing(
+                f"{spec.path}: no dataset {spec.dataset!r} (datasets: {', '.join(found) or 'none'})"
+            )
+        dataset = f[spec.dataset]
+        if dataset.ndim != 3:
+            raise VolumeShapeError(
+                f"{spec}: expected a 3-D (z, y, x) array, got shape {tuple(dataset.shape)}"
+            )
+        voxel_size = dataset.attrs.get(VOXEL_SIZE_ATTR)
+        return dataset[...], None if voxel_size is None else _check_voxel_size(voxel_size, spec)
+
+
+def _check_voxel_size(value: Sequence[float], where: object) -> VoxelSize:
+    size = np.asarray(value, dtype=np.float64).ravel()
+    if size.shape != (3,) or not np.all(np.isfinite(size)) or np.any(size <= 0):
+        raise VoxelSizeError(f"{where}: voxel size must be 3 positive numbers (z, y, x) in nm, got {value!r}")
+    return tuple(float(s) for s in size)
+
+
+def _require_finite(array: np.ndarray, spec: VolumeSpec) -> None:
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        bad = int(np.count_nonzero(~np.isfinite(array)))
+        raise NonFiniteError(f"{spec}: {bad} voxel(s) are NaN or infinite")
+
+
+def _as_raw(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
+    """uint8 as is; floats only when they are finite whole numbers in [0, 255] (no silent rescaling)."""
+    if array.dtype == np.uint8:
+        return array
+    if array.dtype.kind != "f":
+        raise VolumeDtypeError(f"{spec}: raw image must be uint8, got {array.dtype}")
+    _require_finite(array, spec)
+    if array.min() < 0 or array.max() > 255 or np.any(array != np.round(array)):
+        raise VolumeDtypeError(
+            f"{spec}: raw image is {array.dtype} but not whole numbers in [0, 255]; convert it to uint8"
+        )
+    return array.astype(np.uint8)
+
+
+def _as_labels(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
+    """Any non-negative integer type (or integral floats) becomes uint64."""
+    if array.dtype.kind == "f":
+        _require_finite(array, spec)
+        if np.any(array != np.round(array)):
+            raise VolumeDtypeError(f"{spec}: labels are {array.dtype} with fractional values")
+    elif array.dtype.kind not in "iu":
+        raise VolumeDtypeError(f"{spec}: labels must be an integer type, got {array.dtype}")
+    if array.dtype.kind in "if" and array.size and array.min() < 0:
+        raise VolumeDtypeError(f"{spec}: labels contain negative ids")
+    if not np.any(array):
+        raise EmptyLabelsError(f"{spec}: labels are all zero (nothing labeled)")
+    return array.astype(np.uint64, copy=False)
+
+
+def read_raw(
+    spec: "str | VolumeSpec", voxel_size_nm: Sequence[float] | None = None
+) -> tuple[np.ndarray, VoxelSize]:
+    """Read and validate one raw image; returns (uint8 zyx array, voxel size in nm)."""
+    spec = VolumeSpec.parse(spec)
+    array, stored_size = _open_dataset(spec)
+    return _as_raw(array, spec), _resolve_voxel_size(spec, stored_size, voxel_size_nm)
+
+
+def _resolve_voxel_size(
+    spec: VolumeSpec, stored: VoxelSize | None, given: Sequence[float] | None
+) -> VoxelSize:
+    if given is not None:
+        given = _check_voxel_size(given, "given voxel size")
+        if stored is not None and not np.allclose(stored, given):
+            raise VoxelSizeError(f"{spec}: stored voxel size {stored} nm differs from the given {given} nm")
+        return given
+    if stored is None:
+        raise VoxelSizeError(
+            f"{spec}: no '{VOXEL_SIZE_ATTR}' attribute; give the voxel size (z, y, x) in nm explicitly"
+        )
+    return stored
+
+
+def read_labels(
+    spec: "str | VolumeSpec", voxel_size_nm: Sequence[float] | None = None
+) -> tuple[np.ndarray, VoxelSize]:
+    """Read and validate one label volume; returns (uint64 zyx array, voxel size in nm)."""
+    spec = VolumeSpec.parse(spec)
+    array, stored_size = _open_dataset(spec)
+    return _as_labels(array, spec), _resolve_voxel_size(spec, stored_size, voxel_size_nm)
+
+
+def read_volume_pair(
+    raw_spec: "str | VolumeSpec",
+    labels_spec: "str | VolumeSpec",
+    *,
+    name: str | None = None,
+    min_shape_zyx: Sequence[int] | None = None,
+    voxel_size_nm: Sequence[float] | None = None,
+) -> LabeledVolume:
+    """Read an image and its ground truth, check that they belong together, and return them.
+
+    `min_shape_zyx` is the field of view: a volume smaller than it along any axis cannot train.
+    `voxel_size_nm` is needed only when the files carry no `voxel_size_nm` attribute.
+    """
+    raw_spec, labels_spec = VolumeSpec.parse(raw_spec), VolumeSpec.parse(labels_spec)
+    raw, raw_size = read_raw(raw_spec, voxel_size_nm)
+    labels, labels_size = read_labels(labels_spec, voxel_size_nm or raw_size)
+    if labels.shape != raw.shape:
+        raise VolumeShapeError(
+            f"{labels_spec}: labels shape {labels.shape} differs from raw {raw_spec} shape {raw.shape}"
+        )
+    if min_shape_zyx is not None and any(s < m for s, m in zip(raw.shape, min_shape_zyx, strict=True)):
+        raise VolumeShapeError(
+            f"{raw_spec}: shape {raw.shape} (z, y, x) is smaller than the field of view "
+            f"{tuple(min_shape_zyx)}"
+        )
+    return LabeledVolume(name or raw_spec.path.stem, raw, labels, raw_size)
+
+
+def write_volumes(
+    path: str | Path,
+    arrays: dict[str, np.ndarray],
+    voxel_size_nm: Sequence[float],
+    attrs: dict[str, object] | None = None,
+) -> Path:
+    """Write named (z, y, x) arrays into one new HDF5 file, atomically, with the voxel size on each.
+
+    `attrs` go on the file's root (provenance such as the generator's settings).
+    """
+    voxel_size = _check_voxel_size(voxel_size_nm, path)
+    shapes = {name: a.shape for name, a in arrays.items()}
+    if any(len(s) != 3 for s in shapes.values()) or len(set(shapes.values())) > 1:
+        raise VolumeShapeError(f"{path}: arrays must be 3-D and of one shape, got {shapes}")
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
+        for name, array in arrays.items():
+            chunks = tuple(min(64, s) for s in array.shape)
+            dataset = f.create_dataset(name, data=array, chunks=chunks, compression="gzip", compression_opts=4)
+            dataset.attrs[VOXEL_SIZE_ATTR] = voxel_size
+    return Path(path)

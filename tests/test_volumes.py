@@ -1,0 +1,211 @@
+"""Reading and writing volumes: the round trip, one test per validation error, atomic writes."""
+
+import h5py
+import numpy as np
+import pytest
+
+from pipeline import volumes
+from pipeline.errors import (
+    DatasetMissing,
+    EmptyLabelsError,
+    NonFiniteError,
+    VolumeDtypeError,
+    VolumeFileMissing,
+    VolumeShapeError,
+    VoxelSizeError,
+)
+from pipeline.volumes import VolumeSpec, read_volume_pair, write_volumes
+
+VOXEL = (20.0, 10.0, 10.0)
+
+
+def small_pair(shape=(8, 12, 16), seed=0):
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, shape, dtype=np.uint8)
+    labels = rng.integers(0, 4, shape).astype(np.uint64)
+    return raw, labels
+
+
+def write_raw_h5(path, datasets: dict, voxel_size=VOXEL):
+    """Write datasets with plain h5py, as a user's own tools would (no validation on the way in)."""
+    with h5py.File(path, "w") as f:
+        for name, array in datasets.items():
+            d = f.create_dataset(name, data=array)
+            if voxel_size is not None:
+                d.attrs["voxel_size_nm"] = voxel_size
+    return path
+
+
+class TestRoundTrip:
+    def test_write_then_read_gives_the_same_arrays_and_voxel_size(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, VOXEL)
+
+        volume = read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+        np.testing.assert_array_equal(volume.raw, raw)
+        np.testing.assert_array_equal(volume.labels, labels)
+        assert volume.raw.dtype == np.uint8 and volume.labels.dtype == np.uint64
+        assert volume.voxel_size_nm == VOXEL
+        assert volume.name == "v" and volume.shape == raw.shape
+
+    def test_other_integer_label_types_become_uint64(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels.astype(np.int32)})
+        assert read_volume_pair(f"{path}:raw", f"{path}:labels").labels.dtype == np.uint64
+
+    def test_voxel_size_can_be_given_when_the_file_has_none(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels}, voxel_size=None)
+        volume = read_volume_pair(f"{path}:raw", f"{path}:labels", voxel_size_nm=(40, 8, 8))
+        assert volume.voxel_size_nm == (40.0, 8.0, 8.0)
+
+    def test_spec_parsing_keeps_colons_in_the_path(self):
+        spec = VolumeSpec.parse("/data/run:1/vol.h5:group/raw")
+        assert spec.path.as_posix() == "/data/run:1/vol.h5" and spec.dataset == "group/raw"
+
+
+class TestValidation:
+    """Each bad input fails with one line naming the file and the problem."""
+
+    def test_missing_file(self, tmp_path):
+        with pytest.raises(VolumeFileMissing, match=r"nope\.h5: file not found"):
+            read_volume_pair(f"{tmp_path}/nope.h5:raw", f"{tmp_path}/nope.h5:labels")
+
+    def test_missing_dataset_lists_what_is_there(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "gt": labels})
+        with pytest.raises(DatasetMissing, match=r"v\.h5: no dataset 'labels' \(datasets: gt, raw\)"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_spec_without_dataset(self):
+        with pytest.raises(DatasetMissing, match="must look like path.h5:dataset"):
+            VolumeSpec.parse("volume.h5")
+
+    def test_not_3d(self, tmp_path):
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": np.zeros((4, 4), np.uint8)})
+        with pytest.raises(VolumeShapeError, match=r"v\.h5:raw: expected a 3-D \(z, y, x\) array, got shape \(4, 4\)"):
+            volumes.read_raw(f"{path}:raw")
+
+    def test_raw_and_labels_shapes_differ(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels[:, :, :5]})
+        with pytest.raises(VolumeShapeError, match=r"labels shape \(8, 12, 5\) differs from raw .* shape \(8, 12, 16\)"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    @pytest.mark.parametrize("dtype", [np.uint16, np.int8, np.bool_])
+    def test_unsupported_raw_dtype(self, tmp_path, dtype):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw.astype(dtype), "labels": labels})
+        with pytest.raises(VolumeDtypeError, match=f"raw image must be uint8, got {np.dtype(dtype)}"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_float_raw_outside_uint8_range(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw / 255.0, "labels": labels})
+        with pytest.raises(VolumeDtypeError, match=r"not whole numbers in \[0, 255\]; convert it to uint8"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_unsupported_labels_dtype(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels.astype(np.float32) + 0.5})
+        with pytest.raises(VolumeDtypeError, match="labels are float32 with fractional values"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_negative_label_ids(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": -labels.astype(np.int64)})
+        with pytest.raises(VolumeDtypeError, match="labels contain negative ids"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_nan_in_raw(self, tmp_path):
+        raw, labels = small_pair()
+        bad = raw.astype(np.float32)
+        bad[1, 2, 3] = np.nan
+        bad[0, 0, 0] = np.inf
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": bad, "labels": labels})
+        with pytest.raises(NonFiniteError, match=r"v\.h5:raw: 2 voxel\(s\) are NaN or infinite"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_nan_in_labels(self, tmp_path):
+        raw, labels = small_pair()
+        bad = labels.astype(np.float64)
+        bad[0, 1, 1] = np.nan
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": bad})
+        with pytest.raises(NonFiniteError, match=r"v\.h5:labels: 1 voxel\(s\) are NaN or infinite"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_labels_all_zero(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": np.zeros_like(labels)})
+        with pytest.raises(EmptyLabelsError, match=r"v\.h5:labels: labels are all zero"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_smaller_than_field_of_view(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, VOXEL)
+        with pytest.raises(VolumeShapeError, match=r"shape \(8, 12, 16\) .* smaller than the field of view \(17, 33, 33\)"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels", min_shape_zyx=(17, 33, 33))
+
+    def test_voxel_size_missing(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels}, voxel_size=None)
+        with pytest.raises(VoxelSizeError, match="no 'voxel_size_nm' attribute; give the voxel size"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    @pytest.mark.parametrize("bad", [(0, 10, 10), (10, 10), (np.nan, 1, 1)])
+    def test_voxel_size_invalid(self, tmp_path, bad):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels}, voxel_size=bad)
+        with pytest.raises(VoxelSizeError, match="voxel size must be 3 positive numbers"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_raw_and_labels_voxel_sizes_differ(self, tmp_path):
+        raw, labels = small_pair()
+        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw})
+        with h5py.File(path, "a") as f:
+            f.create_dataset("labels", data=labels).attrs["voxel_size_nm"] = (10, 10, 10)
+        with pytest.raises(VoxelSizeError, match=r"labels: stored voxel size \(10.0, 10.0, 10.0\) nm differs"):
+            read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_not_an_hdf5_file(self, tmp_path):
+        path = tmp_path / "v.h5"
+        path.write_text("not hdf5")
+        with pytest.raises(VolumeFileMissing, match="not a readable HDF5 file"):
+            volumes.read_raw(f"{path}:raw")
+
+
+class TestAtomicWrite:
+    def test_failure_midway_leaves_no_file_behind(self, tmp_path, monkeypatch):
+        raw, labels = small_pair()
+        calls = []
+        real_create = h5py.Group.create_dataset
+
+        def failing_create(self, name, **kwargs):
+            calls.append(name)
+            if name == "labels":  # the raw dataset is already written when this fails
+                raise OSError("disk full (injected)")
+            return real_create(self, name, **kwargs)
+
+        monkeypatch.setattr(h5py.Group, "create_dataset", failing_create)
+        with pytest.raises(OSError, match="injected"):
+            write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, VOXEL)
+
+        assert calls == ["raw", "labels"]  # the fault really happened after a partial write
+        assert list(tmp_path.iterdir()) == []
+
+    def test_failure_keeps_the_previous_complete_file(self, tmp_path, monkeypatch):
+        raw, labels = small_pair()
+        path = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, VOXEL)
+        monkeypatch.setattr(h5py.Group, "create_dataset", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
+        with pytest.raises(OSError):
+            write_volumes(path, {"raw": raw[::-1], "labels": labels}, VOXEL)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(read_volume_pair(f"{path}:raw", f"{path}:labels").raw, raw)
+        assert [p.name for p in tmp_path.iterdir()] == ["v.h5"]
+
+    def test_refuses_arrays_of_different_shapes(self, tmp_path):
+        raw, labels = small_pair()
+        with pytest.raises(VolumeShapeError, match="arrays must be 3-D and of one shape"):
+            write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels[:1]}, VOXEL)
+        assert not (tmp_path / "v.h5").exists()
