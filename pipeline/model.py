@@ -32,7 +32,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if len(self.fov_shape_zyx) != 3 or any(s < 1 or s % 2 == 0 for s in self.fov_shape_zyx):
-            raise ConfigError(f"fov_shape_zyx must be 3 odd positive sizes, got {self.fov_shape_zyx}")
+            raise ConfigError(
+                f"fov_shape_zyx must be 3 odd positive sizes, got {self.fov_shape_zyx}"
+            )
         if len(self.deltas_zyx) != 3 or any(
             d < 0 or d > s // 2 for d, s in zip(self.deltas_zyx, self.fov_shape_zyx, strict=True)
         ):
@@ -53,15 +55,24 @@ def weight_count(depth: int = 9, features: int = 32) -> int:
     return (27 * 2 * features + features) + conv + 2 * (depth - 1) * conv + (features + 1)
 
 
+def _kernel_init() -> tf.keras.initializers.Initializer:
+    # One instance per layer: a shared instance would give every layer the same weights.
+    return tf.keras.initializers.TruncatedNormal(stddev=0.01)
+
+
 def build_model(config: ModelConfig) -> tf.keras.Model:
     """Build the residual conv stack; returns a Keras model mapping (image, seed) to new logits."""
     dtype = "mixed_bfloat16" if config.precision == "mixed_bfloat16" else "float32"
-    init = tf.keras.initializers.TruncatedNormal(stddev=0.01)
 
     def conv(name: str, activation: str | None) -> tf.keras.layers.Conv3D:
         return tf.keras.layers.Conv3D(
-            config.features, 3, padding="same", activation=activation, kernel_initializer=init,
-            name=name, dtype=dtype,
+            config.features,
+            3,
+            padding="same",
+            activation=activation,
+            kernel_initializer=_kernel_init(),
+            name=name,
+            dtype=dtype,
         )
 
     fov = tuple(config.fov_shape_zyx)
@@ -78,7 +89,7 @@ def build_model(config: ModelConfig) -> tf.keras.Model:
         net = tf.keras.layers.Add(dtype=dtype)([net, shortcut])
     net = tf.keras.layers.ReLU(dtype=dtype)(net)
     update = tf.keras.layers.Conv3D(
-        1, 1, kernel_initializer=init, name="conv_lom", dtype=dtype
+        1, 1, kernel_initializer=_kernel_init(), name="conv_lom", dtype=dtype
     )(net)
     # The update is added in float32 so bf16 rounding does not accumulate in the recurrent seed.
     update = tf.keras.layers.Activation("linear", dtype="float32", name="update_fp32")(update)
@@ -88,7 +99,9 @@ def build_model(config: ModelConfig) -> tf.keras.Model:
 
 def normalize_image(raw: np.ndarray, config: ModelConfig) -> np.ndarray:
     """uint8 EM intensities to the network's float32 input scale."""
-    return (raw.astype(np.float32) - np.float32(config.image_mean)) / np.float32(config.image_stddev)
+    return (raw.astype(np.float32) - np.float32(config.image_mean)) / np.float32(
+        config.image_stddev
+    )
 
 
 def logit(p: float) -> float:

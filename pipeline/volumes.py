@@ -75,7 +75,9 @@ def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
     with f:
         if spec.dataset not in f or not isinstance(f[spec.dataset], h5py.Dataset):
             found = []
-            f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(
+                lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None
+            )
             raise DatasetMissing(
                 f"{spec.path}: no dataset {spec.dataset!r} (datasets: {', '.join(found) or 'none'})"
             )
@@ -91,7 +93,9 @@ def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
 def _check_voxel_size(value: Sequence[float], where: object) -> VoxelSize:
     size = np.asarray(value, dtype=np.float64).ravel()
     if size.shape != (3,) or not np.all(np.isfinite(size)) or np.any(size <= 0):
-        raise VoxelSizeError(f"{where}: voxel size must be 3 positive numbers (z, y, x) in nm, got {value!r}")
+        raise VoxelSizeError(
+            f"{where}: voxel size must be 3 positive numbers (z, y, x) in nm, got {value!r}"
+        )
     return tuple(float(s) for s in size)
 
 
@@ -145,7 +149,9 @@ def _resolve_voxel_size(
     if given is not None:
         given = _check_voxel_size(given, "given voxel size")
         if stored is not None and not np.allclose(stored, given):
-            raise VoxelSizeError(f"{spec}: stored voxel size {stored} nm differs from the given {given} nm")
+            raise VoxelSizeError(
+                f"{spec}: stored voxel size {stored} nm differs from the given {given} nm"
+            )
         return given
     if stored is None:
         raise VoxelSizeError(
@@ -183,7 +189,9 @@ def read_volume_pair(
         raise VolumeShapeError(
             f"{labels_spec}: labels shape {labels.shape} differs from raw {raw_spec} shape {raw.shape}"
         )
-    if min_shape_zyx is not None and any(s < m for s, m in zip(raw.shape, min_shape_zyx, strict=True)):
+    if min_shape_zyx is not None and any(
+        s < m for s, m in zip(raw.shape, min_shape_zyx, strict=True)
+    ):
         raise VolumeShapeError(
             f"{raw_spec}: shape {raw.shape} (z, y, x) is smaller than the field of view "
             f"{tuple(min_shape_zyx)}"
@@ -210,6 +218,8 @@ def write_volumes(
             f.attrs[key] = value
         for name, array in arrays.items():
             chunks = tuple(min(64, s) for s in array.shape)
-            dataset = f.create_dataset(name, data=array, chunks=chunks, compression="gzip", compression_opts=4)
+            dataset = f.create_dataset(
+                name, data=array, chunks=chunks, compression="gzip", compression_opts=4
+            )
             dataset.attrs[VOXEL_SIZE_ATTR] = voxel_size
     return Path(path)

@@ -35,3 +35,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in reasons.items():
             if reason and marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def training_data(tmp_path_factory):
+    """A small synthetic volume with coordinates for the small test model (FOV 9, 17, 17 and
+    deltas 2, 4, 4, so the training canvas has radius 6, 12, 12)."""
+    from pipeline.partitions import build_coordinates, compute_partitions, save_coordinates
+    from pipeline.synthetic import SyntheticConfig, generate
+    from pipeline.volumes import write_volumes
+
+    folder = tmp_path_factory.mktemp("training_data")
+    config = SyntheticConfig(seed=3).with_geometry(shape_zyx=(32, 64, 64))
+    raw, labels = generate(config)
+    volume = write_volumes(
+        folder / "volume.h5", {"raw": raw, "labels": labels}, config.voxel_size_nm
+    )
+    partitions = compute_partitions(
+        labels, (0.1, 0.3, 0.5, 0.7, 0.9), (4, 8, 8), margin_zyx=(6, 12, 12)
+    )
+    coords = build_coordinates(partitions, samples_per_class=200, seed=0)
+    classes = partitions[tuple(coords.T)]
+    save_coordinates(folder / "coords.npz", coords, "volume", classes=classes)
+    return {
+        "raw": f"{volume}:raw",
+        "labels": f"{volume}:labels",
+        "coordinates": str(folder / "coords.npz"),
+        "coords": coords,
+        "folder": folder,
+    }

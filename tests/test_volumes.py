@@ -75,7 +75,9 @@ class TestValidation:
     def test_missing_dataset_lists_what_is_there(self, tmp_path):
         raw, labels = small_pair()
         path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "gt": labels})
-        with pytest.raises(DatasetMissing, match=r"v\.h5: no dataset 'labels' \(datasets: gt, raw\)"):
+        with pytest.raises(
+            DatasetMissing, match=r"v\.h5: no dataset 'labels' \(datasets: gt, raw\)"
+        ):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
 
     def test_spec_without_dataset(self):
@@ -84,31 +86,43 @@ class TestValidation:
 
     def test_not_3d(self, tmp_path):
         path = write_raw_h5(tmp_path / "v.h5", {"raw": np.zeros((4, 4), np.uint8)})
-        with pytest.raises(VolumeShapeError, match=r"v\.h5:raw: expected a 3-D \(z, y, x\) array, got shape \(4, 4\)"):
+        with pytest.raises(
+            VolumeShapeError,
+            match=r"v\.h5:raw: expected a 3-D \(z, y, x\) array, got shape \(4, 4\)",
+        ):
             volumes.read_raw(f"{path}:raw")
 
     def test_raw_and_labels_shapes_differ(self, tmp_path):
         raw, labels = small_pair()
         path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels[:, :, :5]})
-        with pytest.raises(VolumeShapeError, match=r"labels shape \(8, 12, 5\) differs from raw .* shape \(8, 12, 16\)"):
+        with pytest.raises(
+            VolumeShapeError,
+            match=r"labels shape \(8, 12, 5\) differs from raw .* shape \(8, 12, 16\)",
+        ):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
 
     @pytest.mark.parametrize("dtype", [np.uint16, np.int8, np.bool_])
     def test_unsupported_raw_dtype(self, tmp_path, dtype):
         raw, labels = small_pair()
         path = write_raw_h5(tmp_path / "v.h5", {"raw": raw.astype(dtype), "labels": labels})
-        with pytest.raises(VolumeDtypeError, match=f"raw image must be uint8, got {np.dtype(dtype)}"):
+        with pytest.raises(
+            VolumeDtypeError, match=f"raw image must be uint8, got {np.dtype(dtype)}"
+        ):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
 
     def test_float_raw_outside_uint8_range(self, tmp_path):
         raw, labels = small_pair()
         path = write_raw_h5(tmp_path / "v.h5", {"raw": raw / 255.0, "labels": labels})
-        with pytest.raises(VolumeDtypeError, match=r"not whole numbers in \[0, 255\]; convert it to uint8"):
+        with pytest.raises(
+            VolumeDtypeError, match=r"not whole numbers in \[0, 255\]; convert it to uint8"
+        ):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
 
     def test_unsupported_labels_dtype(self, tmp_path):
         raw, labels = small_pair()
-        path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels.astype(np.float32) + 0.5})
+        path = write_raw_h5(
+            tmp_path / "v.h5", {"raw": raw, "labels": labels.astype(np.float32) + 0.5}
+        )
         with pytest.raises(VolumeDtypeError, match="labels are float32 with fractional values"):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
 
@@ -144,13 +158,18 @@ class TestValidation:
     def test_smaller_than_field_of_view(self, tmp_path):
         raw, labels = small_pair()
         path = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, VOXEL)
-        with pytest.raises(VolumeShapeError, match=r"shape \(8, 12, 16\) .* smaller than the field of view \(17, 33, 33\)"):
+        with pytest.raises(
+            VolumeShapeError,
+            match=r"shape \(8, 12, 16\) .* smaller than the field of view \(17, 33, 33\)",
+        ):
             read_volume_pair(f"{path}:raw", f"{path}:labels", min_shape_zyx=(17, 33, 33))
 
     def test_voxel_size_missing(self, tmp_path):
         raw, labels = small_pair()
         path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels}, voxel_size=None)
-        with pytest.raises(VoxelSizeError, match="no 'voxel_size_nm' attribute; give the voxel size"):
+        with pytest.raises(
+            VoxelSizeError, match="no 'voxel_size_nm' attribute; give the voxel size"
+        ):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
 
     @pytest.mark.parametrize("bad", [(0, 10, 10), (10, 10), (np.nan, 1, 1)])
@@ -165,7 +184,9 @@ class TestValidation:
         path = write_raw_h5(tmp_path / "v.h5", {"raw": raw})
         with h5py.File(path, "a") as f:
             f.create_dataset("labels", data=labels).attrs["voxel_size_nm"] = (10, 10, 10)
-        with pytest.raises(VoxelSizeError, match=r"labels: stored voxel size \(10.0, 10.0, 10.0\) nm differs"):
+        with pytest.raises(
+            VoxelSizeError, match=r"labels: stored voxel size \(10.0, 10.0, 10.0\) nm differs"
+        ):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
 
     def test_not_an_hdf5_file(self, tmp_path):
@@ -197,7 +218,9 @@ class TestAtomicWrite:
     def test_failure_keeps_the_previous_complete_file(self, tmp_path, monkeypatch):
         raw, labels = small_pair()
         path = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, VOXEL)
-        monkeypatch.setattr(h5py.Group, "create_dataset", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
+        monkeypatch.setattr(
+            h5py.Group, "create_dataset", lambda *a, **k: (_ for _ in ()).throw(OSError("boom"))
+        )
         with pytest.raises(OSError):
             write_volumes(path, {"raw": raw[::-1], "labels": labels}, VOXEL)
         monkeypatch.undo()

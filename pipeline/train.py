@@ -1,0 +1,338 @@
+"""Synchronous data-parallel FFN training on Horovod (Dong et al., SC'19).
+
+The same command runs as one process, under `mpiexec -n N` / `horovodrun -np N`, or under a site's
+launcher (`aprun`, `srun`, `mpiexec`):
+
+    python -m pipeline.train --raw vol.h5:raw --labels vol.h5:labels \\
+        --coordinates coords.npz --train-dir data/runs/demo/train [--max-steps 2000 ...]
+
+Every rank reads only its shard of the coordinates, computes gradients on its own batch, and
+`hvd.DistributedGradientTape` averages them (ring-allreduce) before the Adam update, so all ranks
+hold identical weights after every step. Rank 0 writes checkpoints, metrics and the config; a
+restart with the same `--train-dir` resumes from the latest checkpoint (step, weights, Adam state
+and each rank's position in its data).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import config as config_io
+from pipeline.atomic import atomic_path
+from pipeline.errors import CheckpointError, ConfigError, FFNError
+from pipeline.lr_scaling import LR_POLICIES, scaled_learning_rate
+from pipeline.model import ModelConfig
+from pipeline.train_metrics import COUNT_NAMES, MetricsLog, confusion_counts, plot_curves, summarize
+from pipeline.training import BatchStream, ExampleConfig
+
+SUMMARY_FILE = "train_summary.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that shapes a training run besides its input files."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    examples: ExampleConfig = field(default_factory=ExampleConfig)
+    batch_size: int = 4  # FOVs per rank per step
+    learning_rate: float = (
+        0.001  # base rate for one worker; lr_policy scales it with the world size
+    )
+    lr_policy: str = (
+        "auto"  # none | linear | sqrt | linear_warmup | auto (linear <= 16 ranks, sqrt beyond)
+    )
+    warmup_steps: int = 100
+    max_steps: int = 1000
+    grad_clip: float = 0.7  # elementwise, as google-research/ffn
+    seed: int = 0
+    deterministic: bool = False  # TF op determinism: same seed, same curve (a little slower)
+    intra_op_threads: int = (
+        0  # 0 = TensorFlow's choice (all cores); set per rank when several share a node
+    )
+    inter_op_threads: int = 0
+    log_every_steps: int = 10
+    checkpoint_every_steps: int = 100
+    checkpoint_every_seconds: float = 600.0
+    keep_checkpoints: int = 5
+
+    def __post_init__(self) -> None:
+        if self.lr_policy not in LR_POLICIES:
+            raise ConfigError(f"lr_policy must be one of {LR_POLICIES}, got {self.lr_policy!r}")
+        positive = (
+            "batch_size",
+            "max_steps",
+            "log_every_steps",
+            "checkpoint_every_steps",
+            "keep_checkpoints",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.learning_rate <= 0 or self.grad_clip <= 0:
+            raise ConfigError("learning_rate and grad_clip must be > 0")
+        if min(self.warmup_steps, self.intra_op_threads, self.inter_op_threads) < 0:
+            raise ConfigError("warmup_steps and thread counts must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainInputs:
+    raw: str  # path.h5:dataset
+    labels: str
+    coordinates: str  # .npz from pipeline.partitions
+    train_dir: str
+
+
+def training_complete(train_dir: str | Path, max_steps: int) -> bool:
+    """True when a finished run left its summary at `max_steps` or beyond (the stage's check)."""
+    path = Path(train_dir) / SUMMARY_FILE
+    return path.is_file() and json.loads(path.read_text()).get("step", -1) >= max_steps
+
+
+def _init_runtime(config: TrainConfig):
+    """Thread pools must be set before TensorFlow runs its first op; Horovod before the model."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+    hvd.init()
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    tf.keras.utils.set_random_seed(config.seed)
+    if config.model.precision == "mixed_bfloat16":
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    return hvd, tf
+
+
+def make_train_step(model, optimizer, grad_clip: float):
+    """One synchronous step: forward, loss, rank-averaged gradients, clip, Adam update."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    @tf.function
+    def train_step(images, seeds, labels):
+        with tf.GradientTape() as tape:
+            logits = model([images, seeds], training=True)
+            loss = tf.reduce_mean(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+            )
+        grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        grads = [tf.clip_by_value(g, -grad_clip, grad_clip) for g in grads]
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return logits, loss
+
+    return train_step
+
+
+def _save_run_config(
+    train_dir: Path, inputs: TrainInputs, config: TrainConfig, world_size: int
+) -> None:
+    record = {
+        "inputs": config_io.to_dict(inputs),
+        "config": config_io.to_dict(config),
+        "world_size": world_size,
+    }
+    with atomic_path(train_dir / "config.json") as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def run_training(
+    inputs: TrainInputs,
+    config: TrainConfig,
+    on_step: Callable[[int, object], None] | None = None,
+) -> dict:
+    """Train until `config.max_steps` (resuming if checkpoints exist); returns the final summary.
+
+    `on_step(step, model)` runs on every rank after every step (tests use it to compare weights).
+    """
+    from pipeline.model import build_model
+    from pipeline.partitions import load_coordinates
+    from pipeline.volumes import read_volume_pair
+
+    hvd, tf = _init_runtime(config)
+    rank, size = hvd.rank(), hvd.size()
+    train_dir = Path(inputs.train_dir)
+    lead = rank == 0
+    if lead:
+        train_dir.mkdir(parents=True, exist_ok=True)
+        _save_run_config(train_dir, inputs, config, size)
+
+    volume = read_volume_pair(inputs.raw, inputs.labels, min_shape_zyx=config.model.fov_shape_zyx)
+    shard = load_coordinates(inputs.coordinates, rank=rank, size=size)
+
+    model = build_model(config.model)
+    optimizer = tf.keras.optimizers.Adam(learning_rate=config.learning_rate)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    examples_started = tf.Variable(
+        tf.zeros([size], tf.int64), trainable=False, shape=tf.TensorShape(None)
+    )
+    checkpoint = tf.train.Checkpoint(
+        model=model, optimizer=optimizer, step=step, examples_started=examples_started
+    )
+    manager = tf.train.CheckpointManager(
+        checkpoint, str(train_dir / "checkpoints"), config.keep_checkpoints
+    )
+    if manager.latest_checkpoint:
+        try:
+            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        except (AssertionError, ValueError) as exc:
+            raise CheckpointError(
+                f"{manager.latest_checkpoint}: does not match this model ({exc})"
+            ) from None
+    # Rank 0's state wins everywhere: identical start, even if ranks saw different files.
+    hvd.broadcast_variables(model.variables + optimizer.variables + [step], root_rank=0)
+    resumed_from = int(step.numpy())
+    cursors = examples_started.numpy()
+    start_example = int(cursors[rank]) if len(cursors) == size else 0
+    if lead and resumed_from:
+        print(
+            f"[train] resuming from {manager.latest_checkpoint} at step {resumed_from}", flush=True
+        )
+
+    stream = BatchStream(
+        volume,
+        shard.coords,
+        config.model,
+        config.examples,
+        config.batch_size,
+        config.seed,
+        rank,
+        start_example,
+    )
+    train_step = make_train_step(model, optimizer, config.grad_clip)
+    log = MetricsLog(train_dir, resumed_from) if lead else None
+    counts = np.zeros(len(COUNT_NAMES))
+    interval_start = last_save = time.monotonic()
+    run_start = time.monotonic()
+    summary: dict = {}
+
+    def save_checkpoint() -> None:
+        gathered = hvd.allgather(tf.constant([stream.examples_started], tf.int64)).numpy()
+        examples_started.assign(gathered)
+        if lead:
+            manager.save(checkpoint_number=int(step.numpy()))
+
+    while int(step.numpy()) < config.max_steps:
+        current = int(step.numpy())
+        lr = scaled_learning_rate(
+            config.learning_rate, size, config.lr_policy, current, config.warmup_steps
+        )
+        optimizer.learning_rate.assign(lr)
+        images, seeds, labels = stream.next_batch()
+        logits, loss = train_step(images, seeds, labels)
+        logits = logits.numpy()
+        stream.write_back(logits)
+        counts += [float(loss), 1, *confusion_counts(logits, labels), len(images)]
+        step.assign_add(1)
+        current += 1
+        if on_step is not None:
+            on_step(current, model)
+
+        final = current >= config.max_steps
+        save_due = current % config.checkpoint_every_steps == 0 or final
+        if current % config.log_every_steps == 0 or final:
+            # One collective per log interval: sums of all ranks' counts, and rank 0's clock decides
+            # for everyone whether a time-based checkpoint is due (ranks must save together).
+            clock_due = float(
+                lead and time.monotonic() - last_save >= config.checkpoint_every_seconds
+            )
+            totals = hvd.allreduce(
+                tf.constant([*counts, clock_due], tf.float64), op=hvd.Sum
+            ).numpy()
+            save_due = save_due or totals[-1] > 0
+            elapsed = time.monotonic() - interval_start
+            summary = {
+                "step": current,
+                "wall_s": round(time.monotonic() - run_start, 3),
+                **summarize(totals[:-1]),
+            }
+            summary |= {
+                "learning_rate": lr,
+                "fov_per_s": totals[COUNT_NAMES.index("fovs")] / elapsed,
+            }
+            if lead:
+                log.write(summary)
+                print(
+                    f"[train] step {current}/{config.max_steps} loss {summary['loss']:.4f} "
+                    f"f1 {summary['f1']:.3f} acc {summary['accuracy']:.3f} lr {lr:.2e} "
+                    f"{summary['fov_per_s']:.1f} FOV/s",
+                    flush=True,
+                )
+            counts[:] = 0
+            interval_start = time.monotonic()
+        if save_due:
+            save_checkpoint()
+            last_save = time.monotonic()
+
+    if lead:
+        summary |= {
+            "resumed_from_step": resumed_from,
+            "optimizer_iterations": int(optimizer.iterations.numpy()),
+            "world_size": size,
+            "checkpoint": manager.latest_checkpoint,
+        }
+        if (train_dir / "metrics.csv").exists():
+            plot_curves(train_dir / "metrics.csv", train_dir / "curves.png")
+        with atomic_path(train_dir / SUMMARY_FILE) as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.train",
+        description="Train an FFN with synchronous data-parallel SGD on Horovod (one rank per process).",
+    )
+    parser.add_argument("--raw", required=True, help="image volume, path.h5:dataset")
+    parser.add_argument("--labels", required=True, help="ground-truth labels, path.h5:dataset")
+    parser.add_argument(
+        "--coordinates", required=True, help="training coordinates .npz (pipeline.partitions)"
+    )
+    parser.add_argument(
+        "--train-dir", required=True, help="checkpoints, metrics and config go here"
+    )
+    parser.add_argument(
+        "--config", help="JSON or TOML file of TrainConfig settings; flags override it"
+    )
+    config_io.add_arguments(parser, TrainConfig)
+    return parser
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    path = Path(path)
+    if path.suffix == ".toml":
+        import tomllib
+
+        return config_io.from_dict(TrainConfig, tomllib.loads(path.read_text()), str(path))
+    values = json.loads(path.read_text())
+    return config_io.from_dict(TrainConfig, values.get("config", values), str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        base = load_train_config(args.config) if args.config else TrainConfig()
+        config = config_io.from_arguments(TrainConfig, args, base)
+        inputs = TrainInputs(args.raw, args.labels, args.coordinates, args.train_dir)
+        summary = run_training(inputs, config)
+    except FFNError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if summary:
+        print(
+            f"[train] done: step {summary['step']}, f1 {summary['f1']:.3f}, {summary['fov_per_s']:.1f} FOV/s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Training metrics: voxel confusion counts, their summary, the CSV/TensorBoard log and the plot."""
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.atomic import atomic_path
+
+# Order of the counts that ranks sum with one allreduce.
+COUNT_NAMES = ("loss_sum", "batches", "tp", "fp", "fn", "tn", "fovs")
+CSV_COLUMNS = (
+    "step",
+    "wall_s",
+    "loss",
+    "accuracy",
+    "precision",
+    "recall",
+    "f1",
+    "object_fraction",
+    "learning_rate",
+    "fov_per_s",
+)
+
+
+def confusion_counts(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """tp, fp, fn, tn of the predicted object mask (p >= 0.5, i.e. logit >= 0) against labels > 0.5."""
+    predicted, truth = logits >= 0, labels > 0.5
+    tp = np.count_nonzero(predicted & truth)
+    fp = np.count_nonzero(predicted & ~truth)
+    fn = np.count_nonzero(~predicted & truth)
+    return np.array([tp, fp, fn, predicted.size - tp - fp - fn], dtype=np.float64)
+
+
+def summarize(counts: Sequence[float]) -> dict[str, float]:
+    """Loss and voxel accuracy/precision/recall/F1 from summed counts (COUNT_NAMES order)."""
+    loss_sum, batches, tp, fp, fn, tn, _ = counts
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    return {
+        "loss": loss_sum / batches if batches else math.nan,
+        "accuracy": (tp + tn) / (tp + fp + fn + tn) if tp + fp + fn + tn else math.nan,
+        "precision": precision,
+        "recall": recall,
+        "f1": 2 * precision * recall / (precision + recall) if precision + recall else 0.0,
+        # Share of voxels in the object: what a constant prediction would score against.
+        "object_fraction": (tp + fn) / (tp + fp + fn + tn) if tp + fp + fn + tn else math.nan,
+    }
+
+
+class MetricsLog:
+    """Appends rows to `metrics.csv` and mirrors them to TensorBoard.
+
+    On resume from a checkpoint at `resumed_step`, rows logged after it by the interrupted run are
+    dropped, so the curve continues from the checkpoint instead of repeating steps.
+    """
+
+    def __init__(self, train_dir: Path, resumed_step: int = 0):
+        import tensorflow as tf
+
+        self.path = train_dir / "metrics.csv"
+        kept = [",".join(CSV_COLUMNS)]
+        if self.path.exists() and resumed_step > 0:
+            lines = self.path.read_text().splitlines()[1:]
+            kept += [line for line in lines if int(float(line.split(",")[0])) <= resumed_step]
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("\n".join(kept) + "\n")
+        self._writer = tf.summary.create_file_writer(str(train_dir / "tensorboard"))
+
+    def write(self, row: dict[str, float]) -> None:
+        import tensorflow as tf
+
+        with self.path.open("a", newline="") as f:
+            csv.writer(f).writerow(
+                [f"{row[c]:.6g}" if isinstance(row[c], float) else row[c] for c in CSV_COLUMNS]
+            )
+        with self._writer.as_default(step=int(row["step"])):
+            for name in CSV_COLUMNS[2:]:
+                tf.summary.scalar(name, row[name])
+        self._writer.flush()
+
+
+def read_metrics(path: Path) -> dict[str, np.ndarray]:
+    with Path(path).open() as f:
+        rows = list(csv.DictReader(f))
+    return {c: np.array([float(r[c]) for r in rows]) for c in CSV_COLUMNS}
+
+
+def plot_curves(metrics_csv: Path, png: Path) -> Path:
+    """Loss and voxel metrics against step, like Dong et al.'s Fig. 6."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = read_metrics(metrics_csv)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_loss.plot(m["step"], m["loss"], color="tab:red")
+    ax_loss.set(xlabel="step", ylabel="loss (sigmoid cross-entropy)", title="training loss")
+    for name in ("accuracy", "precision", "recall", "f1"):
+        ax_acc.plot(m["step"], m[name], label=name)
+    ax_acc.set(
+        xlabel="step", ylabel="voxel metric", ylim=(0, 1.02), title="object-mask metrics (p >= 0.5)"
+    )
+    ax_acc.legend(loc="lower right")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    return png
