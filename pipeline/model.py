@@ -55,6 +55,14 @@ def weight_count(depth: int = 9, features: int = 32) -> int:
     return (27 * 2 * features + features) + conv + 2 * (depth - 1) * conv + (features + 1)
 
 
+def forward_flops_per_fov(config: ModelConfig) -> float:
+    """Multiply-adds x 2 of one forward pass over one FOV ('same' padding: every conv sees every
+    voxel). Training costs about 3x this (forward, input gradients, weight gradients)."""
+    f = config.features
+    macs_per_voxel = 27 * 2 * f + (2 * config.depth - 1) * 27 * f * f + f
+    return 2.0 * macs_per_voxel * float(np.prod(config.fov_shape_zyx))
+
+
 def _kernel_init() -> tf.keras.initializers.Initializer:
     # One instance per layer: a shared instance would give every layer the same weights.
     return tf.keras.initializers.TruncatedNormal(stddev=0.01)
@@ -106,3 +114,19 @@ def normalize_image(raw: np.ndarray, config: ModelConfig) -> np.ndarray:
 
 def logit(p: float) -> float:
     return float(np.log(p / (1.0 - p)))
+
+
+def load_weights(model: tf.keras.Model, checkpoint: str) -> tf.keras.Model:
+    """Restore `model`'s weights from a training checkpoint (`.../checkpoints/ckpt-N`), ignoring
+    the optimizer state; a checkpoint of another shape raises CheckpointError."""
+    from pipeline.errors import CheckpointError
+
+    if not tf.io.gfile.exists(f"{checkpoint}.index"):
+        raise CheckpointError(f"{checkpoint}: no such checkpoint (missing {checkpoint}.index)")
+    try:
+        status = tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise CheckpointError(f"{checkpoint}: does not match the model ({first_line})") from None
+    return model

@@ -62,15 +62,28 @@ def train(data: dict, train_dir: Path, *flags: str) -> subprocess.CompletedProce
 
 @pytest.mark.slow
 def test_one_rank_learns_the_object_masks(training_data, tmp_path):
-    train(training_data, tmp_path, "--max-steps", "400", "--log-every-steps", "40")
+    # The fixed policy keeps every FOV centred on its coordinate, so the object share of the FOVs
+    # stays near the balanced 0.5 and a constant prediction scores poorly: a clear yardstick.
+    train(
+        training_data,
+        tmp_path,
+        "--max-steps",
+        "400",
+        "--log-every-steps",
+        "50",
+        "--model-depth",
+        "5",
+        "--examples-fov-policy",
+        "fixed",
+    )
     m = read_metrics(tmp_path / "metrics.csv")
-    start, end = 0, -1
-    # A constant prediction scores accuracy max(f, 1 - f) and at best F1 2f / (1 + f), f the object
-    # share: the trained model must beat both clearly, and improve on its own first interval.
-    f = m["object_fraction"][end]
-    assert m["f1"][end] > max(0.6, 2 * f / (1 + f) + 0.1), m
-    assert m["accuracy"][end] > max(f, 1 - f) + 0.08, m
-    assert m["loss"][end] < m["loss"][start] - 0.2, m
+    last = slice(-2, None)  # the last 100 steps, 400 FOVs
+    f = m["object_fraction"][last].mean()
+    f1, accuracy = m["f1"][last].mean(), m["accuracy"][last].mean()
+    # A constant prediction scores accuracy max(f, 1 - f) and at best F1 2f / (1 + f).
+    assert accuracy > max(f, 1 - f) + 0.15, m
+    assert f1 > max(0.6, 2 * f / (1 + f) + 0.05), m
+    assert f1 > m["f1"][0] + 0.1 and m["loss"][last].mean() < m["loss"][0] - 0.2, m
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["step"] == 400 and summary["world_size"] == 1
     assert (tmp_path / "curves.png").stat().st_size > 10_000
