@@ -54,3 +54,15 @@ class CoordinatesError(FFNError, ValueError):
 
 class CheckpointError(FFNError):
     """A model checkpoint is missing or does not match the model."""
+
+
+class PrecomputedError(FFNError):
+    """A Neuroglancer precomputed export is missing, incomplete or cannot be served."""
+
+
+class InferenceError(FFNError, ValueError):
+    """The predictor returned something unusable (wrong shape, NaN or infinity)."""
+
+
+class BlockResultError(FFNError, ValueError):
+    """A block result file is unreadable, or belongs to another block plan or other settings."""

@@ -1,0 +1,233 @@
+"""Serve an export folder (`pipeline.export`) over HTTP and open it in a local Neuroglancer viewer.
+
+Two servers, both on 127.0.0.1 only:
+  * the data server, a small `http.server` subclass: the export folder, read-only, with CORS
+    headers (the Neuroglancer client has another origin); a `*.gz` file written with
+    `ExportConfig(gzip=True)` is served under its plain name with `Content-Encoding: gzip`, as
+    Neuroglancer asks for the plain name;
+  * the `neuroglancer` package's server: the Neuroglancer client (bundled, so it works offline)
+    and the viewer state.
+
+To view from another machine (an HPC login node), fix both ports and tunnel them:
+`ssh -L 8000:127.0.0.1:8000 -L 8001:127.0.0.1:8001 host`, then open the printed URL locally.
+
+CLI: `python -m pipeline.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]`.
+"""
+
+import argparse
+import http.server
+import json
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import BinaryIO
+
+import neuroglancer
+
+from pipeline.errors import FFNError, PrecomputedError
+from pipeline.export import (
+    IMAGE_LAYER,
+    PROPERTIES_DIR,
+    SEGMENTATION_LAYER,
+    export_complete,
+)
+
+BIND_ADDRESS = "127.0.0.1"
+# Segments shown when none are asked for: the largest ones, few enough for a quick 3-D view.
+DEFAULT_SEGMENT_COUNT = 20
+# Screen pixels the volume's width spans in the 2-D panel, and the 3-D panel's view height in
+# volume widths: the whole volume in view, a little margin around it.
+SLICE_FIT_PIXELS = 400
+PROJECTION_FIT = 2.5
+# The 3-D panel looks at the volume obliquely (a unit quaternion), so depth shows.
+PROJECTION_ORIENTATION = (0.3, -0.25, -0.05, 0.92)
+
+
+class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with CORS headers; `name` falls back to `name.gz` sent gzip-encoded."""
+
+    def end_headers(self) -> None:
+        self.send_header("Access-Control-Allow-Origin", "*")
+        super().end_headers()
+
+    def do_OPTIONS(self) -> None:  # a CORS preflight
+        self.send_response(204)
+        self.send_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
+        self.send_header("Access-Control-Allow-Headers", "*")
+        self.end_headers()
+
+    def send_head(self) -> BinaryIO | None:
+        path = Path(self.translate_path(self.path))
+        gzipped = path.with_name(path.name + ".gz")
+        if path.exists() or not gzipped.is_file():
+            return super().send_head()
+        file = gzipped.open("rb")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(os.fstat(file.fileno()).st_size))
+        self.end_headers()
+        return file
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Silent: a viewer fetches hundreds of chunks, one log line each would bury the URL."""
+
+
+def start_data_server(folder: str | Path, port: int = 0) -> http.server.ThreadingHTTPServer:
+    """Serve `folder` on 127.0.0.1:`port` (0: any free port) from a background thread."""
+    handler = partial(PrecomputedRequestHandler, directory=str(folder))
+    try:
+        server = http.server.ThreadingHTTPServer((BIND_ADDRESS, port), handler)
+    except OSError as exc:
+        raise PrecomputedError(f"cannot serve on {BIND_ADDRESS}:{port} ({exc.strerror})") from None
+    threading.Thread(target=server.serve_forever, name="precomputed-http", daemon=True).start()
+    return server
+
+
+@dataclass
+class ViewerHandle:
+    """A running viewer: open `url` in a browser; `close()` stops both servers."""
+
+    url: str
+    data_url: str
+    viewer: neuroglancer.Viewer
+    server: http.server.ThreadingHTTPServer = field(repr=False)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        # The neuroglancer package has one server per process; stopping it ends this viewer.
+        neuroglancer.stop()
+
+    def __enter__(self) -> "ViewerHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _largest_segments(folder: Path, count: int) -> list[int]:
+    """The `count` largest segments, by the voxel counts the export recorded."""
+    inline = _read_json(folder / SEGMENTATION_LAYER / PROPERTIES_DIR / "info")["inline"]
+    voxels = next(p["values"] for p in inline["properties"] if p["id"] == "voxels")
+    ranked = sorted(zip(voxels, inline["ids"], strict=True), reverse=True)
+    return [int(i) for _, i in ranked[:count]]
+
+
+def _check_segments(folder: Path, segments: Sequence[int]) -> list[int]:
+    known = set(_read_json(folder / SEGMENTATION_LAYER / PROPERTIES_DIR / "info")["inline"]["ids"])
+    missing = [int(s) for s in segments if str(int(s)) not in known]
+    if missing:
+        raise PrecomputedError(f"{folder}: no segment {', '.join(map(str, missing))} in the export")
+    return [int(s) for s in segments]
+
+
+def start_viewer(
+    precomputed_dir: str | Path,
+    port: int = 0,
+    segments: Sequence[int] | None = None,
+    viewer_port: int = 0,
+) -> ViewerHandle:
+    """Serve an export on `port` and open a Neuroglancer viewer of it on `viewer_port` (0: any
+    free port); shows `segments`, by default the largest few, in the 2-D and 3-D panels."""
+    folder = Path(precomputed_dir)
+    if not export_complete(folder):
+        raise PrecomputedError(
+            f"{folder}: not a complete export (write one with python -m pipeline.export)"
+        )
+    segments = (
+        _largest_segments(folder, DEFAULT_SEGMENT_COUNT)
+        if segments is None
+        else _check_segments(folder, segments)
+    )
+    full_resolution = _read_json(folder / IMAGE_LAYER / "info")["scales"][0]
+    resolution_xyz, size_xyz = full_resolution["resolution"], full_resolution["size"]
+
+    server = start_data_server(folder, port)
+    data_url = f"http://{BIND_ADDRESS}:{server.server_address[1]}"
+    neuroglancer.set_server_bind_address(BIND_ADDRESS, bind_port=viewer_port)
+    try:
+        viewer = neuroglancer.Viewer()
+        with viewer.txn() as state:
+            # Precomputed sizes are (x, y, z), and so are Neuroglancer's coordinates.
+            state.dimensions = neuroglancer.CoordinateSpace(
+                names=["x", "y", "z"], units="nm", scales=resolution_xyz
+            )
+            state.position = [s / 2 for s in size_xyz]
+            state.layers[IMAGE_LAYER] = neuroglancer.ImageLayer(
+                source=f"precomputed://{data_url}/{IMAGE_LAYER}"
+            )
+            state.layers[SEGMENTATION_LAYER] = neuroglancer.SegmentationLayer(
+                source=f"precomputed://{data_url}/{SEGMENTATION_LAYER}", segments=segments
+            )
+            state.layout = "xy-3d"
+            # Zoom in units of the finest voxel (the scales above); fit the volume's x-y extent.
+            extent = max(n * r for n, r in zip(size_xyz[:2], resolution_xyz[:2], strict=True))
+            finest = min(resolution_xyz)
+            state.cross_section_scale = extent / finest / SLICE_FIT_PIXELS
+            state.projection_scale = PROJECTION_FIT * extent / finest
+            state.projection_orientation = PROJECTION_ORIENTATION
+        url = viewer.get_viewer_url()
+    except Exception:
+        server.shutdown()
+        server.server_close()
+        raise
+    return ViewerHandle(url, data_url, viewer, server)
+
+
+def serve_forever(
+    precomputed_dir: str | Path,
+    port: int = 0,
+    segments: Sequence[int] | None = None,
+    viewer_port: int = 0,
+) -> None:
+    """Start the viewer, print its URL and serve until interrupted (Ctrl-C)."""
+    with start_viewer(precomputed_dir, port, segments, viewer_port) as handle:
+        print(f"[view] Neuroglancer: {handle.url}")
+        print(f"[view] data: {handle.data_url} (serving {precomputed_dir}; Ctrl-C stops)")
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            print("[view] stopped")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.viewer",
+        description="Serve an export folder (python -m pipeline.export) on localhost and open it "
+        "in Neuroglancer; prints the URL to open in a browser.",
+    )
+    add = parser.add_argument
+    add("--precomputed", required=True, type=Path, help="export folder")
+    add("--port", type=int, default=0, help="data server port (default: any free port)")
+    add("--viewer-port", type=int, default=0, help="Neuroglancer port (default: any free port)")
+    add(
+        "--segments",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help=f"segments to show (default: the {DEFAULT_SEGMENT_COUNT} largest)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        serve_forever(args.precomputed, args.port, args.segments, args.viewer_port)
+    except FFNError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Precomputed export: arrays read back unchanged in the right axis order, resolution and scales,
+meshes where the objects are, the completeness record, atomic output and one test per input error.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from cloudvolume import CloudVolume
+
+from pipeline import export
+from pipeline.errors import (
+    ConfigError,
+    EmptyLabelsError,
+    PrecomputedError,
+    VolumeDtypeError,
+    VolumeShapeError,
+    VoxelSizeError,
+)
+from pipeline.export import ExportConfig, export_complete, export_precomputed, plan_scales
+from pipeline.synthetic import SyntheticConfig, generate
+from pipeline.volumes import write_volumes
+
+# Every axis a different length, so any swap of axes changes the shape read back.
+SHAPE = (24, 48, 64)
+VOXEL = (20.0, 10.0, 10.0)
+# Chunks (12, 24, 24) at full resolution: several along every axis, one cut through the middle.
+CONFIG = ExportConfig(chunk_voxels=24)
+
+
+@pytest.fixture(scope="module")
+def volume():
+    config = SyntheticConfig(seed=5).with_geometry(shape_zyx=SHAPE, voxel_size_nm=VOXEL)
+    return generate(config)
+
+
+@pytest.fixture(scope="module")
+def exported(volume, tmp_path_factory):
+    raw, segmentation = volume
+    out = tmp_path_factory.mktemp("export") / "precomputed"
+    result = export_precomputed(raw, segmentation, VOXEL, out, CONFIG)
+    return out, result
+
+
+def read_layer(folder, layer, mip=0):
+    """A layer read back with cloud-volume, as (z, y, x)."""
+    data = CloudVolume(f"file://{folder / layer}", mip=mip, progress=False)[:, :, :]
+    return np.asarray(data)[..., 0].T
+
+
+def test_layers_read_back_unchanged_in_zyx(volume, exported):
+    raw, segmentation = volume
+    folder, _ = exported
+    assert np.array_equal(read_layer(folder, "image"), raw)
+    back = read_layer(folder, "segmentation")
+    assert back.dtype == np.uint64
+    assert np.array_equal(back, segmentation)
+
+
+def test_info_has_the_voxel_size_in_xyz_and_three_scales(exported):
+    folder, result = exported
+    for layer in ("image", "segmentation"):
+        info = json.loads((folder / layer / "info").read_text())
+        scales = info["scales"]
+        assert [s["resolution"] for s in scales] == [[10, 10, 20], [20, 20, 20], [40, 40, 40]]
+        assert [s["size"] for s in scales] == [[64, 48, 24], [32, 24, 24], [16, 12, 12]]
+        assert scales[0]["chunk_sizes"] == [[24, 24, 12]]
+    assert json.loads((folder / "segmentation" / "info").read_text())["mesh"] == "mesh"
+    assert len(result.scales) == 3
+
+
+def test_downsampled_scales_keep_grey_levels_and_segment_ids(volume, exported):
+    raw, segmentation = volume
+    folder, _ = exported
+    image = read_layer(folder, "image", mip=1)
+    assert image.shape == (24, 24, 32)
+    # Averaging 2 x 2 in y, x (z is already as coarse as the new y, x): near the mean of mip 0.
+    assert abs(float(image.mean()) - float(raw.mean())) < 1.0
+    labels = read_layer(folder, "segmentation", mip=2)
+    assert labels.shape == (12, 12, 16)
+    assert set(np.unique(labels)) <= set(np.unique(segmentation))
+
+
+def test_every_segment_has_a_mesh_inside_the_volume_where_its_voxels_are(volume, exported):
+    _, segmentation = volume
+    folder, result = exported
+    ids = [int(i) for i in np.unique(segmentation) if i]
+    assert result.segment_count == len(ids)
+    mesh_dir = folder / "segmentation" / "mesh"
+    properties = json.loads((folder / "segmentation" / "segment_properties" / "info").read_text())
+    assert properties["inline"]["ids"] == [str(i) for i in ids]
+    source = CloudVolume(f"file://{folder / 'segmentation'}", progress=False)
+    extent_xyz = np.multiply(SHAPE, VOXEL)[::-1]
+    for segment in ids:
+        manifest = json.loads((mesh_dir / f"{segment}:0").read_text())
+        assert all((mesh_dir / fragment).is_file() for fragment in manifest["fragments"])
+        vertices = source.mesh.get(segment).vertices  # (x, y, z) in nm
+        assert len(vertices)
+        # Inside the volume, up to the simplification's tolerance.
+        slack = CONFIG.mesh_max_error_nm
+        assert np.all(vertices >= -slack) and np.all(vertices <= extent_xyz + slack)
+        # The mesh spans the segment's voxels (nm, x y z), within a voxel plus the simplification.
+        where = np.argwhere(segmentation == segment)
+        low = (where.min(0) * VOXEL)[::-1]
+        high = ((where.max(0) + 1) * VOXEL)[::-1]
+        tolerance = max(VOXEL) + slack
+        assert np.allclose(vertices.min(0), low, atol=tolerance)
+        assert np.allclose(vertices.max(0), high, atol=tolerance)
+
+
+def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
+    folder, result = exported
+    assert export_complete(folder)
+    assert result.file_count == len([p for p in folder.rglob("*") if p.is_file()]) - 1
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    assert export_complete(copy)
+    next((copy / "image" / "10_10_20").iterdir()).unlink()
+    assert not export_complete(copy)
+    shutil.rmtree(copy)
+    shutil.copytree(folder, copy)
+    (copy / "export.json").unlink()
+    assert not export_complete(copy)
+    assert not export_complete(tmp_path / "nowhere")
+
+
+def test_failure_midway_leaves_no_destination_and_no_temporary(volume, tmp_path, monkeypatch):
+    raw, segmentation = volume
+
+    def broken_mesh(*args, **kwargs):
+        raise RuntimeError("meshing failed")
+
+    monkeypatch.setattr(export, "_mesh", broken_mesh)
+    with pytest.raises(RuntimeError, match="meshing failed"):
+        export_precomputed(raw, segmentation, VOXEL, tmp_path / "out", CONFIG)
+    assert os.listdir(tmp_path) == []
+
+
+def test_failure_keeps_the_previous_export_and_success_replaces_it(volume, tmp_path, monkeypatch):
+    raw, segmentation = volume
+    out = tmp_path / "out"
+    export_precomputed(raw, segmentation, VOXEL, out, ExportConfig(num_scales=1))
+    monkeypatch.setattr(export, "_write_segment_properties", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        export_precomputed(raw, segmentation, VOXEL, out, CONFIG)
+    assert export_complete(out)
+    assert len(json.loads((out / "image" / "info").read_text())["scales"]) == 1
+    monkeypatch.undo()
+    export_precomputed(raw, segmentation, VOXEL, out, CONFIG)
+    assert export_complete(out)
+    assert len(json.loads((out / "image" / "info").read_text())["scales"]) == 3
+    assert os.listdir(tmp_path) == ["out"]
+
+
+def test_refuses_to_replace_a_folder_that_is_not_an_export(volume, tmp_path):
+    raw, segmentation = volume
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(PrecomputedError, match="not an export"):
+        export_precomputed(raw, segmentation, VOXEL, tmp_path, CONFIG)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_gzip_export_stores_gz_files_that_cloud_volume_reads(volume, tmp_path):
+    raw, segmentation = volume
+    out = tmp_path / "out"
+    export_precomputed(raw, segmentation, VOXEL, out, ExportConfig(num_scales=2, gzip=True))
+    assert export_complete(out)
+    chunks = list((out / "image" / "10_10_20").iterdir())
+    assert chunks and all(c.suffix == ".gz" for c in chunks)
+    assert np.array_equal(read_layer(out, "segmentation"), segmentation)
+
+
+@pytest.mark.parametrize(
+    ("voxel", "expected_nm", "chunks"),
+    [
+        # 2:1 serial sections: x, y first, then all three.
+        ((20, 10, 10), [(20, 10, 10), (20, 20, 20), (40, 40, 40)], [(32, 64, 64), (64,) * 3]),
+        ((8, 8, 8), [(8, 8, 8), (16, 16, 16), (32, 32, 32)], [(64,) * 3, (64,) * 3]),
+        # 4:1: x, y twice before z.
+        ((40, 10, 10), [(40, 10, 10), (40, 20, 20), (40, 40, 40)], [(16, 64, 64), (32, 64, 64)]),
+    ],
+)
+def test_scales_downsample_the_finest_axes_first(voxel, expected_nm, chunks):
+    scales = plan_scales((64, 256, 256), tuple(map(float, voxel)), ExportConfig(chunk_voxels=64))
+    assert [s.voxel_size_nm for s in scales] == expected_nm
+    assert [s.chunk_zyx for s in scales[:2]] == chunks
+
+
+def test_scales_stop_when_an_axis_to_halve_is_one_voxel():
+    scales = plan_scales((4, 4, 4), (10.0, 10.0, 10.0), ExportConfig(num_scales=5))
+    assert [s.shape_zyx for s in scales] == [(4, 4, 4), (2, 2, 2), (1, 1, 1)]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"chunk_voxels": 4},
+        {"chunk_voxels": 64.0},
+        {"num_scales": 0},
+        {"mesh_max_error_nm": -1.0},
+        {"mesh_max_error_nm": float("nan")},
+        {"gzip": "yes"},
+    ],
+)
+def test_config_rejects_bad_values(change):
+    with pytest.raises(ConfigError, match=next(iter(change))):
+        ExportConfig(**change)
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "message"),
+    [
+        ("shape", VolumeShapeError, "differs from raw shape"),
+        ("two_d", VolumeShapeError, "3-D"),
+        ("raw_float", VolumeDtypeError, "raw must be uint8"),
+        ("signed_ids", VolumeDtypeError, "unsigned integer"),
+        ("voxel", VoxelSizeError, "voxel size"),
+        ("empty", EmptyLabelsError, "all zero"),
+    ],
+)
+def test_bad_inputs_fail_with_one_line_before_writing(volume, tmp_path, case, error, message):
+    raw, segmentation = volume
+    voxel = VOXEL
+    if case == "shape":
+        segmentation = segmentation[:, :, :-1]
+    elif case == "two_d":
+        raw, segmentation = raw[0], segmentation[0]
+    elif case == "raw_float":
+        raw = raw.astype(np.float32)
+    elif case == "signed_ids":
+        segmentation = segmentation.astype(np.int64)
+    elif case == "voxel":
+        voxel = (20.0, 0.0, 10.0)
+    elif case == "empty":
+        segmentation = np.zeros_like(segmentation)
+    with pytest.raises(error, match=message) as caught:
+        export_precomputed(raw, segmentation, voxel, tmp_path / "out", CONFIG)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_exports_from_hdf5(volume, tmp_path, capsys):
+    raw, segmentation = volume
+    h5 = write_volumes(
+        tmp_path / "v.h5", {"raw": raw, "seg": segmentation.astype(np.uint32)}, VOXEL
+    )
+    out = tmp_path / "precomputed"
+    argv = ["--raw", f"{h5}:raw", "--segmentation", f"{h5}:seg", "--out", str(out)]
+    assert export.main([*argv, "--scales", "2", "--chunk-voxels", "32"]) == 0
+    assert export_complete(out)
+    assert "2 scales" in capsys.readouterr().out
+    assert np.array_equal(read_layer(out, "segmentation"), segmentation)
+    assert export.main([*argv[:2], "--segmentation", f"{h5}:nope", "--out", str(out)]) == 2
+    assert "no dataset 'nope'" in capsys.readouterr().err

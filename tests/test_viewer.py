@@ -1,0 +1,180 @@
+"""Viewing an export: the data server (CORS, gzip), the viewer's state, and, with headless
+Chromium, that Neuroglancer really draws the segmentation and its meshes."""
+
+import gzip
+import io
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from pipeline import viewer
+from pipeline.errors import PrecomputedError
+from pipeline.export import ExportConfig, export_precomputed
+from pipeline.synthetic import SyntheticConfig, generate
+
+SHAPE = (32, 64, 64)
+VOXEL = (20.0, 10.0, 10.0)
+SCREENSHOT_COPY = "/tmp/viewer_screenshot.png"
+
+
+@pytest.fixture(scope="module")
+def volume():
+    return generate(SyntheticConfig(seed=3).with_geometry(shape_zyx=SHAPE, voxel_size_nm=VOXEL))
+
+
+@pytest.fixture(scope="module")
+def precomputed(volume, tmp_path_factory):
+    raw, segmentation = volume
+    out = tmp_path_factory.mktemp("view") / "precomputed"
+    export_precomputed(raw, segmentation, VOXEL, out, ExportConfig(chunk_voxels=32))
+    return out
+
+
+@pytest.fixture
+def data_server(precomputed):
+    server = viewer.start_data_server(precomputed)
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def fetch(url, method="GET"):
+    """(status, headers, body) of one request; HTTP errors are answers too."""
+    request = urllib.request.Request(url, method=method, headers={"Origin": "http://elsewhere"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def test_data_server_sends_info_files_with_cors_headers(precomputed, data_server):
+    status, headers, body = fetch(f"{data_server}/segmentation/info")
+    assert status == 200
+    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert json.loads(body) == json.loads((precomputed / "segmentation" / "info").read_text())
+    status, headers, _ = fetch(f"{data_server}/image/info", method="OPTIONS")
+    assert status == 204
+    assert headers["Access-Control-Allow-Origin"] == "*"
+    status, headers, _ = fetch(f"{data_server}/image/no-such-chunk")
+    assert status == 404
+    assert headers["Access-Control-Allow-Origin"] == "*"
+
+
+def test_data_server_sends_gz_files_under_their_plain_name(volume, tmp_path):
+    raw, segmentation = volume
+    out = tmp_path / "precomputed"
+    export_precomputed(raw, segmentation, VOXEL, out, ExportConfig(num_scales=1, gzip=True))
+    chunk = next((out / "image" / "10_10_20").iterdir())
+    assert chunk.suffix == ".gz"
+    server = viewer.start_data_server(out)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/image/10_10_20/{chunk.stem}"
+        status, headers, body = fetch(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 200
+    assert headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(body) == gzip.decompress(chunk.read_bytes())
+
+
+def test_viewer_shows_both_layers_from_the_data_server(precomputed):
+    with viewer.start_viewer(precomputed) as handle:
+        assert handle.url.startswith("http://127.0.0.1:")
+        state = handle.viewer.state
+        assert state.layers["image"].source[0].url == f"precomputed://{handle.data_url}/image"
+        segments = state.layers["segmentation"].segments
+        assert 0 < len(segments) <= viewer.DEFAULT_SEGMENT_COUNT
+        assert list(state.dimensions.names) == ["x", "y", "z"]
+        assert list(state.position) == [32, 32, 16]
+        status, _, _ = fetch(f"{handle.data_url}/segmentation/mesh/info")
+        assert status == 200
+    with viewer.start_viewer(precomputed, segments=[1, 2]) as handle:
+        assert sorted(handle.viewer.state.layers["segmentation"].segments) == [1, 2]
+
+
+def test_viewer_refuses_incomplete_exports_and_unknown_segments(precomputed, tmp_path):
+    with pytest.raises(PrecomputedError, match="not a complete export"):
+        viewer.start_viewer(tmp_path)
+    with pytest.raises(PrecomputedError, match="no segment 999999"):
+        viewer.start_viewer(precomputed, segments=[1, 999999])
+
+
+def test_cli_reports_an_incomplete_export(tmp_path, capsys):
+    assert viewer.main(["--precomputed", str(tmp_path)]) == 2
+    assert "not a complete export" in capsys.readouterr().err
+
+
+def coloured(png: bytes, half: str) -> bool:
+    """Whether one half of a screenshot shows segment colours: over 5% of its pixels strongly
+    coloured, in at least 5 distinct hues (of 24) of 500 pixels each. The EM image is grey; the
+    UI's few coloured lines and the yellow bounding box stay far below that."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    width, height = image.size
+    image = image.crop(
+        (0, 0, width // 2, height) if half == "left" else (width // 2, 0, width, height)
+    )
+    rgb = np.asarray(image).astype(np.int32)
+    high, low = rgb.max(-1), rgb.min(-1)
+    mask = (high - low > 60) & (high > 80)
+    hue = np.asarray(image.convert("HSV"))[..., 0][mask].astype(np.int32)
+    hues = np.bincount(hue * 24 // 256, minlength=24)
+    return mask.mean() > 0.05 and np.count_nonzero(hues >= 500) >= 5
+
+
+def wait_for(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(1)
+    return condition()
+
+
+@pytest.mark.browser
+def test_headless_chromium_renders_the_segmentation_and_its_meshes(precomputed, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for flag in (
+        "--headless=new --no-sandbox --use-angle=swiftshader --enable-unsafe-swiftshader "
+        "--disable-background-networking --disable-component-update --no-first-run "
+        "--disable-sync --disable-gpu --window-size=1000,800"
+    ).split():
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    options.binary_location = shutil.which("chromium")
+    with viewer.start_viewer(precomputed) as handle:
+        driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+        try:
+            driver.get(handle.url)
+
+            def coloured_in(half):
+                png = driver.get_screenshot_as_png()
+                return png if coloured(png, half) else None
+
+            # Default view: the 2-D panel (left) overlays segment colours on the EM image.
+            png = wait_for(lambda: coloured_in("left"), 60)
+            screenshot = tmp_path / "viewer.png"
+            screenshot.write_bytes(png or driver.get_screenshot_as_png())
+            shutil.copyfile(screenshot, SCREENSHOT_COPY)
+            assert png, f"no segmentation in the 2-D panel after 60 s (see {screenshot})"
+            # Without the slices the 3-D panel (right) can only be coloured by the meshes.
+            with handle.viewer.txn() as state:
+                state.show_slices = False
+            meshes = wait_for(lambda: coloured_in("right"), 60)
+            if not meshes:
+                (tmp_path / "meshes.png").write_bytes(driver.get_screenshot_as_png())
+            assert meshes, f"no meshes in the 3-D panel after 60 s (see {tmp_path / 'meshes.png'})"
+        finally:
+            driver.quit()
