@@ -1,66 +1,328 @@
-"""Run the FFN pipeline on a site: `python workflow.py --site local`.
+"""The FFN workflow: EM volume to a segmentation browsable in Neuroglancer, as one Parsl DAG.
 
-Interim version: the Parsl DAG (issue 5) is not built yet. This runs, in order and without Parsl,
-the stages that exist today on the local machine: synthetic data staging, partitions + seed
-coordinates, and 2-rank Horovod training through the venv's `mpiexec`. Inference, evaluation and
-the Neuroglancer export are not built yet, and it says so at the end.
+    python workflow.py --site local                      # this machine, the synthetic demo
+    python workflow.py --site theta --config run.toml    # the same DAG on an HPC site
+    python workflow.py --site local --resume             # skip what a previous run finished
+    python workflow.py --site theta --dry-run            # print the DAG and the site, submit nothing
+    python workflow.py view --run-dir data/runs/demo     # open the result in Neuroglancer
+
+stage_volume(train), stage_volume(eval) -> preprocess -> train (MPI, N ranks) -> select_checkpoint
+-> infer_block x B (parallel) -> stitch -> evaluate, export -> report.md
 """
 
 import argparse
-import os
-import shutil
-import subprocess
+import shlex
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
-from pipeline import partitions, synthetic
+from pipeline import config as config_io
+from pipeline.blocks import block_path, plan_blocks
+from pipeline.errors import FFNError
+from pipeline.run_config import RunConfig, load_run_config
 
 ROOT = Path(__file__).resolve().parent
+STAGES = ("stage", "preprocess", "train", "select", "infer", "stitch", "evaluate", "export")
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True)
+class RunPaths:
+    """Where every stage's outputs live in a run directory."""
+
+    root: Path
+
+    def __getattr__(self, name: str) -> Path:
+        return self.root / _LAYOUT[name]
+
+
+_LAYOUT = {
+    "train_volume": "staged/train.h5",
+    "eval_volume": "staged/eval.h5",
+    "partitions": "preprocess/partitions.h5",
+    "coordinates": "preprocess/coordinates.npz",
+    "train_dir": "train",
+    "train_summary": "train/train_summary.json",
+    "train_log": "train/train.log",
+    "selection": "selection.json",
+    "blocks_dir": "inference/blocks",
+    "segmentation": "inference/segmentation.h5",
+    "stitch_summary": "inference/stitch.json",
+    "evaluation": "evaluation.json",
+    "precomputed": "precomputed",
+    "report": "report.md",
+    "config": "config.json",
+}
+
+
+def _eval_shape(config: RunConfig) -> tuple[int, int, int]:
+    if config.data.synthetic:
+        from pipeline.synthetic import PRESETS
+
+        return (
+            PRESETS[config.data.synthetic_preset]
+            .with_geometry(config.data.synthetic_shape_zyx)
+            .shape_zyx
+        )
+    import h5py
+
+    from pipeline.volumes import VolumeSpec
+
+    spec = VolumeSpec.parse(config.data.eval_raw)
+    with h5py.File(spec.path, "r") as f:
+        return f[spec.dataset].shape
+
+
+def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
+    train_config = paths.train_dir / "requested_config.json"
+    program = [
+        sys.executable, "-m", "pipeline.train",
+        "--raw", f"{paths.train_volume}:raw", "--labels", f"{paths.train_volume}:labels",
+        "--coordinates", str(paths.coordinates), "--train-dir", str(paths.train_dir),
+        "--config", str(train_config), "--intra-op-threads", str(launch.threads_per_rank),
+    ]  # fmt: skip
+    return launch.command(shlex.join(program))
+
+
+def build_dag(config: RunConfig, paths: RunPaths, site) -> dict:
+    """Submit every stage; returns {stage name: future(s)}. Parsl runs them as inputs resolve."""
+    from parsl.data_provider.files import File
+
+    from apps.evaluate import evaluate
+    from apps.export import export
+    from apps.infer import infer_block
+    from apps.preprocess import preprocess
+    from apps.select import select_checkpoint
+    from apps.stage import stage_volume
+    from apps.stitch import stitch
+    from apps.train import train
+
+    data = config_io.to_dict(config.data)
+    train_volume = stage_volume(data, "train", outputs=[File(str(paths.train_volume))])
+    eval_volume = stage_volume(data, "eval", outputs=[File(str(paths.eval_volume))])
+    coords = preprocess(
+        config_io.to_dict(config.partitions_for_training()),
+        inputs=[train_volume.outputs[0]],
+        outputs=[File(str(paths.partitions)), File(str(paths.coordinates))],
+    )
+    launch = site.SITE.mpi_launch(config.train_nodes)
+    paths.train_dir.mkdir(parents=True, exist_ok=True)
+    config_io.save_json(paths.train_dir / "requested_config.json", config.train)
+    trained = train(
+        training_command(config, paths, launch),
+        inputs=[train_volume.outputs[0], coords.outputs[1]],
+        outputs=[File(str(paths.train_summary))],
+        stdout=str(paths.train_log),
+        stderr=str(paths.train_log),
+        parsl_resource_specification=launch.resource_specification,
+    )
+    scored_on = eval_volume if _eval_has_labels(config) else train_volume
+    selected = select_checkpoint(
+        str(paths.train_dir),
+        config_io.to_dict(config.selection),
+        inputs=[trained.outputs[0], scored_on.outputs[0]],
+        outputs=[File(str(paths.selection))],
+    )
+    blocks = [
+        infer_block(
+            list(block.start),
+            list(block.stop),
+            config_io.to_dict(config.inference),
+            inputs=[eval_volume.outputs[0], selected.outputs[0]],
+            outputs=[File(str(block_path(paths.blocks_dir, block)))],
+        )  # fmt: skip
+        for block in plan_blocks(_eval_shape(config), config.blocks)
+    ]
+    stitched = stitch(
+        config_io.to_dict(config.blocks),
+        inputs=[eval_volume.outputs[0], *(b.outputs[0] for b in blocks)],
+        outputs=[File(str(paths.segmentation)), File(str(paths.stitch_summary))],
+    )
+    futures = {
+        "stage": [train_volume, eval_volume],
+        "preprocess": [coords],
+        "train": [trained],
+        "select": [selected],
+        "infer": blocks,
+        "stitch": [stitched],
+        "export": [
+            export(
+                config_io.to_dict(config.export),
+                inputs=[eval_volume.outputs[0], stitched.outputs[0]],
+                outputs=[File(str(paths.precomputed))],
+            )
+        ],
+    }
+    if _eval_has_labels(config):
+        futures["evaluate"] = [
+            evaluate(
+                config_io.to_dict(config.watershed),
+                inputs=[eval_volume.outputs[0], stitched.outputs[0]],
+                outputs=[File(str(paths.evaluation))],
+            )
+        ]
+    return futures
+
+
+def _eval_has_labels(config: RunConfig) -> bool:
+    return config.data.synthetic or bool(config.data.eval_labels)
+
+
+def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
+    from site_configs import describe
+
+    launch = site.SITE.mpi_launch(config.train_nodes)
+    blocks = plan_blocks(_eval_shape(config), config.blocks)
+    lines = [
+        f"run {config.name} in {paths.root}",
+        f"  stage      -> {paths.train_volume}, {paths.eval_volume}",
+        f"  preprocess -> {paths.coordinates}",
+        f"  train      {launch.num_ranks} rank(s) on {launch.num_nodes} node(s), "
+        f"{config.train.max_steps} steps -> {paths.train_dir}",
+        f"             $ {training_command(config, paths, launch)}",
+        f"  select     -> {paths.selection}",
+        f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel -> {paths.blocks_dir}",
+        f"  stitch     -> {paths.segmentation}",
+        f"  evaluate   -> {paths.evaluation}"
+        if _eval_has_labels(config)
+        else "  evaluate   (no labels: skipped)",
+        f"  export     -> {paths.precomputed}",
+        f"  report     -> {paths.report}",
+        describe(site.SITE, paths.root),
+    ]
+    return "\n".join(lines)
+
+
+def _watch(futures: dict, paths: RunPaths) -> dict[str, str]:
+    """Print each stage's start and end, and training progress, until every task is done."""
+    reported: dict[int, str] = {}
+    last_train_line, started = "", time.monotonic()
+    tasks = [(stage, f) for stage, fs in futures.items() for f in fs]
+    while True:
+        for stage, future in tasks:
+            state = future.task_record["status"].name
+            if reported.get(id(future)) == state:
+                continue
+            reported[id(future)] = state
+            name = stage if len(futures[stage]) == 1 else f"{stage}[{futures[stage].index(future)}]"
+            elapsed = f"{time.monotonic() - started:6.0f} s"
+            if state in ("launched", "running"):
+                print(f"[workflow] {elapsed} {name} started", flush=True)
+            elif state == "exec_done":
+                print(f"[workflow] {elapsed} {name} finished", flush=True)
+            elif state == "memo_done":
+                print(f"[workflow] {elapsed} {name} skipped: done in an earlier run", flush=True)
+            elif state in ("failed", "dep_fail"):
+                print(f"[workflow] {elapsed} {name} {state.replace('_', ' ')}", flush=True)
+        training = reported.get(id(futures["train"][0])) in ("launched", "running")
+        line = _last_train_line(paths.train_log) if training else ""
+        if line and line != last_train_line:
+            print(f"[workflow]          {line}", flush=True)
+            last_train_line = line
+        if all(f.done() for _, f in tasks):
+            return {id(f): reported[id(f)] for _, f in tasks}
+        time.sleep(2)
+
+
+def _last_train_line(log: Path) -> str:
+    if not log.is_file():
+        return ""
+    lines = [
+        line for line in log.read_text(errors="replace").splitlines() if line.startswith("[train]")
+    ]
+    return lines[-1] if lines else ""
+
+
+def run(args: argparse.Namespace) -> int:
+    import parsl
+
+    from site_configs import load_site
+
+    config = load_run_config(args.config)
+    site = load_site(args.site)
+    paths = RunPaths(Path(args.run_dir or ROOT / "data" / "runs" / config.name).resolve())
+    if args.dry_run:
+        print(describe_dag(config, paths, site))
+        return 0
+    if (paths.root / "runinfo").exists() and not args.resume:
+        print(
+            f"error: {paths.root} holds an earlier run; add --resume, or choose another --run-dir",
+            file=sys.stderr,
+        )
+        return 2
+    paths.root.mkdir(parents=True, exist_ok=True)
+    config_io.save_json(paths.config, config)
+    if args.resume:
+        from pipeline.report import last_run_summary
+
+        print(f"[workflow] resuming: {last_run_summary(paths.root / 'monitoring.db')}")
+    parsl.load(site.make_config(paths.root))
+    try:
+        futures = build_dag(config, paths, site)
+        states = _watch(futures, paths)
+        failures = [f for fs in futures.values() for f in fs if f.exception() is not None]
+    finally:
+        parsl.dfk().cleanup()
+    if failures:
+        print(f"[workflow] failed: {failures[0].exception()}", file=sys.stderr)
+        return 1
+    if all(s == "memo_done" for s in states.values()):
+        print("[workflow] nothing to do: every stage was already complete in an earlier run")
+    from pipeline.report import write_report
+
+    write_report(paths.root)
+    print(
+        f"[workflow] done: {paths.report}; view it with: python workflow.py view --run-dir {paths.root}"
+    )
+    return 0
+
+
+def view(args: argparse.Namespace) -> int:
+    from pipeline.viewer import serve_forever
+
+    serve_forever(
+        Path(args.run_dir) / _LAYOUT["precomputed"], port=args.port, viewer_port=args.viewer_port
+    )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("command", nargs="?", default="run", choices=["run", "view"])
     parser.add_argument(
-        "--site", default="local", choices=["local"], help="only 'local' exists so far"
+        "--site", default="local", help="local, theta, polaris, slurm, or a path to a site module"
     )
-    parser.add_argument("--run-dir", default=str(ROOT / "data" / "runs" / "demo"))
-    parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (mpiexec -n)")
-    parser.add_argument("--train-steps", type=int, default=300)
-    args = parser.parse_args(argv)
-    run_dir = Path(args.run_dir)
-    staged = run_dir / "staged" / "train.h5"
-    coords = run_dir / "preprocess" / "coordinates.npz"
+    parser.add_argument(
+        "--config", help="TOML of run settings (see configs/); default: the local demo"
+    )
+    parser.add_argument("--run-dir", help="default: data/runs/<name from the config>")
+    parser.add_argument(
+        "--resume", action="store_true", help="reuse what an earlier run in --run-dir finished"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the DAG and site settings; run nothing"
+    )
+    parser.add_argument("--port", type=int, default=0, help="view: data server port (0 = any free)")
+    parser.add_argument(
+        "--viewer-port", type=int, default=0, help="view: Neuroglancer port (0 = any free)"
+    )
+    return parser
 
-    print(f"[workflow] stage data -> {staged}", flush=True)
-    if not staged.exists():
-        synthetic.main([str(staged), "--preset", "default", "--seed", "0"])
-    print(f"[workflow] partitions + coordinates -> {coords}", flush=True)
-    if not coords.exists():
-        # Margin = the training canvas radius for FOV (17, 33, 33) and deltas (4, 8, 8).
-        partitions.main([
-            "--labels", f"{staged}:labels", "--partitions-out", str(run_dir / "preprocess" / "partitions.h5"),
-            "--coordinates-out", str(coords), "--margin", "12", "24", "24", "--samples-per-class", "2000",
-        ])  # fmt: skip
-    print(f"[workflow] training, {args.ranks} Horovod ranks -> {run_dir / 'train'}", flush=True)
-    mpiexec = shutil.which(
-        "mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    )
-    subprocess.run(
-        [mpiexec, "-n", str(args.ranks), sys.executable, "-m", "pipeline.train",
-         "--raw", f"{staged}:raw", "--labels", f"{staged}:labels", "--coordinates", str(coords),
-         "--train-dir", str(run_dir / "train"), "--max-steps", str(args.train_steps),
-         "--batch-size", "2", "--model-depth", "5", "--model-features", "16",
-         "--intra-op-threads", "1", "--log-every-steps", "25"],
-        check=True, cwd=ROOT,
-    )  # fmt: skip
-    print(
-        f"[workflow] done: curves in {run_dir / 'train' / 'curves.png'}. Not built yet: checkpoint selection, "
-        "inference, evaluation, Neuroglancer export and the Parsl DAG (issues 4 and 5)."
-    )
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "view":
+            if not args.run_dir:
+                raise FFNError("view needs --run-dir")
+            return view(args)
+        return run(args)
+    except FFNError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

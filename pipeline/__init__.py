@@ -7,3 +7,8 @@ import os
 # project is developed on) turning it on makes Conv3D training about twice as fast.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide INFO start-up notices, keep warnings
+
+import warnings
+
+# cloud-volume's Google libraries warn at import time that Python 3.11 reaches end of life in 2027.
+warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_core")

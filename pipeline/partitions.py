@@ -466,19 +466,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(args: argparse.Namespace) -> None:
-    config = PartitionConfig(
-        thresholds=tuple(args.thresholds),
-        lom_radius_zyx=tuple(args.lom_radius),
-        margin_zyx=None if args.margin is None else tuple(args.margin),
-        samples_per_class=args.samples_per_class,
-        seed=args.seed,
-    )
-    spec = VolumeSpec.parse(args.labels)
-    labels, voxel_size = read_labels(spec, args.voxel_size)
+def preprocess(
+    labels_spec: "str | VolumeSpec",
+    partitions_out: str | Path,
+    coordinates_out: str | Path,
+    config: PartitionConfig = PartitionConfig(),
+    *,
+    name: str | None = None,
+    voxel_size_nm: Sequence[float] | None = None,
+    progress: bool = True,
+) -> Path:
+    """The preprocessing stage: partition a label volume, write it, sample and write coordinates
+    (named `name`, default the labels file's stem). Returns the coordinates path."""
+    spec = VolumeSpec.parse(labels_spec)
+    labels, voxel_size = read_labels(spec, voxel_size_nm)
     start = time.perf_counter()
     partitions = compute_partitions(
-        labels, config.thresholds, config.lom_radius_zyx, config.margin_zyx, progress=True
+        labels, config.thresholds, config.lom_radius_zyx, config.margin_zyx, progress=progress
     )
     partition_seconds = time.perf_counter() - start
     attrs = {
@@ -487,18 +491,34 @@ def _run(args: argparse.Namespace) -> None:
         "lom_radius_zyx": config.lom_radius_zyx,
         "margin_zyx": config.margin,
     }
-    write_volumes(args.partitions_out, {PARTITIONS_DATASET: partitions}, voxel_size, attrs)
+    write_volumes(partitions_out, {PARTITIONS_DATASET: partitions}, voxel_size, attrs)
     start = time.perf_counter()
     coords = build_coordinates(partitions, config.samples_per_class, config.seed)
     classes = partitions[tuple(coords.T)]
     save_coordinates(
-        args.coordinates_out, coords, args.name or spec.path.stem, classes=classes, config=config
+        coordinates_out, coords, name or spec.path.stem, classes=classes, config=config
     )
-    print(_class_table(partitions, classes, config.thresholds))
-    print(
-        f"partitions: {args.partitions_out} ({partition_seconds:.1f} s); coordinates: "
-        f"{len(coords)} in {args.coordinates_out} ({time.perf_counter() - start:.1f} s)"
+    if progress:
+        print(_class_table(partitions, classes, config.thresholds))
+        print(
+            f"partitions: {partitions_out} ({partition_seconds:.1f} s); coordinates: "
+            f"{len(coords)} in {coordinates_out} ({time.perf_counter() - start:.1f} s)"
+        )
+    return Path(coordinates_out)
+
+
+def _run(args: argparse.Namespace) -> None:
+    config = PartitionConfig(
+        thresholds=tuple(args.thresholds),
+        lom_radius_zyx=tuple(args.lom_radius),
+        margin_zyx=None if args.margin is None else tuple(args.margin),
+        samples_per_class=args.samples_per_class,
+        seed=args.seed,
     )
+    preprocess(
+        args.labels, args.partitions_out, args.coordinates_out, config,
+        name=args.name, voxel_size_nm=args.voxel_size,
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -513,3 +533,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def coordinates_complete(path: str | Path) -> bool:
+    """The preprocessing stage's check: a readable, valid coordinates file exists."""
+    try:
+        load_coordinates(path)
+    except CoordinatesError:
+        return False
+    return True

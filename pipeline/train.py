@@ -283,7 +283,7 @@ def run_training(
             plot_curves(train_dir / "metrics.csv", train_dir / "curves.png")
         with atomic_path(train_dir / SUMMARY_FILE) as tmp:
             tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return summary if lead else {}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,163 @@
+"""The run report (`report.md`) and what the monitoring database says about earlier runs.
+
+Per-stage wall times come from Parsl's monitoring database (`monitoring.db`: tables `workflow`,
+`task`, `status`); training speed from `train/metrics.csv`; scores from `evaluation.json`.
+"""
+
+import json
+import sqlite3
+from pathlib import Path
+
+from pipeline.atomic import atomic_path
+
+# Parsl app function names -> the stage names the workflow prints.
+STAGE_OF_APP = {
+    "stage_volume": "stage",
+    "preprocess": "preprocess",
+    "train": "train",
+    "select_checkpoint": "select",
+    "infer_block": "infer",
+    "stitch": "stitch",
+    "evaluate": "evaluate",
+    "export": "export",
+}
+
+
+def _query(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    if not db.is_file():
+        return []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+        try:
+            return connection.execute(sql, params).fetchall()
+        except sqlite3.OperationalError:  # no tables yet: monitoring never wrote
+            return []
+
+
+def task_states(db: str | Path, run: int = -1) -> dict[str, list[str]]:
+    """Final state of each app's tasks in one run (-1 = the last), e.g. {"train": ["exec_done"]}."""
+    db = Path(db)
+    runs = [r[0] for r in _query(db, "SELECT run_id FROM workflow ORDER BY time_began")]
+    if not runs:
+        return {}
+    rows = _query(
+        db,
+        "SELECT t.task_func_name, s.task_status_name FROM task t JOIN status s "
+        "ON s.task_id = t.task_id AND s.run_id = t.run_id WHERE t.run_id = ? "
+        "AND s.timestamp = (SELECT MAX(timestamp) FROM status WHERE task_id = t.task_id AND run_id = t.run_id)",
+        (runs[run],),
+    )
+    states: dict[str, list[str]] = {}
+    for app, state in rows:
+        states.setdefault(STAGE_OF_APP.get(app, app), []).append(state)
+    return states
+
+
+def last_run_summary(db: str | Path) -> str:
+    """One line on the last run: which stages finished, which failed or never ended."""
+    states = task_states(db)
+    if not states:
+        return "no earlier run recorded in the monitoring database"
+    parts = []
+    for stage, values in states.items():
+        done = sum(v in ("exec_done", "memo_done") for v in values)
+        failed = sum(v in ("failed", "dep_fail") for v in values)
+        text = f"{stage} {done}/{len(values)} done"
+        parts.append(text + (f", {failed} failed" if failed else ""))
+    return "last run: " + "; ".join(parts)
+
+
+def stage_wall_times(db: str | Path) -> dict[str, float]:
+    """Seconds from the first task of a stage starting to its last one returning, in the latest
+    run that executed the stage (a resumed run takes the earlier times of what it skipped)."""
+    rows = _query(
+        Path(db),
+        # A try's 'running' time is recorded only where workers report it; 'launched' always is.
+        "SELECT t.task_func_name, t.run_id, MIN(COALESCE(y.task_try_time_running, y.task_try_time_launched)), "
+        "MAX(y.task_try_time_returned) FROM task t JOIN try y ON y.task_id = t.task_id AND y.run_id = t.run_id "
+        "JOIN workflow w ON w.run_id = t.run_id WHERE EXISTS (SELECT 1 FROM status s WHERE s.task_id = t.task_id "
+        "AND s.run_id = t.run_id AND s.task_status_name = 'exec_done') "
+        "GROUP BY t.task_func_name, t.run_id ORDER BY w.time_began",
+    )
+    times = {}
+    for app, _, began, ended in rows:  # later runs overwrite earlier ones
+        seconds = _seconds_between(began, ended)
+        if seconds is not None:
+            times[STAGE_OF_APP.get(app, app)] = seconds
+    return times
+
+
+def _seconds_between(began: str | None, ended: str | None) -> float | None:
+    from datetime import datetime
+
+    if not began or not ended:
+        return None
+    return (datetime.fromisoformat(ended) - datetime.fromisoformat(began)).total_seconds()
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """report.md: stage times, training speed and quality, FFN against the watershed baseline."""
+    run_dir = Path(run_dir)
+    lines = [f"# FFN run report: {run_dir.name}", ""]
+    times = stage_wall_times(run_dir / "monitoring.db")
+    states = task_states(run_dir / "monitoring.db")
+    lines += [
+        "## Stages (this run, from monitoring.db)",
+        "",
+        "| stage | tasks | wall time |",
+        "|---|---|---|",
+    ]
+    for stage in STAGE_OF_APP.values():
+        if stage in states:
+            skipped = states[stage].count("memo_done")
+            note = f"{len(states[stage])}" + (
+                f" ({skipped} from an earlier run)" if skipped else ""
+            )
+            wall = f"{times[stage]:.1f} s" if stage in times else "-"
+            lines.append(f"| {stage} | {note} | {wall} |")
+    train = _read_json(run_dir / "train" / "train_summary.json")
+    if train:
+        lines += [
+            "", "## Training", "",
+            f"{train['step']} steps on {train['world_size']} rank(s), {train['fov_per_s']:.1f} FOV/s "
+            f"in the last interval; final loss {train['loss']:.3f}, voxel F1 {train['f1']:.3f}, "
+            f"accuracy {train['accuracy']:.3f}.",
+            "", "![training curves](train/curves.png)",
+        ]  # fmt: skip
+    selection = _read_json(run_dir / "selection.json")
+    if selection:
+        lines += ["", f"Selected checkpoint: `{selection.get('checkpoint')}`."]
+    stitched = _read_json(run_dir / "inference" / "stitch.json")
+    if stitched:
+        blocks = stitched["blocks"]
+        seconds = sum(b["seconds"] for b in blocks)
+        voxels = sum(b["voxels"] for b in blocks)
+        lines += [
+            "", "## Inference", "",
+            f"{len(blocks)} block(s), {seconds / len(blocks):.1f} s per block, "
+            f"{voxels / seconds:,.0f} voxels/s per task; {sum(b['fov_evaluations'] for b in blocks)} FOV "
+            f"evaluations; {stitched['stitch']['objects']} objects after stitching.",
+        ]  # fmt: skip
+    evaluation = _read_json(run_dir / "evaluation.json")
+    if evaluation:
+        lines += [
+            "",
+            "## Segmentation quality (lower is better)",
+            "",
+            "| method | VI split | VI merge | VI | adapted Rand error | objects split | segments merged |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for method, scores in evaluation.items():
+            if isinstance(scores, dict) and "vi" in scores:
+                lines.append(
+                    f"| {method} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
+                    f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} |"
+                )
+    if (run_dir / "precomputed").is_dir():
+        lines += ["", f"Neuroglancer: `python workflow.py view --run-dir {run_dir}`"]
+    with atomic_path(run_dir / "report.md") as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return run_dir / "report.md"

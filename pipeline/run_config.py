@@ -1,0 +1,77 @@
+"""The settings of one workflow run, read from `--config run.toml`, saved as `config.json`.
+
+The defaults are the local demo: the synthetic volumes, a reduced FFN (depth 5, 16 features: the
+full FFN trains at about 3 FOV/s on a 2-core CPU) trained for minutes, four inference blocks.
+`configs/` holds examples, among them the paper-sized model for HPC sites. Each section is the
+stage's own config class; this module only groups them.
+"""
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import config as config_io
+from pipeline.blocks import BlockConfig
+from pipeline.errors import ConfigError
+from pipeline.export import ExportConfig
+from pipeline.inference import InferenceConfig
+from pipeline.metrics import WatershedConfig
+from pipeline.model import ModelConfig
+from pipeline.partitions import PartitionConfig
+from pipeline.selection import SelectionConfig
+from pipeline.staging import DataConfig
+from pipeline.train import TrainConfig
+from pipeline.training import canvas_radius
+
+
+def _demo_train() -> TrainConfig:
+    return TrainConfig(
+        model=ModelConfig(depth=5, features=16),
+        batch_size=2,  # per rank
+        max_steps=1500,
+        log_every_steps=50,
+        checkpoint_every_steps=250,
+    )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "demo"
+    data: DataConfig = field(default_factory=DataConfig)
+    partitions: PartitionConfig = field(
+        default_factory=lambda: PartitionConfig(samples_per_class=2000)
+    )
+    train: TrainConfig = field(default_factory=_demo_train)
+    train_nodes: int = 1  # nodes of the training task; ranks = nodes x the site's ranks_per_node
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    blocks: BlockConfig = field(default_factory=lambda: BlockConfig(block_shape_zyx=(64, 80, 80)))
+    watershed: WatershedConfig = field(default_factory=WatershedConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def __post_init__(self) -> None:
+        if not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"run name {self.name!r}: use letters, digits, '-' and '_'")
+        if self.train_nodes < 1:
+            raise ConfigError(f"train_nodes must be >= 1, got {self.train_nodes}")
+
+    def partitions_for_training(self) -> PartitionConfig:
+        """Coordinates must leave room for the training canvas (FOV + moves) around them."""
+        canvas = canvas_radius(self.train.model, self.train.examples)
+        margin = np.maximum(canvas, self.partitions.margin)
+        return replace(self.partitions, margin_zyx=tuple(int(m) for m in margin))
+
+
+def load_run_config(path: str | Path | None) -> RunConfig:
+    if path is None:
+        return RunConfig()
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: file not found")
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    return config_io.from_dict(RunConfig, values, str(path))
