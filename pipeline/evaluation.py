@@ -13,14 +13,14 @@ def evaluate_volume(
     raw_spec: str,
     labels_spec: str,
     segmentation_spec: str,
-    watershed: WatershedConfig = WatershedConfig(),
+    watershed: WatershedConfig | None = None,
     output: str | Path | None = None,
 ) -> dict:
     """{"ffn": scores, "watershed": scores, "watershed_seconds": s}; written to `output` if given."""
     volume = read_volume_pair(raw_spec, labels_spec)
     segmentation, _ = read_labels(segmentation_spec)
     started = time.perf_counter()
-    baseline = watershed_baseline(volume.raw, watershed)
+    baseline = watershed_baseline(volume.raw, watershed or WatershedConfig())
     result = {
         "ffn": score_segmentation(segmentation, volume.labels).to_dict(),
         "watershed": score_segmentation(baseline, volume.labels).to_dict(),

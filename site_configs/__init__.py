@@ -1,0 +1,110 @@
+"""Where the workflow runs: one small module per site, each making a Parsl Config from a `SiteSpec`.
+
+    local    this machine: LocalProvider, MPIExecutor + the venv's MPICH mpiexec
+    polaris  ALCF Polaris: PBSProProvider, MPIExecutor + PALS mpiexec
+    slurm    a Slurm cluster (Perlmutter CPU defaults): SlurmProvider, MPIExecutor + srun
+    theta    ALCF Theta (retired; SC'19 setup): CobaltProvider (cobalt.py), HTEX + aprun
+
+`--site` takes one of these names or the path of a user's own module (`load_site`). A site module
+has `SITE` (a `SiteSpec`) and `make_config(run_dir, site=None) -> parsl.config.Config`; copy one
+of the modules above to start. `make_config` refuses (ConfigError) while `account` or `queue`
+still hold a "YOUR_..." placeholder; `describe(site)` works regardless (for `--dry-run`).
+
+Every Config has the same two executors, so apps can name them on any site:
+
+    "mpi" (MPI_LABEL)  multi-rank tasks: Horovod training
+    "cpu" (CPU_LABEL)  single-process tasks: staging, preprocessing, inference blocks, evaluation
+
+and the same shared parts (base.build_config): Parsl's run dir `<run_dir>/runinfo`, task-exit
+checkpoints reloaded from every earlier run there (apps declared with `cache=True` are not
+rerun), and monitoring into `sqlite:///<run_dir>/monitoring.db`.
+
+The launcher contract for the training app, the same code on every site:
+
+    site = module.SITE                      # or dataclasses.replace(module.SITE, account=...)
+    launch = site.mpi_launch(num_nodes)     # default: nodes_per_block / mpi_tasks_per_block
+
+    @bash_app(executors=[launch.executor])  # "mpi"
+    def train(args, parsl_resource_specification=None, stdout=None, stderr=None):
+        return launch.command(f"python -m pipeline.train {args} "
+                              f"--intra-op-threads {launch.threads_per_rank}")
+
+    train(args, parsl_resource_specification=launch.resource_specification)
+
+`launch.command(program)` exports OMP_NUM_THREADS and puts `launch.prefix` in front of the program:
+`$PARSL_MPI_PREFIX` on local, polaris and slurm (Parsl's MPI mode composes it from the resource
+specification `{num_nodes, ranks_per_node, num_ranks[, launcher_options]}` and the block's nodes:
+`mpiexec -n 2 -ppn 2 -hosts localhost` locally, `srun --ntasks ...` on Slurm), and on theta a
+complete `aprun -n <ranks> -N <ranks/node> -d .. -j .. --cc depth ...` with an empty resource
+specification (HTEX without MPI mode accepts no MPI keys). A task cannot span blocks, so
+`num_nodes <= nodes_per_block` (ConfigError otherwise).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from pipeline.errors import ConfigError
+from site_configs.base import CPU_LABEL, MPI_LABEL, MPILaunch, SiteSpec, describe
+
+__all__ = [
+    "CPU_LABEL",
+    "MPI_LABEL",
+    "MPILaunch",
+    "SiteSpec",
+    "describe",
+    "known_sites",
+    "load_site",
+]
+
+# Modules of this package that are building blocks, not sites.
+_NOT_SITES = {"base", "cobalt"}
+
+
+def known_sites() -> list[str]:
+    """Names `--site` accepts besides a path."""
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules([str(Path(__file__).parent)])
+        if not m.ispkg and m.name not in _NOT_SITES and not m.name.startswith("_")
+    )
+
+
+def load_site(name_or_path: str) -> ModuleType:
+    """The site module for `--site`: `site_configs.<name>`, or a user's `.py` file given by path.
+
+    The module must define `make_config(run_dir, site=None)` and `SITE`, a `SiteSpec`."""
+    text = str(name_or_path)
+    looks_like_path = text.endswith(".py") or "/" in text or "\\" in text
+    if looks_like_path:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--site {text}: no such file")
+        module_name = f"site_configs._user_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"--site {text}: cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+        try:
+            spec.loader.exec_module(module)
+        except Exception:
+            del sys.modules[module_name]
+            raise
+    elif text in known_sites():
+        module = importlib.import_module(f"{__name__}.{text}")
+    else:
+        raise ConfigError(
+            f"--site {text}: unknown site; known sites: {', '.join(known_sites())} "
+            "(or give the path of a .py file that defines SITE and make_config)"
+        )
+    if not callable(getattr(module, "make_config", None)):
+        raise ConfigError(f"--site {text}: the module has no make_config(run_dir, site=None)")
+    if not isinstance(getattr(module, "SITE", None), SiteSpec):
+        raise ConfigError(f"--site {text}: the module has no SITE = SiteSpec(...)")
+    return module
