@@ -1,0 +1,451 @@
+"""What every site shares: the `SiteSpec` settings, the MPI launch contract for the training app,
+`describe()` for `--dry-run`, and the one helper that turns executors into a Parsl `Config` with the
+same run dir, memoizer (task-exit checkpoints) and monitoring database on every site.
+
+A site module (`site_configs/local.py`, ...) only says how its scheduler gets nodes: it builds two
+executors from a `SiteSpec` and hands them to `build_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import re
+import shlex
+import shutil
+import string
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from parsl.config import Config
+from parsl.dataflow.memoization import BasicMemoizer, id_for_memo
+from parsl.executors.base import ParslExecutor
+from parsl.executors.high_throughput.mpi_prefix_composer import compose_all
+from parsl.utils import get_all_checkpoints
+
+from pipeline.errors import ConfigError
+
+# The two executor labels every site provides; apps pick one with `executors=[...]`.
+MPI_LABEL = "mpi"  # multi-rank tasks (Horovod training), one batch job per block
+CPU_LABEL = "cpu"  # single-process tasks (staging, preprocessing, inference blocks, evaluation)
+
+# A setting that contains this is a placeholder the user must replace before submitting.
+PLACEHOLDER_PREFIX = "YOUR_"
+
+
+def _interchange_cmd() -> str:
+    """HTEX starts its interchange as `interchange.py` looked up on PATH; naming the script beside
+    the running interpreter (the venv's bin/) removes that dependency on the caller's PATH. A
+    string, not a list: MPIExecutor's type check accepts only a string, and Popen runs it."""
+    beside = Path(sys.executable).parent / "interchange.py"
+    return str(beside) if beside.is_file() else shutil.which("interchange.py") or "interchange.py"
+
+
+INTERCHANGE_CMD = _interchange_cmd()
+
+Scheduler = Literal["local", "pbspro", "cobalt", "slurm"]
+MpiLauncher = Literal["mpiexec", "srun", "aprun"]
+
+# Which MPI launchers each scheduler can use. Parsl's MPI mode (MPIExecutor) finds a block's nodes
+# from PBS_NODEFILE or SLURM_NODELIST only; Cobalt sites use aprun directly (see cobalt.py).
+LAUNCHERS_FOR = {
+    "local": ("mpiexec",),
+    "pbspro": ("mpiexec",),
+    "slurm": ("srun", "mpiexec"),
+    "cobalt": ("aprun",),
+}
+# For describe(): the provider and the launcher of the "cpu" pool each scheduler's module uses
+# (tests/test_site_configs.py checks these against the built configs).
+PROVIDER_FOR = {
+    "local": "LocalProvider",
+    "pbspro": "PBSProProvider",
+    "cobalt": "CobaltProvider",
+    "slurm": "SlurmProvider",
+}
+CPU_LAUNCHER_FOR = {
+    "local": "SingleNodeLauncher",
+    "pbspro": "MpiExecLauncher",
+    "cobalt": "AprunLauncher",
+    "slurm": "SrunLauncher",
+}
+# Fields that `launcher_options` may use, e.g. "--cpu-bind depth --depth={cpus_per_rank}".
+LAUNCHER_OPTION_FIELDS = (
+    "ranks_per_node",
+    "threads_per_rank",
+    "cpus_per_rank",
+    "hyperthreads_per_core",
+    "cores_per_node",
+)
+_WALLTIME = re.compile(r"^\d{1,4}:[0-5]\d:[0-5]\d$")
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """The settings of one site. Frozen and checked when built; change one with
+    `dataclasses.replace(site, account="abc123")`, which checks again.
+
+    Two pools of workers: the "mpi" pool runs multi-rank tasks (training), `nodes_per_block` nodes
+    per batch job; the "cpu" pool runs single-process tasks, `cpu_workers_per_node` per node.
+    """
+
+    name: str  # shown by describe() and used as the monitoring workflow name
+    scheduler: Scheduler  # which provider the site module uses: local | pbspro | cobalt | slurm
+    mpi_launcher: MpiLauncher  # what starts the ranks of a multi-rank task: mpiexec | srun | aprun
+
+    # -- "mpi" pool: Horovod training --
+    nodes_per_block: int = 1  # nodes in one batch job; one training task never spans two jobs
+    ranks_per_node: int = 1  # Horovod ranks on each node
+    threads_per_rank: int = 1  # OMP_NUM_THREADS and TensorFlow intra-op threads of each rank
+    cores_per_node: int = 1  # physical cores of a compute node
+    hyperthreads_per_core: int = 1  # hardware threads per core a rank may use (aprun -j, srun -c)
+    gpus_per_node: int = 0  # requested from the scheduler where it asks (PBS select ngpus)
+    mpi_tasks_per_block: int = 1  # multi-rank tasks one block runs at once (each on its own nodes)
+    max_blocks: int = 1  # batch jobs of the mpi pool alive at once
+    launcher_options: str = ""  # extra launcher flags for every multi-rank task; may use the
+    # fields {ranks_per_node} {threads_per_rank} {cpus_per_rank} {hyperthreads_per_core}
+    # {cores_per_node}
+
+    # -- "cpu" pool: single-process tasks --
+    cpu_nodes_per_block: int = 1  # nodes in one batch job of the cpu pool
+    cpu_workers_per_node: int = 1  # concurrent tasks per node (each gets cpus_per_node / this)
+    cpu_max_blocks: int = 1  # batch jobs of the cpu pool alive at once
+
+    # -- batch jobs (ignored by the local site) --
+    walltime: str = "01:00:00"  # HH:MM:SS of every batch job
+    queue: str | None = None  # PBS/Cobalt queue or Slurm partition; None = the scheduler's default
+    account: str | None = None  # allocation charged; None = the scheduler's default
+    scheduler_options: str = ""  # extra '#PBS' / '#COBALT' / '#SBATCH' lines for every job
+    worker_init: str = ""  # shell lines run before the venv is activated (module loads)
+    venv: str | None = None  # virtual environment the workers activate; None = the one running now
+
+    # -- workflow-wide --
+    retries: int = 0  # Parsl retries of a failed task (training resumes from its checkpoint)
+    max_idletime: float = 120.0  # seconds a block may sit idle before it is given back
+    monitoring: bool = True  # task states and timings into <run_dir>/monitoring.db
+    resource_monitoring_interval: float = 0.0  # per-task CPU/memory sampling in s; 0 = off
+
+    def __post_init__(self) -> None:
+        where = f"site {self.name!r}"
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name or ""):
+            raise ConfigError(f"site name {self.name!r}: use letters, digits, '_', '-', '.'")
+        if self.scheduler not in LAUNCHERS_FOR:
+            raise ConfigError(
+                f"{where}: scheduler {self.scheduler!r} is not one of {sorted(LAUNCHERS_FOR)}"
+            )
+        if self.mpi_launcher not in LAUNCHERS_FOR[self.scheduler]:
+            raise ConfigError(
+                f"{where}: mpi_launcher {self.mpi_launcher!r} does not work with scheduler "
+                f"{self.scheduler!r}; use one of {list(LAUNCHERS_FOR[self.scheduler])}"
+            )
+        for name in (
+            "nodes_per_block",
+            "ranks_per_node",
+            "threads_per_rank",
+            "cores_per_node",
+            "hyperthreads_per_core",
+            "mpi_tasks_per_block",
+            "max_blocks",
+            "cpu_nodes_per_block",
+            "cpu_workers_per_node",
+            "cpu_max_blocks",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: {name} must be a whole number >= 1, got {value!r}")
+        for name in ("gpus_per_node", "retries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{where}: {name} must be a whole number >= 0, got {value!r}")
+        if self.hyperthreads_per_core > 4:
+            raise ConfigError(f"{where}: hyperthreads_per_core {self.hyperthreads_per_core} > 4")
+        if self.ranks_per_node > self.cpus_per_node:
+            raise ConfigError(
+                f"{where}: ranks_per_node {self.ranks_per_node} > {self.cpus_per_node} hardware "
+                "threads per node (cores_per_node x hyperthreads_per_core)"
+            )
+        if self.threads_per_rank > self.cpus_per_rank:
+            raise ConfigError(
+                f"{where}: threads_per_rank {self.threads_per_rank} > {self.cpus_per_rank} "
+                f"hardware threads each of {self.ranks_per_node} ranks gets on a "
+                f"{self.cores_per_node}-core node (x{self.hyperthreads_per_core})"
+            )
+        if self.cpu_workers_per_node > self.cpus_per_node:
+            raise ConfigError(
+                f"{where}: cpu_workers_per_node {self.cpu_workers_per_node} > "
+                f"{self.cpus_per_node} hardware threads per node"
+            )
+        if self.mpi_tasks_per_block > self.nodes_per_block:
+            raise ConfigError(
+                f"{where}: mpi_tasks_per_block {self.mpi_tasks_per_block} > nodes_per_block "
+                f"{self.nodes_per_block}: each multi-rank task needs at least one node of its own"
+            )
+        if self.scheduler == "local" and (self.nodes_per_block, self.cpu_nodes_per_block) != (1, 1):
+            raise ConfigError(f"{where}: the local scheduler has one node; set nodes_per_block=1")
+        if not _WALLTIME.match(self.walltime):
+            raise ConfigError(f"{where}: walltime {self.walltime!r} is not HH:MM:SS")
+        if self.max_idletime < 0 or self.resource_monitoring_interval < 0:
+            raise ConfigError(
+                f"{where}: max_idletime and resource_monitoring_interval must be >= 0"
+            )
+        for name in ("queue", "account", "venv"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError(f"{where}: {name} must be a non-empty string or None")
+        try:
+            self.format_launcher_options()
+        except (KeyError, IndexError, ValueError, AttributeError) as err:
+            raise ConfigError(
+                f"{where}: launcher_options {self.launcher_options!r} uses an unknown field "
+                f"{err}; known: {', '.join('{' + f + '}' for f in LAUNCHER_OPTION_FIELDS)}"
+            ) from None
+
+    # -- derived values --
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        """Settings that still hold a "YOUR_..." placeholder."""
+        return tuple(
+            name
+            for name in ("account", "queue", "venv", "worker_init", "scheduler_options")
+            if PLACEHOLDER_PREFIX in (getattr(self, name) or "")
+        )
+
+    @property
+    def cpus_per_node(self) -> int:
+        """Hardware threads a node offers to the launcher."""
+        return self.cores_per_node * self.hyperthreads_per_core
+
+    @property
+    def cpus_per_rank(self) -> int:
+        """Hardware threads reserved for each rank (aprun -d, mpiexec --depth, srun -c)."""
+        return self.cpus_per_node // self.ranks_per_node
+
+    @property
+    def cpu_threads_per_worker(self) -> int:
+        """Threads a task of the cpu pool should use (also its OMP_NUM_THREADS there)."""
+        return max(1, self.cpus_per_node // self.cpu_workers_per_node)
+
+    @property
+    def nodes_per_mpi_task(self) -> int:
+        """Nodes of one multi-rank task when a block runs `mpi_tasks_per_block` at once."""
+        return self.nodes_per_block // self.mpi_tasks_per_block
+
+    def format_launcher_options(self) -> str:
+        values = {name: getattr(self, name) for name in LAUNCHER_OPTION_FIELDS}
+        return string.Formatter().vformat(self.launcher_options, (), values).strip()
+
+    # -- the contract with the training app --
+    def mpi_launch(self, num_nodes: int | None = None) -> MPILaunch:
+        """How to start one multi-rank task on `num_nodes` nodes (default: `nodes_per_mpi_task`)."""
+        nodes = self.nodes_per_mpi_task if num_nodes is None else num_nodes
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise ConfigError(f"site {self.name!r}: num_nodes must be >= 1, got {nodes!r}")
+        if nodes > self.nodes_per_block:
+            raise ConfigError(
+                f"site {self.name!r}: a task on {nodes} nodes does not fit in a block of "
+                f"{self.nodes_per_block} (a task cannot span blocks); raise nodes_per_block"
+            )
+        ranks = nodes * self.ranks_per_node
+        options = self.format_launcher_options()
+        env = {"OMP_NUM_THREADS": str(self.threads_per_rank)}
+        if self.scheduler == "cobalt":
+            # Classic Theta pattern: the worker runs on the MOM node and calls aprun itself; ALPS
+            # places the ranks on free nodes of the job, so no node list and no resource spec.
+            prefix = f"aprun -n {ranks} -N {self.ranks_per_node} {options}".strip()
+            spec: dict[str, int | str] = {}
+        else:
+            # Parsl's MPI mode composes $PARSL_MPI_PREFIX from this spec and the block's nodes.
+            prefix = "$PARSL_MPI_PREFIX"
+            spec = {"num_nodes": nodes, "ranks_per_node": self.ranks_per_node, "num_ranks": ranks}
+            if options:
+                spec["launcher_options"] = options
+        return MPILaunch(
+            executor=MPI_LABEL,
+            prefix=prefix,
+            resource_specification=spec,
+            env=env,
+            num_nodes=nodes,
+            num_ranks=ranks,
+            ranks_per_node=self.ranks_per_node,
+            threads_per_rank=self.threads_per_rank,
+        )
+
+    def require_submittable(self) -> None:
+        """Refuse to build a Config that would submit with a placeholder still in it."""
+        if self.placeholders:
+            settings = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.placeholders)
+            raise ConfigError(
+                f"site {self.name!r}: {settings} still a placeholder; set your own value "
+                f"(SITE in site_configs/{self.name}.py or dataclasses.replace) before submitting "
+                "(--dry-run describes the site as it is)"
+            )
+
+
+@dataclass(frozen=True)
+class MPILaunch:
+    """How the training app starts its ranks on this site. The same code works everywhere:
+
+    launch = site.mpi_launch(num_nodes)
+    @bash_app(executors=[launch.executor])
+    def train(..., parsl_resource_specification=None): return launch.command("python -m ...")
+    train(..., parsl_resource_specification=launch.resource_specification)
+    """
+
+    executor: str  # label of the executor to run on ("mpi")
+    prefix: str  # put before the program: "$PARSL_MPI_PREFIX" or "aprun -n ... --cc depth"
+    resource_specification: dict  # pass as parsl_resource_specification= ({} where unused)
+    env: dict  # exported before the launch (OMP_NUM_THREADS)
+    num_nodes: int
+    num_ranks: int
+    ranks_per_node: int
+    threads_per_rank: int  # give the program as its intra-op threads too
+
+    def command(self, program: str) -> str:
+        """The full shell line: exports, launcher prefix, program (already shell-quoted)."""
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
+        return f"{exports}{self.prefix} {program}"
+
+
+@id_for_memo.register(MPILaunch)
+def _memo_id_of_launch(launch: MPILaunch, output_ref: bool = False) -> bytes:
+    """An MPILaunch passed to an app with cache=True is part of the task's memo key (another
+    rank layout is another training), compared by value."""
+    return pickle.dumps(("MPILaunch", id_for_memo(dataclasses.asdict(launch))))
+
+
+# -- shared pieces of every site's Config --
+def venv_path(site: SiteSpec) -> Path | None:
+    """The virtual environment workers activate: the site's, or the one running this code."""
+    if site.venv:
+        return Path(site.venv)
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix)
+    return None
+
+
+def worker_init(site: SiteSpec, *extra: str) -> str:
+    """Shell lines every batch job runs before Parsl starts a worker pool: the site's module
+    loads, then the venv (its bin/ holds process_worker_pool.py, python, and locally mpiexec)."""
+    lines = [site.worker_init.strip()] if site.worker_init.strip() else []
+    venv = venv_path(site)
+    if venv is not None:
+        lines.append(f"source {shlex.quote(str(venv))}/bin/activate")
+    else:  # a system Python: its bin/ on PATH is the best we can do
+        lines.append(f'export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"')
+    lines.extend(extra)
+    return "\n".join(lines)
+
+
+def monitoring_db(run_dir: str | Path) -> Path:
+    return Path(run_dir).resolve() / "monitoring.db"
+
+
+def runinfo_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir).resolve() / "runinfo"
+
+
+def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecutor]) -> Config:
+    """The one place the run dir, memoizer and monitoring are set, for every site."""
+    runinfo = runinfo_dir(run_dir)
+    monitoring = None
+    if site.monitoring:
+        try:
+            from parsl.monitoring import MonitoringHub
+            from parsl.monitoring.db_manager import dbm_starter  # noqa: F401  (needs sqlalchemy)
+        except ImportError as err:
+            raise ConfigError(
+                f"site {site.name!r}: monitoring needs sqlalchemy ({err}); "
+                "pip install 'parsl[monitoring]' or set monitoring=False"
+            ) from None
+        monitoring = MonitoringHub(
+            logging_endpoint=f"sqlite:///{monitoring_db(run_dir)}",  # one DB per run dir
+            workflow_name=f"ffn-{site.name}",
+            # Per-task sampling costs a process per task; off unless asked for.
+            resource_monitoring_enabled=site.resource_monitoring_interval > 0,
+            resource_monitoring_interval=site.resource_monitoring_interval,
+        )
+    return Config(
+        executors=executors,
+        run_dir=str(runinfo),  # parsl.log, per-run folders 000/, 001/, ... and their checkpoints
+        memoizer=BasicMemoizer(
+            # Write each finished cached task's result at once, so a killed workflow loses none.
+            checkpoint_mode="task_exit",
+            # A rerun with the same run dir reuses every earlier run's results (apps cache=True).
+            checkpoint_files=get_all_checkpoints(str(runinfo)),
+        ),
+        monitoring=monitoring,
+        # Blocks out for waiting tasks, all in after max_idletime without tasks. Not
+        # "htex_auto_scale": with blocks=0 its scale-in also kills blocks whose workers have not
+        # registered yet, i.e. a block just started for a waiting task (parsl 2026.10.26).
+        strategy="simple",
+        max_idletime=site.max_idletime,
+        retries=site.retries,
+        usage_tracking=0,  # no usage reports from compute allocations
+    )
+
+
+def check_scheduler(site: SiteSpec, scheduler: str, module: str) -> None:
+    if site.scheduler != scheduler:
+        raise ConfigError(
+            f"site {site.name!r} has scheduler {site.scheduler!r}; site_configs.{module} "
+            f"builds {scheduler!r} configs"
+        )
+
+
+# -- --dry-run --
+def describe(site: SiteSpec, run_dir: str | Path | None = None) -> str:
+    """A few lines saying what the site's Config would do, without a scheduler or a submission."""
+    launch = site.mpi_launch()
+    provider = PROVIDER_FOR[site.scheduler]
+    batch = site.scheduler != "local"
+    lines = [f"site {site.name}: {provider}" + (f", walltime {site.walltime}" if batch else "")]
+    if batch:
+        for name in ("account", "queue"):
+            value = getattr(site, name)
+            note = "  <- placeholder: set it before submitting" if name in site.placeholders else ""
+            lines.append(f"  {name}: {value if value is not None else '(scheduler default)'}{note}")
+    if site.scheduler == "cobalt":
+        mpi_exec = (
+            f"HighThroughputExecutor, {site.mpi_tasks_per_block} worker(s) on the job's MOM node "
+            f"that call aprun ({provider}, SimpleLauncher)"
+        )
+        line = launch.command("python -m pipeline.train ...")
+    else:
+        mpi_exec = (
+            f"MPIExecutor(mpi_launcher={site.mpi_launcher!r}, "
+            f"max_workers_per_block={site.mpi_tasks_per_block}) ({provider}, SimpleLauncher)"
+        )
+        hosts = [f"<node{i}>" for i in range(launch.num_nodes)]
+        spec = {k: str(v) for k, v in launch.resource_specification.items()}
+        composed = compose_all(site.mpi_launcher, spec, hosts)["PARSL_MPI_PREFIX"].strip()
+        line = launch.command("python -m pipeline.train ...").replace(launch.prefix, composed)
+    lines += [
+        f'  executor "{MPI_LABEL}": {mpi_exec}',
+        f"    {site.nodes_per_block} node(s) per block, up to {site.max_blocks} block(s); "
+        f"{site.ranks_per_node} rank(s) per node x {site.threads_per_rank} thread(s), "
+        f"{site.cpus_per_rank} hardware thread(s) per rank",
+        f"    training on {launch.num_nodes} node(s): {line}",
+    ]
+    if launch.resource_specification:
+        lines.append(f"    parsl_resource_specification={launch.resource_specification}")
+    lines += [
+        f'  executor "{CPU_LABEL}": HighThroughputExecutor ({provider}, '
+        f"{CPU_LAUNCHER_FOR[site.scheduler]})",
+        f"    {site.cpu_nodes_per_block} node(s) per block, up to {site.cpu_max_blocks} "
+        f"block(s), {site.cpu_workers_per_node} worker(s) per node x "
+        f"{site.cpu_threads_per_worker} thread(s)",
+        "  worker_init:",
+        *[f"    {x}" for x in worker_init(site).splitlines()],
+    ]
+    if batch and site.scheduler_options.strip():
+        lines += [
+            "  scheduler_options:",
+            *[f"    {x}" for x in site.scheduler_options.splitlines()],
+        ]
+    where = Path(run_dir).resolve() if run_dir is not None else Path("<run_dir>")
+    lines.append(
+        f"  checkpoints: {where / 'runinfo'}/*/checkpoint (task_exit); monitoring: "
+        + (f"sqlite:///{where / 'monitoring.db'}" if site.monitoring else "off")
+    )
+    return "\n".join(lines)

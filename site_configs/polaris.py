@@ -1,0 +1,114 @@
+"""ALCF Polaris: PBS Pro, Cray PALS `mpiexec`; 32 cores (2 hardware threads each), 4 A100 per node.
+
+    "mpi": MPIExecutor(mpi_launcher="mpiexec") on PBSProProvider(SimpleLauncher); one worker pool
+           on the job's first node, and a training task runs `$PARSL_MPI_PREFIX python ...`, i.e.
+           `mpiexec -n <ranks> -ppn 4 -hosts <the job's nodes> --cpu-bind depth --depth=8 ...`.
+    "cpu": HighThroughputExecutor on PBSProProvider(MpiExecLauncher): a worker pool per node.
+
+Before submitting: set `account` (and `queue` for runs bigger than debug allows), and create the
+venv on a file system the compute nodes mount (home, eagle): `worker_init` activates it there.
+The project pins tensorflow-cpu, so the A100s are requested but idle; a GPU build of TensorFlow
+would use one GPU per rank (4 ranks per node) and `available_accelerators=4` in the "cpu" pool.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parsl.config import Config
+from parsl.executors import HighThroughputExecutor, MPIExecutor
+from parsl.launchers import MpiExecLauncher, SimpleLauncher
+from parsl.providers import PBSProProvider
+
+from site_configs import base
+from site_configs.base import SiteSpec
+
+SITE = SiteSpec(
+    name="polaris",
+    scheduler="pbspro",  # Polaris runs PBS Pro
+    mpi_launcher="mpiexec",  # Cray PALS mpiexec; Parsl's MPI mode reads the hosts from PBS_NODEFILE
+    nodes_per_block=2,  # training job size; debug queue allows up to 2 nodes, debug-scaling 10
+    ranks_per_node=4,  # one rank per A100 / per 8 cores
+    threads_per_rank=8,  # 32 cores / 4 ranks
+    cores_per_node=32,  # AMD EPYC Milan 7543P
+    hyperthreads_per_core=1,  # one thread per core: TensorFlow gains little from SMT
+    gpus_per_node=4,  # asked for with select ngpus=4 (whole nodes are allocated anyway)
+    mpi_tasks_per_block=1,  # one training per job; raise with nodes_per_block for sweeps
+    max_blocks=1,  # one training job at a time
+    launcher_options="--cpu-bind depth --depth={cpus_per_rank}",  # ALCF: bind ranks by depth
+    cpu_nodes_per_block=1,  # inference/preprocessing jobs of one node...
+    cpu_workers_per_node=4,  # ...with 4 single-process tasks of 8 threads each
+    cpu_max_blocks=4,  # up to 4 such jobs at once
+    walltime="01:00:00",  # debug queue maximum; prod allows longer
+    queue="debug",  # debug (<= 2 nodes, 1 h), debug-scaling (<= 10 nodes), prod, preemptable
+    account="YOUR_ALLOCATION",  # your ALCF project: make_config refuses to submit with this
+    scheduler_options="#PBS -l filesystems=home:eagle",  # file systems the job needs mounted
+    worker_init="module use /soft/modulefiles; module load conda",  # Python 3.11 the venv uses
+    venv=None,  # the venv running the workflow (on home/eagle, seen by the compute nodes)
+    retries=1,  # a training killed at walltime resumes from its checkpoint on the retry
+    max_idletime=120.0,  # give idle nodes back after 2 minutes
+    monitoring=True,  # <run_dir>/monitoring.db on the login node
+    resource_monitoring_interval=0.0,  # per-task sampling off: it costs a process per task
+)
+
+
+def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
+    site = site or SITE
+    base.check_scheduler(site, "pbspro", "polaris")
+    site.require_submittable()
+    # -l select=N:ncpus=64:ngpus=4. PBS counts both hardware threads of a core as ncpus (64 per
+    # Polaris node, as in parsl/configs/polaris.py).
+    ncpus = 2 * site.cores_per_node
+    select = f"ngpus={site.gpus_per_node}" if site.gpus_per_node else ""
+    return base.build_config(
+        run_dir,
+        site,
+        [
+            MPIExecutor(
+                label=base.MPI_LABEL,
+                mpi_launcher=site.mpi_launcher,  # mpiexec -n .. -ppn .. -hosts <the job's nodes>
+                max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
+                interchange_launch_cmd=base.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                # address: left to Parsl, which offers all of the login node's addresses
+                provider=PBSProProvider(
+                    launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
+                    account=site.account,
+                    queue=site.queue,
+                    walltime=site.walltime,
+                    nodes_per_block=site.nodes_per_block,
+                    cpus_per_node=ncpus,
+                    select_options=select,
+                    scheduler_options=site.scheduler_options,
+                    worker_init=base.worker_init(site),
+                    init_blocks=0,  # nodes are requested when a training task is ready
+                    min_blocks=0,
+                    max_blocks=site.max_blocks,
+                ),
+            ),
+            HighThroughputExecutor(
+                label=base.CPU_LABEL,
+                max_workers_per_node=site.cpu_workers_per_node,
+                cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
+                prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
+                interchange_launch_cmd=base.INTERCHANGE_CMD,
+                provider=PBSProProvider(
+                    # One worker pool per node, bound to all of the node's cores (as Parsl's own
+                    # parsl/configs/polaris.py does).
+                    launcher=MpiExecLauncher(
+                        bind_cmd="--cpu-bind", overrides=f"--depth={site.cpus_per_node} --ppn 1"
+                    ),
+                    account=site.account,
+                    queue=site.queue,
+                    walltime=site.walltime,
+                    nodes_per_block=site.cpu_nodes_per_block,
+                    cpus_per_node=ncpus,
+                    select_options=select,
+                    scheduler_options=site.scheduler_options,
+                    worker_init=base.worker_init(site),
+                    init_blocks=0,  # requested when the first task is ready
+                    min_blocks=0,
+                    max_blocks=site.cpu_max_blocks,
+                ),
+            ),
+        ],
+    )

@@ -1,0 +1,105 @@
+"""A Slurm cluster with `srun` (defaults for NERSC Perlmutter CPU nodes: 128 cores x 2 threads).
+
+    "mpi": MPIExecutor(mpi_launcher="srun") on SlurmProvider(SimpleLauncher); one worker pool on
+           the job's first node, and a training task runs `$PARSL_MPI_PREFIX python ...`, i.e.
+           `srun --ntasks <ranks> --ntasks-per-node 4 --nodelist <the job's nodes> --nodes <n>
+           --cpus-per-task=64 --cpu-bind=cores python ...`.
+    "cpu": HighThroughputExecutor on SlurmProvider(SrunLauncher): a worker pool per node.
+
+Before submitting set `account`, and `queue` (the partition) or, on Perlmutter, `queue=None`
+with `scheduler_options="#SBATCH --constraint=cpu\\n#SBATCH --qos=debug"`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parsl.config import Config
+from parsl.executors import HighThroughputExecutor, MPIExecutor
+from parsl.launchers import SimpleLauncher, SrunLauncher
+from parsl.providers import SlurmProvider
+
+from site_configs import base
+from site_configs.base import SiteSpec
+
+SITE = SiteSpec(
+    name="slurm",
+    scheduler="slurm",  # sbatch / squeue / scancel
+    mpi_launcher="srun",  # Parsl's MPI mode reads the hosts from SLURM_NODELIST
+    nodes_per_block=2,  # training job size
+    ranks_per_node=4,  # one rank per NUMA domain pair on a 2-socket EPYC node
+    threads_per_rank=32,  # one TensorFlow thread per physical core
+    cores_per_node=128,  # 2 x AMD EPYC 7763
+    hyperthreads_per_core=2,  # Slurm counts hardware threads: -c = 2 x cores per rank
+    mpi_tasks_per_block=1,  # one training per job
+    max_blocks=1,  # one training job at a time
+    launcher_options="--cpus-per-task={cpus_per_rank} --cpu-bind=cores",  # NERSC's advice
+    cpu_nodes_per_block=1,  # inference/preprocessing jobs of one node...
+    cpu_workers_per_node=32,  # ...32 single-process tasks of 4 cores each
+    cpu_max_blocks=4,  # up to 4 such jobs at once
+    walltime="00:30:00",  # short jobs start sooner; raise for long trainings
+    queue="YOUR_PARTITION",  # partition; None on Perlmutter (use the qos line above instead)
+    account="YOUR_ALLOCATION",  # your allocation: make_config refuses to submit with this
+    scheduler_options="",  # extra #SBATCH lines (constraint, qos, ...)
+    worker_init="",  # e.g. "module load python" for the Python the venv was made with
+    venv=None,  # the venv running the workflow (on a file system the compute nodes mount)
+    retries=1,  # a training killed at walltime resumes from its checkpoint on the retry
+    max_idletime=120.0,  # give idle nodes back after 2 minutes
+    monitoring=True,  # <run_dir>/monitoring.db on the login node
+    resource_monitoring_interval=0.0,  # per-task sampling off: it costs a process per task
+)
+
+
+def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
+    site = site or SITE
+    base.check_scheduler(site, "slurm", "slurm")
+    site.require_submittable()
+    return base.build_config(
+        run_dir,
+        site,
+        [
+            MPIExecutor(
+                label=base.MPI_LABEL,
+                mpi_launcher=site.mpi_launcher,  # srun --ntasks .. --nodelist <the job's nodes>
+                max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
+                interchange_launch_cmd=base.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                provider=SlurmProvider(
+                    launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
+                    partition=site.queue,
+                    account=site.account,
+                    walltime=site.walltime,
+                    nodes_per_block=site.nodes_per_block,
+                    scheduler_options=site.scheduler_options,
+                    worker_init=base.worker_init(site),
+                    exclusive=True,  # whole nodes: the ranks bind to all cores
+                    init_blocks=0,  # nodes are requested when a training task is ready
+                    min_blocks=0,
+                    max_blocks=site.max_blocks,
+                ),
+            ),
+            HighThroughputExecutor(
+                label=base.CPU_LABEL,
+                max_workers_per_node=site.cpu_workers_per_node,
+                cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
+                prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
+                interchange_launch_cmd=base.INTERCHANGE_CMD,
+                provider=SlurmProvider(
+                    # One worker pool per node, given all of the node's hardware threads (a job
+                    # step gets one CPU per task unless told otherwise).
+                    launcher=SrunLauncher(
+                        overrides=f"--cpus-per-task={site.cpus_per_node} --cpu-bind=cores"
+                    ),
+                    partition=site.queue,
+                    account=site.account,
+                    walltime=site.walltime,
+                    nodes_per_block=site.cpu_nodes_per_block,
+                    scheduler_options=site.scheduler_options,
+                    worker_init=base.worker_init(site),
+                    exclusive=True,
+                    init_blocks=0,  # requested when the first task is ready
+                    min_blocks=0,
+                    max_blocks=site.cpu_max_blocks,
+                ),
+            ),
+        ],
+    )

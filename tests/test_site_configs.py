@@ -1,0 +1,603 @@
+"""Site configs (site_configs/): what each site's Parsl Config contains, how `--site` finds a
+module, and real submissions: on this machine, and through stand-in PBS Pro, Cobalt and Slurm
+tools (tests/fake_scheduler/) that run the generated job scripts here, so the submit script, the
+launcher line and the worker start-up all run end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import parsl
+import psutil
+import pytest
+from parsl import bash_app, python_app
+from parsl.dataflow.memoization import BasicMemoizer
+from parsl.executors import HighThroughputExecutor, MPIExecutor
+from parsl.jobs.states import JobState
+from parsl.launchers import SimpleLauncher
+from parsl.providers import LocalProvider, PBSProProvider, SlurmProvider
+from parsl.utils import get_all_checkpoints
+
+import site_configs
+from pipeline.errors import ConfigError
+from site_configs import CPU_LABEL, MPI_LABEL, SiteSpec, base, describe, known_sites, load_site
+from site_configs.cobalt import CobaltProvider
+
+FAKE_SCHEDULER = Path(__file__).with_name("fake_scheduler")
+VENV = Path(sys.prefix)
+TASK_TIMEOUT = 60  # seconds for a task, including the block's start-up
+
+# What each site module must build: the "mpi" executor, its provider, the MPI launcher.
+EXPECTED = {
+    "local": (MPIExecutor, LocalProvider, "mpiexec"),
+    "polaris": (MPIExecutor, PBSProProvider, "mpiexec"),
+    "slurm": (MPIExecutor, SlurmProvider, "srun"),
+    "theta": (HighThroughputExecutor, CobaltProvider, None),  # aprun called by the app itself
+}
+
+
+def submittable(site: SiteSpec, **changes) -> SiteSpec:
+    """The site with its "YOUR_..." placeholders filled in, as a user would."""
+    filled = {name: f"test_{name}" for name in site.placeholders}
+    return dataclasses.replace(site, **{**filled, **changes})
+
+
+def executors(config) -> dict:
+    return {e.label: e for e in config.executors}
+
+
+# ---- every site's Config, built without a scheduler ----
+
+
+def test_the_four_sites_are_known():
+    assert known_sites() == ["local", "polaris", "slurm", "theta"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_site_config_has_mpi_and_cpu_pools_on_the_sites_provider(name, tmp_path):
+    module = load_site(name)
+    site = submittable(module.SITE)
+    config = module.make_config(tmp_path / "run", site)
+    mpi_class, provider_class, mpi_launcher = EXPECTED[name]
+
+    pools = executors(config)
+    assert set(pools) == {MPI_LABEL, CPU_LABEL}
+    mpi, cpu = pools[MPI_LABEL], pools[CPU_LABEL]
+    assert type(mpi) is mpi_class and type(cpu) is HighThroughputExecutor
+    assert type(mpi.provider) is provider_class and type(cpu.provider) is provider_class
+    # One worker pool per MPI block (MPIExecutor requires it); the pool launches the ranks.
+    assert isinstance(mpi.provider.launcher, SimpleLauncher)
+    assert type(cpu.provider.launcher).__name__ == base.CPU_LAUNCHER_FOR[site.scheduler]
+    if mpi_launcher:
+        assert mpi.mpi_launcher == mpi_launcher
+        assert mpi.max_workers_per_block == site.mpi_tasks_per_block
+    assert mpi.provider.nodes_per_block == site.nodes_per_block
+    assert cpu.provider.nodes_per_block == site.cpu_nodes_per_block
+    assert mpi.provider.max_blocks == site.max_blocks
+    if site.scheduler != "local":
+        assert mpi.provider.walltime == cpu.provider.walltime == site.walltime
+    # Every job activates the venv before Parsl starts a worker pool.
+    for pool in (mpi, cpu):
+        assert f"source {VENV}/bin/activate" in pool.provider.worker_init
+        assert site.worker_init in pool.provider.worker_init
+    # describe() (for --dry-run) names what was built.
+    text = describe(site)
+    assert type(mpi.provider).__name__ in text
+    assert type(cpu.provider.launcher).__name__ in text
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_site_shares_run_dir_checkpoints_and_monitoring(name, tmp_path):
+    module = load_site(name)
+    run_dir = tmp_path / "run"
+    config = module.make_config(run_dir, submittable(module.SITE))
+
+    assert config.run_dir == str(run_dir.resolve() / "runinfo")
+    assert isinstance(config.memoizer, BasicMemoizer)
+    assert config.memoizer.checkpoint_mode == "task_exit"
+    assert config.monitoring.logging_endpoint == f"sqlite:///{run_dir.resolve()}/monitoring.db"
+    assert config.monitoring.resource_monitoring_enabled is False  # low overhead by default
+    assert config.strategy == "simple"
+
+
+def test_local_mpi_pool_gets_a_node_file_naming_this_machine(tmp_path):
+    from site_configs import local
+
+    config = local.make_config(tmp_path / "run")
+    nodefile = (tmp_path / "run").resolve() / "localhost.nodes"
+    assert f"export PBS_NODEFILE={nodefile}" in executors(config)[MPI_LABEL].provider.worker_init
+    assert nodefile.read_text() == "localhost\n"
+    assert "PBS_NODEFILE" not in executors(config)[CPU_LABEL].provider.worker_init
+
+
+def test_checkpoints_of_earlier_runs_are_reloaded(tmp_path):
+    from site_configs import local
+
+    earlier = tmp_path / "run" / "runinfo" / "000" / "checkpoint"
+    earlier.mkdir(parents=True)
+    config = local.make_config(tmp_path / "run")
+    assert config.memoizer.checkpoint_files == [str(earlier.resolve())]
+
+
+@pytest.mark.parametrize("name", ["polaris", "slurm", "theta"])
+def test_placeholder_account_is_refused_but_described(name, tmp_path):
+    module = load_site(name)
+    assert module.SITE.account == "YOUR_ALLOCATION"
+    with pytest.raises(ConfigError, match="YOUR_ALLOCATION.*placeholder.*--dry-run"):
+        module.make_config(tmp_path / "run")
+    assert "YOUR_ALLOCATION  <- placeholder" in describe(module.SITE)  # --dry-run still works
+
+
+def test_a_site_module_refuses_another_schedulers_site(tmp_path):
+    from site_configs import polaris, slurm
+
+    with pytest.raises(ConfigError, match="scheduler 'slurm'"):
+        polaris.make_config(tmp_path / "run", submittable(slurm.SITE))
+
+
+# ---- the launch contract of the training app ----
+
+
+def test_local_training_launch_uses_parsl_mpi_prefix():
+    from site_configs import local
+
+    launch = local.SITE.mpi_launch()
+    assert launch.executor == MPI_LABEL
+    assert launch.prefix == "$PARSL_MPI_PREFIX"
+    assert launch.resource_specification == {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
+    assert launch.command("python -m pipeline.train") == (
+        "export OMP_NUM_THREADS=1; $PARSL_MPI_PREFIX python -m pipeline.train"
+    )
+    # What --dry-run shows is what Parsl's MPI mode will compose for the block's nodes.
+    assert "mpiexec -n 2 -ppn 2 -hosts <node0> python -m pipeline.train" in describe(local.SITE)
+
+
+def test_polaris_training_launch_binds_ranks_by_depth():
+    from site_configs import polaris
+
+    launch = polaris.SITE.mpi_launch(2)
+    assert launch.num_ranks == 8 and launch.threads_per_rank == 8
+    assert launch.resource_specification == {
+        "num_nodes": 2,
+        "ranks_per_node": 4,
+        "num_ranks": 8,
+        "launcher_options": "--cpu-bind depth --depth=8",
+    }
+    assert "mpiexec -n 8 -ppn 4 -hosts <node0>,<node1> --cpu-bind depth --depth=8" in describe(
+        polaris.SITE
+    )
+
+
+def test_theta_training_launch_is_a_complete_aprun_line():
+    from site_configs import theta
+
+    launch = theta.SITE.mpi_launch(4)
+    assert launch.prefix == "aprun -n 4 -N 1 -d 64 -j 1 --cc depth -e OMP_NUM_THREADS=64"
+    assert launch.resource_specification == {}  # HTEX without MPI mode takes no MPI keys
+
+
+def test_a_training_task_cannot_span_blocks():
+    from site_configs import slurm
+
+    with pytest.raises(ConfigError, match="cannot span blocks"):
+        slurm.SITE.mpi_launch(slurm.SITE.nodes_per_block + 1)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"ranks_per_node": 3}, "ranks_per_node 3 > 2 hardware threads"),
+        ({"threads_per_rank": 2}, "threads_per_rank 2 > 1"),
+        ({"walltime": "2h"}, "walltime '2h' is not HH:MM:SS"),
+        ({"mpi_launcher": "srun"}, "does not work with scheduler 'local'"),
+        ({"launcher_options": "--bind {cores_per_rank}"}, "unknown field 'cores_per_rank'"),
+        ({"nodes_per_block": 2}, "the local scheduler has one node"),
+        ({"max_blocks": 0}, "max_blocks must be a whole number >= 1"),
+        ({"cpu_workers_per_node": 3}, "cpu_workers_per_node 3 > 2"),
+        ({"account": ""}, "account must be a non-empty string"),
+    ],
+)
+def test_site_spec_rejects_inconsistent_settings(changes, message):
+    site = SiteSpec(
+        name="t", scheduler="local", mpi_launcher="mpiexec", ranks_per_node=2, cores_per_node=2
+    )
+    with pytest.raises(ConfigError, match=message):
+        dataclasses.replace(site, **changes)
+
+
+# ---- --site: a name or a path ----
+
+
+def test_load_site_by_name():
+    assert load_site("polaris") is site_configs.polaris
+
+
+def test_load_site_by_path_to_a_users_module(tmp_path):
+    path = tmp_path / "my_laptop.py"
+    path.write_text(
+        "from dataclasses import replace\n"
+        "from site_configs import local\n"
+        "SITE = replace(local.SITE, name='my-laptop', cpu_workers_per_node=1)\n"
+        "def make_config(run_dir, site=None):\n"
+        "    return local.make_config(run_dir, site or SITE)\n"
+    )
+    module = load_site(str(path))
+    assert module.SITE.name == "my-laptop"
+    config = module.make_config(tmp_path / "run")
+    assert executors(config)[CPU_LABEL].max_workers_per_node == 1
+
+
+def test_load_site_unknown_name_lists_the_known_sites():
+    with pytest.raises(
+        ConfigError, match="unknown site; known sites: local, polaris, slurm, theta"
+    ):
+        load_site("summit")
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("SITE = None\n", "no make_config"),
+        ("def make_config(run_dir, site=None): ...\n", "no SITE"),
+    ],
+)
+def test_load_site_module_must_define_site_and_make_config(tmp_path, source, message):
+    path = tmp_path / "broken_site.py"
+    path.write_text(source)
+    with pytest.raises(ConfigError, match=message):
+        load_site(str(path))
+    with pytest.raises(ConfigError, match="no such file"):
+        load_site(str(tmp_path / "missing.py"))
+
+
+# ---- real submissions ----
+
+
+class FakeScheduler:
+    """One flavour of tests/fake_scheduler on PATH, with its records in `state`."""
+
+    def __init__(self, flavour: str, state: Path, venv: Path):
+        self.flavour, self.state, self.venv = flavour, state, venv
+
+    def calls(self, tool: str) -> list[list[str]]:
+        path = self.state / "calls.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [c["argv"] for c in map(json.loads, lines) if c["tool"] == tool]
+
+    def jobs(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted(self.state.glob("jobs/*.json"))]
+
+    def live_jobs(self) -> list[str]:
+        return [j["id"] for j in self.jobs() if session_processes(j["sid"])]
+
+    def job_output(self) -> str:
+        """Every job's stdout and stderr, to explain a failed test."""
+        parts = []
+        for job in self.jobs():
+            for key in ("stdout", "stderr"):
+                path = Path(job[key])
+                text = path.read_text()[-3000:] if path.exists() else "(none)"
+                parts.append(f"--- job {job['id']} {key} ---\n{text}")
+        return "\n".join(parts)
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getsid(proc.pid) == sid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def describe_process(proc: psutil.Process) -> str | None:
+    """The "pid: command line" of a live process; None for a zombie or one already gone."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return f"{proc.pid}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.NoSuchProcess:
+        return None
+
+
+def is_resource_tracker(proc: psutil.Process) -> bool:
+    """Python's multiprocessing helper: one per interpreter, started with the first spawned
+    queue (monitoring's) and meant to live as long as the interpreter; not a leak."""
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def leftovers(tmp_path):
+    """`leftovers()` lists, after waiting up to 20 s for them to end, the processes the test
+    started: children of this process that were not there before (interchanges, monitoring) and
+    any process naming the test's tmp dir (worker pools, job scripts, however detached)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def still_running() -> list[str]:
+        started = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and not is_resource_tracker(p)
+        ]
+        naming = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+        ]
+        return sorted({d for p in started + naming if (d := describe_process(p))})
+
+    def wait() -> list[str]:
+        deadline = time.time() + 20
+        while (left := still_running()) and time.time() < deadline:
+            time.sleep(0.25)
+        return left
+
+    return wait
+
+
+@pytest.fixture
+def fake_scheduler(tmp_path, monkeypatch):
+    """Put one flavour's stand-in tools first on PATH; afterwards kill whatever a failed test
+    left running (the test itself checks that nothing was left)."""
+    made: list[FakeScheduler] = []
+
+    def use(flavour: str) -> FakeScheduler:
+        state = tmp_path / "scheduler"
+        tools = str(FAKE_SCHEDULER / flavour)
+        monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("FAKE_SCHED_DIR", str(state))
+        monkeypatch.setenv("FAKE_SCHED_PYTHON", sys.executable)
+        monkeypatch.setenv("FAKE_REAL_MPIEXEC", str(VENV / "bin" / "mpiexec"))
+        # A compute node's default PATH: the site's tools and the system, not the venv.
+        monkeypatch.setenv("FAKE_SITE_PATH", f"{tools}{os.pathsep}/usr/local/bin:/usr/bin:/bin")
+        # The site's venv for the jobs: ours, with the site's tools first again after activation,
+        # as on the real machines, whose venvs hold no mpiexec (ours has the mpich wheel's).
+        venv = tmp_path / "site_venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "activate").write_text(
+            f"source {VENV}/bin/activate\nexport PATH={tools}{os.pathsep}$PATH\n"
+        )
+        made.append(FakeScheduler(flavour, state, venv))
+        return made[-1]
+
+    yield use
+    for scheduler in made:
+        for job in scheduler.jobs():
+            for proc in session_processes(job["sid"]):
+                proc.kill()
+
+
+@pytest.mark.parametrize(
+    "flavour, make_provider",
+    [
+        ("pbspro", lambda: PBSProProvider(launcher=SimpleLauncher(), queue="debug")),
+        ("cobalt", lambda: CobaltProvider(launcher=SimpleLauncher(), queue="debug-cache-quad")),
+        ("slurm", lambda: SlurmProvider(launcher=SimpleLauncher(), partition="debug")),
+    ],
+)
+def test_provider_submits_polls_and_cancels_through_the_stand_in_tools(
+    flavour, make_provider, tmp_path, fake_scheduler
+):
+    """The stand-in tools answer in the formats the providers parse (CobaltProvider is ours)."""
+    sched = fake_scheduler(flavour)
+    provider = make_provider()  # after the PATH change: SlurmProvider probes sacct when built
+    provider.script_dir = str(tmp_path)
+
+    sleeper = provider.submit("sleep 60", 1, "sleeper")
+    assert [s.state for s in provider.status([sleeper])] == [JobState.RUNNING]
+    assert provider.cancel([sleeper]) == [True]
+    assert provider.status([sleeper])[0].terminal
+    assert sched.live_jobs() == []
+
+    quick = provider.submit("echo done", 1, "quick")
+    deadline = time.time() + 10
+    while not provider.status([quick])[0].terminal and time.time() < deadline:
+        time.sleep(0.2)
+    assert provider.status([quick])[0].state == JobState.COMPLETED
+    assert "done" in Path(provider.resources[quick]["job_stdout_path"]).read_text()
+
+
+# The apps the submission tests run. Workers import them from this module, so the tests put
+# this folder on the workers' PYTHONPATH (WORKER_INIT), as a workflow's apps come from its venv.
+WORKER_INIT = f"export PYTHONPATH={Path(__file__).parent}"
+
+
+@python_app(executors=[CPU_LABEL], cache=True)
+def product(a, b):
+    return a * b
+
+
+@bash_app(executors=[MPI_LABEL])
+def ranks(launch, program, parsl_resource_specification=None, stdout=None, stderr=None):
+    """Run a Python program as the ranks of one multi-rank task, the way training runs."""
+    return launch.command(f"python {program}")
+
+
+# Each rank reports in one write(), so the ranks' lines cannot interleave.
+MPI_RANK_PROGRAM = """import os
+e = os.environ
+os.write(1, f"rank {e['PMI_RANK']} of {e['PMI_SIZE']} threads {e['OMP_NUM_THREADS']}\\n".encode())
+"""
+HOROVOD_PROGRAM = """import os
+import horovod.tensorflow as hvd
+hvd.init()
+os.write(1, f"rank {hvd.rank()} size {hvd.size()}\\n".encode())
+"""
+
+
+def run_ranks(launch, program: str, out: Path):
+    """Submit `program` as a multi-rank task; its output goes to out/ranks.out."""
+    (out / "ranks.py").write_text(program)
+    return ranks(
+        launch,
+        out / "ranks.py",
+        parsl_resource_specification=launch.resource_specification,
+        stdout=str(out / "ranks.out"),
+        stderr=str(out / "ranks.err"),
+    )
+
+
+def run_two_tasks(config, site: SiteSpec, out: Path, describe_failure) -> list[str]:
+    """Load the config, run 6*7 on the "cpu" pool and a 2-rank task on the "mpi" pool through
+    the site's launch contract, clean up; returns the ranks' output lines."""
+    launch = site.mpi_launch(1)
+    with parsl.load(config):
+        answer = product(6, 7)
+        done = run_ranks(launch, MPI_RANK_PROGRAM, out)
+        try:
+            assert answer.result(timeout=TASK_TIMEOUT) == 42
+            assert done.result(timeout=TASK_TIMEOUT) == 0
+        except Exception as err:
+            raise AssertionError(f"{err!r}\n{describe_failure()}") from err
+    return sorted((out / "ranks.out").read_text().splitlines())
+
+
+def small(site: SiteSpec, scheduler: FakeScheduler) -> SiteSpec:
+    """The site shrunk to this 2-core machine (one node, 2 ranks of one thread), using the
+    stand-in scheduler's venv."""
+    return submittable(
+        site,
+        nodes_per_block=1,
+        cpu_nodes_per_block=1,
+        ranks_per_node=2,
+        threads_per_rank=1,
+        cores_per_node=2,
+        hyperthreads_per_core=1,
+        cpu_workers_per_node=1,
+        worker_init=WORKER_INIT,  # no module system here
+        monitoring=False,  # the local test covers monitoring
+        venv=str(scheduler.venv),
+    )
+
+
+@pytest.mark.mpi
+def test_polaris_submits_through_pbs_pro(tmp_path, fake_scheduler, leftovers):
+    from site_configs import polaris
+
+    pbs = fake_scheduler("pbspro")
+    site = small(polaris.SITE, pbs)
+    config = polaris.make_config(tmp_path / "run", site)
+
+    lines = run_two_tasks(config, site, tmp_path, pbs.job_output)
+
+    assert lines == ["rank 0 of 2 threads 1", "rank 1 of 2 threads 1"]
+    qsubs = pbs.calls("qsub")
+    assert len(qsubs) == 2  # one job per pool
+    assert all(q[:4] == ["-q", "debug", "-A", "test_account"] for q in qsubs)
+    script = Path(qsubs[0][-1]).read_text()
+    assert "#PBS -l select=1:ncpus=4:ngpus=4" in script
+    assert "#PBS -l filesystems=home:eagle" in script
+    # The cpu pool's worker pool went through PALS mpiexec, one per node, bound by depth;
+    # the training ranks through $PARSL_MPI_PREFIX with the site's binding options.
+    mpiexecs = [" ".join(c) for c in pbs.calls("mpiexec")]
+    assert any("--cpu-bind none --depth=2 --ppn 1 -n 1 --hostfile" in c for c in mpiexecs)
+    assert any(
+        c.startswith("-n 2 -ppn 2 -hosts localhost --cpu-bind depth --depth=1 python ")
+        for c in mpiexecs
+    )
+    assert sorted(q[0] for q in pbs.calls("qdel")) == sorted(j["id"] for j in pbs.jobs())
+    assert pbs.live_jobs() == []
+    assert leftovers() == []
+
+
+@pytest.mark.mpi
+def test_theta_submits_through_cobalt_with_aprun(tmp_path, fake_scheduler, leftovers):
+    from site_configs import theta
+
+    cobalt = fake_scheduler("cobalt")
+    site = small(theta.SITE, cobalt)
+    config = theta.make_config(tmp_path / "run", site)
+
+    lines = run_two_tasks(config, site, tmp_path, cobalt.job_output)
+
+    assert lines == ["rank 0 of 2 threads 1", "rank 1 of 2 threads 1"]
+    qsubs = cobalt.calls("qsub")
+    assert len(qsubs) == 2
+    for argv in qsubs:
+        assert argv[:8] == ["-n", "1", "-t", "60", "-q", "debug-cache-quad", "-A", "test_account"]
+        assert os.access(argv[-1], os.X_OK)  # Cobalt runs the script itself
+    apruns = [" ".join(c) for c in cobalt.calls("aprun")]
+    # The cpu pool's worker pool on the compute node, and the training task's own aprun.
+    assert any(c.startswith("-n 1 -N 1 -d 2 -j 1 --cc depth /bin/bash") for c in apruns)
+    assert any(
+        c.startswith("-n 2 -N 2 -d 1 -j 1 --cc depth -e OMP_NUM_THREADS=1 python") for c in apruns
+    )
+    assert sorted(q[0] for q in cobalt.calls("qdel")) == sorted(j["id"] for j in cobalt.jobs())
+    assert cobalt.live_jobs() == []
+    assert leftovers() == []
+
+
+@pytest.mark.mpi
+def test_slurm_submits_through_sbatch_with_srun(tmp_path, fake_scheduler, leftovers):
+    from site_configs import slurm
+
+    sched = fake_scheduler("slurm")
+    site = small(slurm.SITE, sched)
+    config = slurm.make_config(tmp_path / "run", site)
+
+    lines = run_two_tasks(config, site, tmp_path, sched.job_output)
+
+    assert lines == ["rank 0 of 2 threads 1", "rank 1 of 2 threads 1"]
+    assert len(sched.calls("sbatch")) == 2
+    script = Path(sched.calls("sbatch")[0][-1]).read_text()
+    assert "#SBATCH --partition=test_queue" in script
+    assert "#SBATCH --account=test_account" in script
+    sruns = [" ".join(c) for c in sched.calls("srun")]
+    assert any(c.startswith("--ntasks 1 -l --cpus-per-task=2 --cpu-bind=cores bash") for c in sruns)
+    assert any(
+        c.startswith(
+            "--ntasks 2 --ntasks-per-node 2 --nodelist localhost --nodes 1 "
+            "--cpus-per-task=1 --cpu-bind=cores python"
+        )
+        for c in sruns
+    )
+    assert sorted(c[0] for c in sched.calls("scancel")) == sorted(j["id"] for j in sched.jobs())
+    assert sched.live_jobs() == []
+    assert leftovers() == []
+
+
+def test_local_runs_an_app_with_checkpoints_and_monitoring(tmp_path, leftovers):
+    from site_configs import local
+
+    run_dir = tmp_path / "run"
+    config = local.make_config(run_dir, dataclasses.replace(local.SITE, worker_init=WORKER_INIT))
+    with parsl.load(config):
+        assert product(6, 7).result(timeout=TASK_TIMEOUT) == 42
+
+    assert get_all_checkpoints(str(run_dir / "runinfo"))  # the task_exit checkpoint was written
+    with sqlite3.connect(run_dir / "monitoring.db") as db:
+        assert db.execute("select task_func_name from task").fetchall() == [("product",)]
+
+    # A second run in the same run dir takes the result from the checkpoint: no worker starts.
+    with parsl.load(local.make_config(run_dir, dataclasses.replace(local.SITE, monitoring=False))):
+        assert product(6, 7).result(timeout=TASK_TIMEOUT) == 42
+    assert not list((run_dir / "runinfo" / "001").glob("submit_scripts/*.sh"))
+    assert leftovers() == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow  # TensorFlow loads in both ranks: about 20-30 s on 2 cores
+def test_local_runs_two_horovod_ranks_through_parsl_mpi_prefix(tmp_path, leftovers):
+    from site_configs import local
+
+    site = dataclasses.replace(local.SITE, worker_init=WORKER_INIT, monitoring=False)
+    launch = site.mpi_launch(1)
+    with parsl.load(local.make_config(tmp_path / "run", site)):
+        done = run_ranks(launch, HOROVOD_PROGRAM, tmp_path)
+        assert done.result(timeout=120) == 0, (tmp_path / "ranks.err").read_text()[-2000:]
+
+    lines = sorted((tmp_path / "ranks.out").read_text().splitlines())
+    assert lines == ["rank 0 size 2", "rank 1 size 2"]
+    assert leftovers() == []
