@@ -85,8 +85,37 @@ def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
     return launch.command(shlex.join(program))
 
 
-def build_dag(config: RunConfig, paths: RunPaths, site) -> dict:
-    """Submit every stage; returns {stage name: future(s)}. Parsl runs them as inputs resolve."""
+class _FromEarlierRun:
+    """Stands in for a stage left out by --stages: its outputs must exist from an earlier run."""
+
+    def __init__(self, stage: str, outputs: list):
+        missing = [f.filepath for f in outputs if not Path(f.filepath).exists()]
+        if missing:
+            raise FFNError(
+                f"--stages leaves out {stage!r}, but its output {missing[0]} does not exist; run it too"
+            )
+        self.outputs = outputs
+
+
+class _Submitter:
+    """Submits a stage's app, or stands in for it when --stages leaves it out."""
+
+    def __init__(self, selected: frozenset[str]):
+        self.selected = selected
+        self.futures: dict[str, list] = {}
+
+    def __call__(self, stage: str, app, *args, outputs: list, **kwargs):
+        if stage not in self.selected:
+            return _FromEarlierRun(stage, outputs)
+        future = app(*args, outputs=outputs, **kwargs)
+        self.futures.setdefault(stage, []).append(future)
+        return future
+
+
+def build_dag(
+    config: RunConfig, paths: RunPaths, site, stages: frozenset[str] = frozenset(STAGES)
+) -> dict:
+    """Submit the stages; returns {stage name: futures}. Parsl runs them as their inputs resolve."""
     from parsl.data_provider.files import File
 
     from apps.evaluate import evaluate
@@ -98,34 +127,36 @@ def build_dag(config: RunConfig, paths: RunPaths, site) -> dict:
     from apps.stitch import stitch
     from apps.train import train
 
+    submit = _Submitter(stages)
     data = config_io.to_dict(config.data)
-    train_volume = stage_volume(data, "train", outputs=[File(str(paths.train_volume))])
-    eval_volume = stage_volume(data, "eval", outputs=[File(str(paths.eval_volume))])
-    coords = preprocess(
-        config_io.to_dict(config.partitions_for_training()),
-        inputs=[train_volume.outputs[0]],
-        outputs=[File(str(paths.partitions)), File(str(paths.coordinates))],
+    train_volume = submit(
+        "stage", stage_volume, data, "train", outputs=[File(str(paths.train_volume))]
     )
+    eval_volume = submit(
+        "stage", stage_volume, data, "eval", outputs=[File(str(paths.eval_volume))]
+    )
+    coords = submit(
+        "preprocess", preprocess, config_io.to_dict(config.partitions_for_training()),
+        inputs=[train_volume.outputs[0]], outputs=[File(str(paths.partitions)), File(str(paths.coordinates))],
+    )  # fmt: skip
     launch = site.SITE.mpi_launch(config.train_nodes)
     paths.train_dir.mkdir(parents=True, exist_ok=True)
     config_io.save_json(paths.train_dir / "requested_config.json", config.train)
-    trained = train(
-        training_command(config, paths, launch),
-        inputs=[train_volume.outputs[0], coords.outputs[1]],
-        outputs=[File(str(paths.train_summary))],
-        stdout=str(paths.train_log),
-        stderr=str(paths.train_log),
+    trained = submit(
+        "train", train, training_command(config, paths, launch),
+        inputs=[train_volume.outputs[0], coords.outputs[1]], outputs=[File(str(paths.train_summary))],
+        stdout=str(paths.train_log), stderr=str(paths.train_log),
         parsl_resource_specification=launch.resource_specification,
-    )
+    )  # fmt: skip
     scored_on = eval_volume if _eval_has_labels(config) else train_volume
-    selected = select_checkpoint(
-        str(paths.train_dir),
-        config_io.to_dict(config.selection),
-        inputs=[trained.outputs[0], scored_on.outputs[0]],
-        outputs=[File(str(paths.selection))],
-    )
+    selected = submit(
+        "select", select_checkpoint, str(paths.train_dir), config_io.to_dict(config.selection),
+        inputs=[trained.outputs[0], scored_on.outputs[0]], outputs=[File(str(paths.selection))],
+    )  # fmt: skip
     blocks = [
-        infer_block(
+        submit(
+            "infer",
+            infer_block,
             list(block.start),
             list(block.stop),
             config_io.to_dict(config.inference),
@@ -134,35 +165,25 @@ def build_dag(config: RunConfig, paths: RunPaths, site) -> dict:
         )  # fmt: skip
         for block in plan_blocks(_eval_shape(config), config.blocks)
     ]
-    stitched = stitch(
-        config_io.to_dict(config.blocks),
+    stitched = submit(
+        "stitch", stitch, config_io.to_dict(config.blocks),
         inputs=[eval_volume.outputs[0], *(b.outputs[0] for b in blocks)],
         outputs=[File(str(paths.segmentation)), File(str(paths.stitch_summary))],
+    )  # fmt: skip
+    segmented = [eval_volume.outputs[0], stitched.outputs[0]]
+    submit(
+        "export",
+        export,
+        config_io.to_dict(config.export),
+        inputs=segmented,
+        outputs=[File(str(paths.precomputed))],
     )
-    futures = {
-        "stage": [train_volume, eval_volume],
-        "preprocess": [coords],
-        "train": [trained],
-        "select": [selected],
-        "infer": blocks,
-        "stitch": [stitched],
-        "export": [
-            export(
-                config_io.to_dict(config.export),
-                inputs=[eval_volume.outputs[0], stitched.outputs[0]],
-                outputs=[File(str(paths.precomputed))],
-            )
-        ],
-    }
     if _eval_has_labels(config):
-        futures["evaluate"] = [
-            evaluate(
-                config_io.to_dict(config.watershed),
-                inputs=[eval_volume.outputs[0], stitched.outputs[0]],
-                outputs=[File(str(paths.evaluation))],
-            )
-        ]
-    return futures
+        submit(
+            "evaluate", evaluate, config_io.to_dict(config.watershed),
+            inputs=segmented, outputs=[File(str(paths.evaluation))],
+        )  # fmt: skip
+    return submit.futures
 
 
 def _eval_has_labels(config: RunConfig) -> bool:
@@ -215,7 +236,10 @@ def _watch(futures: dict, paths: RunPaths) -> dict[str, str]:
                 print(f"[workflow] {elapsed} {name} skipped: done in an earlier run", flush=True)
             elif state in ("failed", "dep_fail"):
                 print(f"[workflow] {elapsed} {name} {state.replace('_', ' ')}", flush=True)
-        training = reported.get(id(futures["train"][0])) in ("launched", "running")
+        training = "train" in futures and reported.get(id(futures["train"][0])) in (
+            "launched",
+            "running",
+        )
         line = _last_train_line(paths.train_log) if training else ""
         if line and line != last_train_line:
             print(f"[workflow]          {line}", flush=True)
@@ -259,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[workflow] resuming: {last_run_summary(paths.root / 'monitoring.db')}")
     parsl.load(site.make_config(paths.root))
     try:
-        futures = build_dag(config, paths, site)
+        futures = build_dag(config, paths, site, frozenset(args.stages or STAGES))
         states = _watch(futures, paths)
         failures = [f for fs in futures.values() for f in fs if f.exception() is not None]
     finally:
@@ -305,6 +329,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dry-run", action="store_true", help="print the DAG and site settings; run nothing"
     )
+    parser.add_argument(
+        "--stages", nargs="+", choices=STAGES, metavar="STAGE",
+        help=f"run only these ({', '.join(STAGES)}); the others' outputs must exist from an earlier run",
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=0, help="view: data server port (0 = any free)")
     parser.add_argument(
         "--viewer-port", type=int, default=0, help="view: Neuroglancer port (0 = any free)"

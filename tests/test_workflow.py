@@ -1,5 +1,6 @@
 """The whole DAG through Parsl on the local site: a run, a killed run resumed, a dry run."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -31,16 +32,22 @@ def workflow(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 def kill_everything_under(run_dir: Path, process: subprocess.Popen) -> int:
-    """SIGKILL the workflow's process group and any Parsl worker/interchange serving this run."""
+    """SIGKILL the workflow and every process it started: Parsl's interchange, monitoring and
+    worker pools are in its session (started with start_new_session=True) or name the run dir."""
+
+    def ours(p: psutil.Process) -> bool:
+        try:
+            return os.getsid(p.pid) == process.pid or str(run_dir) in " ".join(p.cmdline())
+        except (psutil.Error, ProcessLookupError):
+            return False
+
+    members = [p for p in psutil.process_iter() if p.pid != os.getpid() and ours(p)]
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    stray = [
-        p for p in psutil.process_iter(["cmdline"])
-        if p.pid != os.getpid() and str(run_dir) in " ".join(p.info["cmdline"] or [])
-    ]  # fmt: skip
-    for p in stray:
-        p.kill()
-    psutil.wait_procs(stray, timeout=10)
+    for p in members:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(members, timeout=10)
     return process.returncode
 
 
@@ -122,3 +129,12 @@ def test_dry_run_on_theta_needs_no_scheduler():
     done = workflow("--site", "theta", "--dry-run")
     assert "CobaltProvider" in done.stdout and "aprun" in done.stdout
     assert "infer" in done.stdout and "placeholder" in done.stdout
+
+
+def test_stages_left_out_must_have_their_outputs(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "workflow.py", "--config", TINY, "--run-dir", str(tmp_path), "--stages", "train"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--stages leaves out 'stage', but its output" in done.stderr
