@@ -1,0 +1,222 @@
+"""End-to-end benchmark on the default synthetic volume: FFN against a seeded watershed.
+
+Run by hand (not a test), from the repository root:
+
+    PATH=.venv/bin:$PATH python bench/segment_default.py --output data/bench/segment_default.json
+
+Stages, each skipped when a previous run in the same --workdir finished it:
+  1. the default synthetic volume with seed 0 (training) and seed 1 (held out);
+  2. FFN partitions and balanced coordinates of the training volume;
+  3. brief training (a small network: FOV 17, 33, 33 as FFN's, but shallower and narrower, so it
+     trains in minutes on a few CPU cores);
+  4. selection of the best of the last checkpoints on the held-out volume;
+  5. blockwise inference on the held-out volume, stitched;
+  6. scores of FFN and of the watershed baseline on the held-out volume.
+
+Prints both methods' scores and the inference speed, and writes them to --output as JSON.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import pipeline  # noqa: F401  (sets TensorFlow's oneDNN flag before TF loads)
+from pipeline import config as config_io
+from pipeline.atomic import atomic_path
+from pipeline.blocks import BlockConfig, segment_blockwise
+from pipeline.inference import InferenceConfig, predictor_from_checkpoint
+from pipeline.metrics import format_scores, score_segmentation, watershed_baseline
+from pipeline.model import ModelConfig
+from pipeline.partitions import (
+    DEFAULT_THRESHOLDS,
+    build_coordinates,
+    compute_partitions,
+    save_coordinates,
+)
+from pipeline.selection import SelectionConfig, select_checkpoint, selection_done
+from pipeline.synthetic import PRESETS, generate
+from pipeline.train import TrainConfig, TrainInputs, run_training, training_complete
+from pipeline.training import ExampleConfig, canvas_radius
+from pipeline.volumes import read_volume_pair, write_volumes
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--workdir", type=Path, default=Path("data/bench/segment_default"))
+    add("--output", type=Path, default=Path("data/bench/segment_default.json"))
+    add("--max-steps", type=int, default=3000)
+    add("--batch-size", type=int, default=4, help="training FOVs per step")
+    add("--depth", type=int, default=5)
+    add("--features", type=int, default=16)
+    add("--fov", type=int, nargs=3, default=(17, 33, 33), metavar=("Z", "Y", "X"))
+    add("--deltas", type=int, nargs=3, default=(4, 8, 8), metavar=("Z", "Y", "X"))
+    add("--samples-per-class", type=int, default=2000)
+    add("--last-checkpoints", type=int, default=3)
+    add("--block-shape", type=int, nargs=3, default=(64, 96, 96), metavar=("Z", "Y", "X"))
+    add("--overlap", type=int, nargs=3, default=(16, 32, 32), metavar=("Z", "Y", "X"))
+    add("--inference-batch-size", type=int, default=1)
+    add("--min-segment-size", type=int, default=100)
+    return parser
+
+
+def _volumes(workdir: Path) -> dict[str, Path]:
+    paths = {}
+    for name, seed in (("train", 0), ("held_out", 1)):
+        path = paths[name] = workdir / f"{name}.h5"
+        if not path.is_file():
+            config = dataclasses.replace(PRESETS["default"], seed=seed)
+            raw, labels = generate(config)
+            write_volumes(path, {"raw": raw, "labels": labels}, config.voxel_size_nm)
+    return paths
+
+
+def _coordinates(volume: Path, path: Path, config: TrainConfig, samples: int) -> Path:
+    if path.is_file():
+        return path
+    labeled = read_volume_pair(f"{volume}:raw", f"{volume}:labels")
+    radius = tuple(int(r) for r in canvas_radius(config.model, config.examples))
+    lom = tuple(f // 2 for f in config.model.fov_shape_zyx)
+    partitions = compute_partitions(labeled.labels, DEFAULT_THRESHOLDS, lom, radius)
+    coords = build_coordinates(partitions, samples, seed=0)
+    return save_coordinates(path, coords, labeled.name, classes=partitions[tuple(coords.T)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    workdir = args.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    timings = {}
+
+    start = time.perf_counter()
+    volumes = _volumes(workdir)
+    timings["volumes_s"] = time.perf_counter() - start
+
+    model = ModelConfig(
+        fov_shape_zyx=tuple(args.fov),
+        deltas_zyx=tuple(args.deltas),
+        depth=args.depth,
+        features=args.features,
+    )
+    train_config = TrainConfig(
+        model=model,
+        examples=ExampleConfig(),
+        batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        log_every_steps=50,
+        checkpoint_every_steps=max(1, args.max_steps // 10),
+        keep_checkpoints=args.last_checkpoints,
+    )
+    start = time.perf_counter()
+    coordinates = _coordinates(
+        volumes["train"], workdir / "coords.npz", train_config, args.samples_per_class
+    )
+    timings["coordinates_s"] = time.perf_counter() - start
+
+    train_dir = workdir / "train"
+    start = time.perf_counter()
+    if not training_complete(train_dir, args.max_steps):
+        inputs = TrainInputs(
+            f"{volumes['train']}:raw",
+            f"{volumes['train']}:labels",
+            str(coordinates),
+            str(train_dir),
+        )
+        run_training(inputs, train_config)
+    timings["training_s"] = time.perf_counter() - start
+    train_summary = json.loads((train_dir / "train_summary.json").read_text())
+
+    held_out = read_volume_pair(f"{volumes['held_out']}:raw", f"{volumes['held_out']}:labels")
+    selection_path = train_dir / "selection.json"
+    start = time.perf_counter()
+    if not selection_done(selection_path):
+        select_checkpoint(
+            train_dir, held_out, SelectionConfig(last_checkpoints=args.last_checkpoints)
+        )
+    selection = json.loads(selection_path.read_text())
+    timings["selection_s"] = time.perf_counter() - start
+
+    inference = InferenceConfig(
+        batch_size=args.inference_batch_size, min_segment_size=args.min_segment_size
+    )
+    blocks = BlockConfig(block_shape_zyx=tuple(args.block_shape), overlap_zyx=tuple(args.overlap))
+    # A fresh blocks dir per run, so the timing is of this run's inference.
+    blocks_dir = workdir / f"blocks-{time.strftime('%Y%m%d-%H%M%S')}"
+    predict = predictor_from_checkpoint(selection["checkpoint"], model)
+    start = time.perf_counter()
+    segmentation, summary = segment_blockwise(
+        held_out.raw,
+        predict,
+        model,
+        inference,
+        blocks,
+        blocks_dir,
+        provenance={"checkpoint": selection["checkpoint"]},
+        progress=True,
+    )
+    inference_wall = time.perf_counter() - start
+    write_volumes(
+        workdir / "held_out_segmentation.h5",
+        {"segmentation": segmentation},
+        held_out.voxel_size_nm,
+    )
+
+    start = time.perf_counter()
+    baseline = watershed_baseline(held_out.raw)
+    watershed_s = time.perf_counter() - start
+    scores = {
+        "ffn": score_segmentation(segmentation, held_out.labels).to_dict(),
+        "watershed": score_segmentation(baseline, held_out.labels).to_dict(),
+    }
+    voxels = int(held_out.raw.size)
+    speed = {
+        "volume_voxels": voxels,
+        "inference_wall_s": inference_wall,
+        "voxels_per_s": voxels / inference_wall,
+        "blocks": len(summary["block_seconds"]),
+        "seconds_per_block": inference_wall / len(summary["block_seconds"]),
+        "block_seconds": summary["block_seconds"],
+        "fov_evaluations": summary["inference"]["fov_evaluations"],
+        "fov_per_s": summary["inference"]["fov_evaluations"] / inference_wall,
+        "watershed_s": watershed_s,
+    }
+    report = {
+        "scores": scores,
+        "speed": speed,
+        "inference_stats": summary["inference"],
+        "stitch": summary["stitch"],
+        "selection": {k: selection[k] for k in ("checkpoint", "step", "criterion", "candidates")},
+        "training": {
+            k: train_summary.get(k) for k in ("step", "wall_s", "loss", "f1", "fov_per_s")
+        },
+        "config": {
+            "model": config_io.to_dict(model),
+            "train": config_io.to_dict(train_config),
+            "inference": config_io.to_dict(inference),
+            "blocks": config_io.to_dict(blocks),
+        },
+        "timings_s": timings,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    }
+    with atomic_path(args.output) as tmp:
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+
+    print(format_scores(scores))
+    print(
+        f"FFN inference: {voxels} voxels in {inference_wall:.1f} s = {speed['voxels_per_s']:.0f} "
+        f"voxels/s, {speed['blocks']} blocks, {speed['seconds_per_block']:.1f} s per block, "
+        f"{speed['fov_evaluations']} FOVs ({speed['fov_per_s']:.1f} FOV/s); "
+        f"watershed {watershed_s:.1f} s"
+    )
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

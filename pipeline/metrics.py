@@ -1,0 +1,227 @@
+"""Segmentation quality against ground truth, and a classical baseline to compare FFN with.
+
+Scores ignore voxels whose ground truth is 0 (membranes, unlabeled). Predicted 0s (voxels left
+unsegmented) count as one more segment for VI and adapted Rand, so unsegmented voxels of several
+objects cost merge error; the split and merge counts leave them out.
+
+  * Variation of information (bits), split part H(prediction | truth) and merge part
+    H(truth | prediction) (scikit-image `variation_of_information`).
+  * Adapted Rand error (SNEMI3D, scikit-image `adapted_rand_error`), with its precision (pairs
+    together in both / pairs together in the prediction) and recall (... / in the truth).
+  * Counts: a ground-truth object is *split* when two or more predicted segments each cover a
+    substantial part of it; a predicted segment is a *merge* when it covers substantial parts of
+    two or more ground-truth objects. Substantial: at least `min_overlap_voxels` voxels and at
+    least `min_overlap_fraction` of the ground-truth object.
+
+The baseline is a seeded watershed: markers at the h-maxima of the distance transform that FFN's
+seeds come from (`pipeline.inference.edge_distance`), flooding the smoothed, inverted image
+(membranes are dark in EM, so they become the ridges).
+
+CLI: `python -m pipeline.metrics --segmentation seg.h5:segmentation --labels vol.h5:labels
+[--raw vol.h5:raw] [--output scores.json]`.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import fastremap
+import numpy as np
+from scipy import ndimage, sparse
+from skimage.metrics import adapted_rand_error, variation_of_information
+from skimage.morphology import h_maxima
+from skimage.segmentation import watershed
+
+from pipeline.atomic import atomic_path
+from pipeline.errors import ConfigError, FFNError, VolumeShapeError
+from pipeline.inference import InferenceConfig, edge_distance
+from pipeline.volumes import read_labels, read_raw
+
+
+@dataclass(frozen=True)
+class SegmentationScores:
+    """Scores of one segmentation against ground truth; `to_dict` is JSON-ready."""
+
+    vi_split: float  # bits, H(prediction | truth): over-segmentation
+    vi_merge: float  # bits, H(truth | prediction): under-segmentation
+    adapted_rand_error: float
+    adapted_rand_precision: float
+    adapted_rand_recall: float
+    gt_objects: int
+    segments: int  # non-zero predicted ids on ground-truth voxels
+    split_objects: int  # ground-truth objects split substantially
+    merged_segments: int  # predicted segments that substantially cover >= 2 objects
+    unsegmented_fraction: float  # ground-truth voxels the prediction left at 0
+    voxels: int  # ground-truth voxels scored
+
+    @property
+    def vi(self) -> float:
+        return self.vi_split + self.vi_merge
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"vi": self.vi}
+
+
+def _contingency(truth: np.ndarray, prediction: np.ndarray) -> sparse.csr_array:
+    """Voxel counts of (truth id, predicted id) over the voxels with truth > 0, ids renumbered."""
+    labeled = truth > 0
+    rows, _ = fastremap.renumber(truth[labeled], preserve_zero=True)
+    cols, _ = fastremap.renumber(prediction[labeled], preserve_zero=True)
+    ones = np.ones(len(rows), np.float64)
+    table = sparse.csr_array((ones, (rows.astype(np.int64), cols.astype(np.int64))))
+    table.sum_duplicates()
+    return table
+
+
+def score_segmentation(
+    segmentation: np.ndarray,
+    ground_truth: np.ndarray,
+    *,
+    min_overlap_voxels: int = 20,
+    min_overlap_fraction: float = 0.1,
+) -> SegmentationScores:
+    """Compare a (z, y, x) segmentation with ground truth of the same shape (0 = ignored)."""
+    if segmentation.shape != ground_truth.shape:
+        raise VolumeShapeError(
+            f"segmentation shape {segmentation.shape} differs from ground truth {ground_truth.shape}"
+        )
+    if not np.any(ground_truth):
+        raise ConfigError("ground truth has no labeled voxel: nothing to score")
+    table = _contingency(ground_truth, segmentation)
+    # The images only pass scikit-image's shape check; the table is what is scored.
+    vi_split, vi_merge = variation_of_information(
+        ground_truth, segmentation, table=table / table.sum()
+    )
+    are, *_ = adapted_rand_error(table=table)
+    # Precision and recall from their definitions (scikit-image 0.26 returns them swapped).
+    together = float(table.data @ table.data - table.sum())
+    truth_sizes, predicted_sizes = table.sum(axis=1), table.sum(axis=0)
+    recall = together / float(truth_sizes @ truth_sizes - truth_sizes.sum())
+    precision = together / float(predicted_sizes @ predicted_sizes - predicted_sizes.sum())
+
+    coo = table.tocoo()
+    rows, cols, counts = coo.row, coo.col, coo.data
+    substantial = (counts >= min_overlap_voxels) & (
+        counts >= min_overlap_fraction * truth_sizes[rows]
+    )
+    substantial &= cols > 0  # being left unsegmented is not a split piece nor a merge
+    pieces = np.bincount(rows[substantial], minlength=table.shape[0])
+    objects_per_segment = np.bincount(cols[substantial], minlength=table.shape[1])
+    return SegmentationScores(
+        vi_split=float(vi_split),
+        vi_merge=float(vi_merge),
+        adapted_rand_error=float(are),
+        adapted_rand_precision=precision,
+        adapted_rand_recall=recall,
+        gt_objects=int(np.count_nonzero(truth_sizes[1:])),
+        segments=int(np.count_nonzero(predicted_sizes[1:])),
+        split_objects=int(np.count_nonzero(pieces >= 2)),
+        merged_segments=int(np.count_nonzero(objects_per_segment >= 2)),
+        unsegmented_fraction=float(predicted_sizes[0] / table.sum()),
+        voxels=int(table.sum()),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Baseline
+
+
+@dataclass(frozen=True)
+class WatershedConfig:
+    """The seeded-watershed baseline. `edges` are FFN's seed-policy settings (its edge map)."""
+
+    edges: InferenceConfig = dataclasses.field(default_factory=InferenceConfig)
+    # Markers: maxima of the edge distance at least this much (voxels) above their surroundings.
+    marker_h: float = 1.0
+    smoothing_sigma_zyx: tuple[float, float, float] = (0.5, 1.0, 1.0)
+
+    def __post_init__(self) -> None:
+        if len(self.smoothing_sigma_zyx) != 3 or min(self.smoothing_sigma_zyx) < 0:
+            raise ConfigError(
+                f"smoothing_sigma_zyx must be 3 numbers >= 0, got {self.smoothing_sigma_zyx}"
+            )
+        if self.marker_h <= 0:
+            raise ConfigError(f"marker_h must be > 0, got {self.marker_h}")
+
+
+def watershed_baseline(raw: np.ndarray, config: WatershedConfig = WatershedConfig()) -> np.ndarray:
+    """Seeded watershed of a (z, y, x) uint8 image: uint64 ids 1..N, every voxel assigned.
+
+    Markers are the h-maxima of the distance to FFN's edges (plain peaks, as FFN seeds from, give
+    several markers per object and split far more); the flooded landscape is the smoothed image,
+    inverted so that dark membranes are ridges.
+    """
+    if raw.ndim != 3:
+        raise VolumeShapeError(f"raw image must be 3-D (z, y, x), got shape {raw.shape}")
+    markers, _ = ndimage.label(h_maxima(edge_distance(raw, config.edges), config.marker_h))
+    landscape = -ndimage.gaussian_filter(raw.astype(np.float32), config.smoothing_sigma_zyx)
+    return watershed(landscape, markers).astype(np.uint64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.metrics",
+        description="Score a segmentation against ground truth (VI, adapted Rand, split/merge "
+        "counts), optionally next to the seeded-watershed baseline.",
+    )
+    add = parser.add_argument
+    add("--segmentation", required=True, metavar="PATH.h5:DATASET")
+    add("--labels", required=True, metavar="PATH.h5:DATASET", help="ground truth")
+    add("--raw", metavar="PATH.h5:DATASET", help="image: also score the watershed baseline on it")
+    add("--output", type=Path, help="write the scores here as JSON")
+    add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> dict:
+    segmentation, _ = read_labels(args.segmentation, args.voxel_size)
+    truth, _ = read_labels(args.labels, args.voxel_size)
+    scores = {"segmentation": score_segmentation(segmentation, truth).to_dict()}
+    if args.raw:
+        raw, _ = read_raw(args.raw, args.voxel_size)
+        scores["watershed"] = score_segmentation(watershed_baseline(raw), truth).to_dict()
+    if args.output:
+        with atomic_path(args.output) as tmp:
+            tmp.write_text(json.dumps(scores, indent=2) + "\n")
+    return scores
+
+
+def format_scores(scores: dict[str, dict]) -> str:
+    """A small table, one row per method."""
+    columns = (
+        "vi_split",
+        "vi_merge",
+        "vi",
+        "adapted_rand_error",
+        "segments",
+        "split_objects",
+        "merged_segments",
+    )
+    lines = [f"{'method':<14}" + "".join(f"{c:>19}" for c in columns)]
+    for method, row in scores.items():
+        cells = (f"{row[c]:.4f}" if isinstance(row[c], float) else str(row[c]) for c in columns)
+        lines.append(f"{method:<14}" + "".join(f"{c:>19}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        scores = _run(args)
+    except FFNError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_scores(scores))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

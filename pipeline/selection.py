@@ -1,0 +1,252 @@
+"""Checkpoint selection: score the last checkpoints of a training run on a held-out volume.
+
+The score is the voxel F1 of the network's first prediction in one FOV around each of a set of
+held-out coordinates (sampled as training samples them, balanced over `pipeline.partitions`
+classes), averaged over the FOVs: the same task training optimises, on data it never saw.
+Optionally each checkpoint also segments a central crop of the held-out volume and is scored by
+its variation of information, which sees what F1 cannot (movement, merges), at far higher cost;
+`criterion` picks which of the two decides.
+
+The choice is written atomically to `selection.json` (`selection_done` is the stage's check) with
+every candidate's scores; `pipeline.inference` accepts that file in place of a checkpoint.
+
+CLI: `python -m pipeline.selection --train-dir RUN --raw held.h5:raw --labels held.h5:labels`.
+"""
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import config as config_io
+from pipeline.atomic import atomic_path
+from pipeline.errors import CheckpointError, ConfigError, FFNError
+from pipeline.inference import (
+    InferenceConfig,
+    Predictor,
+    checkpoint_model_config,
+    make_model_predictor,
+    segment,
+)
+from pipeline.metrics import score_segmentation
+from pipeline.model import ModelConfig, build_model, load_weights, logit, normalize_image
+from pipeline.partitions import DEFAULT_THRESHOLDS, build_coordinates, compute_partitions
+from pipeline.volumes import LabeledVolume, read_volume_pair
+
+SELECTION_FILE = "selection.json"
+CRITERIA = ("fov_f1", "vi")
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    last_checkpoints: int = 3  # the candidates: this many of the newest checkpoints
+    held_out_fovs: int = 128
+    seed: int = 0  # sampling of the held-out coordinates
+    batch_size: int = 8
+    criterion: str = "fov_f1"  # or "vi" (needs vi_crop_zyx)
+    # Also segment this central crop with each checkpoint and score its VI; (0, 0, 0): don't.
+    vi_crop_zyx: tuple[int, int, int] = (0, 0, 0)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("last_checkpoints", "held_out_fovs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.criterion not in CRITERIA:
+            raise ConfigError(f"criterion must be one of {CRITERIA}, got {self.criterion!r}")
+        crop = tuple(self.vi_crop_zyx)
+        if len(crop) != 3 or not (min(crop) >= 1 or crop == (0, 0, 0)):
+            raise ConfigError(f"vi_crop_zyx must be 3 sizes >= 1, or 0 0 0 (off), got {crop}")
+        if self.criterion == "vi" and crop == (0, 0, 0):
+            raise ConfigError("criterion 'vi' needs vi_crop_zyx (the crop to segment)")
+
+
+def list_checkpoints(train_dir: str | Path) -> list[Path]:
+    """The checkpoints `TRAIN_DIR/checkpoints/ckpt-N` (paths without suffix), oldest first."""
+    found = []
+    for index in (Path(train_dir) / "checkpoints").glob("ckpt-*.index"):
+        if match := re.fullmatch(r"ckpt-(\d+)\.index", index.name):
+            found.append((int(match[1]), index.with_suffix("")))
+    return [path for _, path in sorted(found)]
+
+
+def checkpoint_step(checkpoint: str | Path) -> int:
+    return int(Path(checkpoint).name.rpartition("-")[2])
+
+
+def held_out_coordinates(
+    labels: np.ndarray, model: ModelConfig, count: int, seed: int
+) -> np.ndarray:
+    """`count` FOV centres (N, 3) zyx, balanced over FFN's partition classes as in training (local
+    object mask radius: the FOV's), all at least a FOV radius from the border."""
+    radius = tuple(int(f) // 2 for f in model.fov_shape_zyx)
+    partitions = compute_partitions(labels, DEFAULT_THRESHOLDS, radius, radius)
+    # Shuffled and balanced: any prefix is a balanced sample in expectation.
+    return build_coordinates(partitions, count, seed)[:count]
+
+
+def fov_f1(
+    predict: Predictor,
+    volume: LabeledVolume,
+    coords: np.ndarray,
+    model: ModelConfig,
+    *,
+    batch_size: int = 8,
+    seed_probability: float = 0.95,
+    pad_probability: float = 0.05,
+) -> float:
+    """Mean over FOVs of the voxel F1 of one prediction (object: p >= 0.5) against the object
+    under the FOV's centre; the seed is set as at the start of inference."""
+    radius = np.array(model.fov_shape_zyx) // 2
+    seed = np.full(model.fov_shape_zyx, logit(pad_probability), np.float32)
+    seed[tuple(radius)] = logit(seed_probability)
+    scores = []
+    for first in range(0, len(coords), batch_size):
+        batch = coords[first : first + batch_size]
+        boxes = [
+            tuple(slice(c - r, c + r + 1) for c, r in zip(p, radius, strict=True)) for p in batch
+        ]
+        images = np.stack([normalize_image(volume.raw[b], model) for b in boxes])[..., None]
+        seeds = np.broadcast_to(seed[..., None], images.shape).copy()
+        predicted = np.asarray(predict(images, seeds))[..., 0] >= 0
+        for box, centre, guess in zip(boxes, batch, predicted, strict=True):
+            truth = volume.labels[box] == volume.labels[tuple(centre)]
+            tp = np.count_nonzero(guess & truth)
+            scores.append(2 * tp / (np.count_nonzero(guess) + np.count_nonzero(truth)))
+    return float(np.mean(scores))
+
+
+def _central_crop(shape: Sequence[int], crop: Sequence[int]) -> tuple[slice, ...]:
+    size = [min(c, s) for c, s in zip(crop, shape, strict=True)]
+    return tuple(slice((s - c) // 2, (s - c) // 2 + c) for s, c in zip(shape, size, strict=True))
+
+
+def select_checkpoint(
+    train_dir: str | Path,
+    volume: LabeledVolume,
+    config: SelectionConfig = SelectionConfig(),
+    output: str | Path | None = None,
+) -> dict:
+    """Score the last `config.last_checkpoints` checkpoints of `train_dir` on the held-out
+    `volume`, write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
+    candidates = list_checkpoints(train_dir)[-config.last_checkpoints :]
+    if not candidates:
+        raise CheckpointError(f"{train_dir}: no checkpoints (checkpoints/ckpt-N.index)")
+    model_config = checkpoint_model_config(candidates[-1])
+    coords = held_out_coordinates(volume.labels, model_config, config.held_out_fovs, config.seed)
+    model = build_model(model_config)
+    predict = make_model_predictor(model)  # reads the model's variables: reloading updates it
+    rows = []
+    for checkpoint in candidates:
+        load_weights(model, str(checkpoint))
+        row = {
+            "checkpoint": str(checkpoint),
+            "step": checkpoint_step(checkpoint),
+            "fov_f1": fov_f1(
+                predict,
+                volume,
+                coords,
+                model_config,
+                batch_size=config.batch_size,
+                seed_probability=config.inference.seed_probability,
+                pad_probability=config.inference.pad_probability,
+            ),
+        }
+        if min(config.vi_crop_zyx) > 0:
+            crop = _central_crop(volume.shape, config.vi_crop_zyx)
+            segmentation, _ = segment(volume.raw[crop], predict, model_config, config.inference)
+            row |= score_segmentation(segmentation, volume.labels[crop]).to_dict()
+        rows.append(row)
+    # Ties go to the later checkpoint.
+    if config.criterion == "vi":
+        best = min(rows, key=lambda r: (r["vi"], -r["step"]))
+    else:
+        best = max(rows, key=lambda r: (r["fov_f1"], r["step"]))
+    record = {
+        "checkpoint": best["checkpoint"],
+        "step": best["step"],
+        "criterion": config.criterion,
+        "score": best[config.criterion],
+        "train_dir": str(train_dir),
+        "held_out_volume": volume.name,
+        "held_out_fovs": len(coords),
+        "candidates": rows,
+        "config": config_io.to_dict(config),
+    }
+    output = Path(output) if output is not None else Path(train_dir) / SELECTION_FILE
+    with atomic_path(output) as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def selection_done(path: str | Path) -> bool:
+    """True when `path` is a complete selection (written atomically, so present means whole)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        return "checkpoint" in json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+
+
+def chosen_checkpoint(path: str | Path) -> Path:
+    """A checkpoint path as given, or the one a selection.json chose."""
+    path = Path(path)
+    if path.suffix != ".json":
+        return path
+    if not selection_done(path):
+        raise CheckpointError(f"{path}: not a complete selection file")
+    return Path(json.loads(path.read_text())["checkpoint"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.selection",
+        description="Pick the best of a training run's last checkpoints on a held-out volume.",
+    )
+    add = parser.add_argument
+    add(
+        "--train-dir", required=True, type=Path, help="the training run (checkpoints/, config.json)"
+    )
+    add("--raw", required=True, metavar="PATH.h5:DATASET", help="held-out image")
+    add("--labels", required=True, metavar="PATH.h5:DATASET", help="held-out ground truth")
+    add("--output", type=Path, help=f"default: TRAIN_DIR/{SELECTION_FILE}")
+    add("--config", help="JSON file of SelectionConfig settings; flags override it")
+    add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
+    config_io.add_arguments(parser, SelectionConfig)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        base = (
+            config_io.load_json(SelectionConfig, args.config) if args.config else SelectionConfig()
+        )
+        config = config_io.from_arguments(SelectionConfig, args, base)
+        volume = read_volume_pair(args.raw, args.labels, voxel_size_nm=args.voxel_size)
+        record = select_checkpoint(args.train_dir, volume, config, args.output)
+    except FFNError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for row in record["candidates"]:
+        print(
+            f"step {row['step']:>8}  fov_f1 {row['fov_f1']:.4f}"
+            + (f"  vi {row['vi']:.4f}" if "vi" in row else "")
+        )
+    print(f"selected {record['checkpoint']} ({record['criterion']} {record['score']:.4f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Blockwise segmentation: the block plan, exact stitching, determinism, restarts, atomic files."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_inference import (
+    CONFIG,
+    MODEL,
+    assert_same_segmentation,
+    bright_weights,
+    hand_made_volume,
+    stand_in_predictor,
+)
+
+from pipeline.blocks import (
+    Block,
+    BlockConfig,
+    BlockResult,
+    block_done,
+    block_path,
+    plan_blocks,
+    read_block_result,
+    segment_block,
+    segment_blockwise,
+    stitch,
+    write_block_result,
+)
+from pipeline.errors import BlockResultError, ConfigError
+from pipeline.inference import InferenceStats, make_model_predictor
+from pipeline.model import build_model
+
+BLOCKS = BlockConfig(block_shape_zyx=(16, 24, 24), overlap_zyx=(0, 8, 8))
+
+
+def never_called(images, seeds):
+    raise AssertionError("a finished block was segmented again")
+
+
+def test_blocks_tile_the_volume_with_at_least_the_overlap():
+    blocks = plan_blocks((64, 100, 128), BlockConfig((32, 48, 64), (8, 16, 16)))
+    assert {b.shape for b in blocks} == {(32, 48, 64)}
+    covered = np.zeros((64, 100, 128), int)
+    for block in blocks:
+        covered[block.slices] += 1
+    assert covered.min() >= 1
+    starts = [sorted({b.start[axis] for b in blocks}) for axis in range(3)]
+    # The fewest blocks with at least the overlap, spread evenly: overlaps 16, 22, 32.
+    assert starts == [[0, 16, 32], [0, 26, 52], [0, 32, 64]]
+    assert plan_blocks((10, 20, 30), BlockConfig((64, 64, 64), (8, 8, 8))) == [
+        Block((0, 0, 0), (10, 20, 30))
+    ]
+
+
+@pytest.mark.parametrize(
+    "blocks, pieces",
+    [
+        # Narrow overlaps: each block sees thin slivers of the objects it shares with its
+        # neighbours, too thin to seed; the stitch takes those voxels from the neighbours.
+        (BLOCKS, 4),
+        # Wide overlaps: every block finds all three objects, which the stitch joins.
+        (BlockConfig(block_shape_zyx=(16, 32, 32), overlap_zyx=(0, 24, 24)), 12),
+    ],
+    ids=["narrow-overlap", "wide-overlap"],
+)
+def test_stitched_blocks_segment_the_hand_made_volume_exactly(tmp_path, blocks, pieces):
+    raw, labels = hand_made_volume()
+    segmentation, summary = segment_blockwise(
+        raw, stand_in_predictor, MODEL, CONFIG, blocks, tmp_path
+    )
+    assert_same_segmentation(segmentation, labels)
+    stitched = summary["stitch"]
+    assert stitched["blocks"] == 4 and stitched["objects"] == 3
+    assert stitched["block_objects"] == summary["inference"]["objects"] == pieces
+    assert stitched["merges"] >= pieces - 3  # at least a spanning tree of each object's pieces
+    assert len(summary["block_seconds"]) == 4
+
+
+def test_a_block_segmented_twice_gives_the_same_result():
+    raw, _ = hand_made_volume()
+    network = build_model(MODEL)
+    bright_weights(network)
+    predict = make_model_predictor(network)
+    block = plan_blocks(raw.shape, BLOCKS)[1]
+    first, second = (segment_block(raw, block, predict, MODEL, CONFIG) for _ in range(2))
+    assert first.labels.any() and first.labels.shape == block.shape
+    np.testing.assert_array_equal(first.labels, second.labels)
+    assert first.provenance == second.provenance
+
+
+def test_a_restarted_run_skips_finished_blocks(tmp_path):
+    raw, _ = hand_made_volume()
+    first, _ = segment_blockwise(raw, stand_in_predictor, MODEL, CONFIG, BLOCKS, tmp_path)
+    again, summary = segment_blockwise(raw, never_called, MODEL, CONFIG, BLOCKS, tmp_path)
+    np.testing.assert_array_equal(first, again)
+    assert summary["inference"]["fov_evaluations"] > 0  # the stored blocks' stats
+    # Half done: only the missing block runs.
+    block_path(tmp_path, plan_blocks(raw.shape, BLOCKS)[2]).unlink()
+    again, _ = segment_blockwise(raw, stand_in_predictor, MODEL, CONFIG, BLOCKS, tmp_path)
+    np.testing.assert_array_equal(first, again)
+    other = dataclasses.replace(CONFIG, segment_threshold=0.7)
+    with pytest.raises(BlockResultError, match="made with other settings"):
+        segment_blockwise(raw, never_called, MODEL, other, BLOCKS, tmp_path)
+
+
+def test_block_results_round_trip_and_are_done_only_when_complete(tmp_path):
+    raw, _ = hand_made_volume()
+    block = plan_blocks(raw.shape, BLOCKS)[0]
+    result = segment_block(raw, block, stand_in_predictor, MODEL, CONFIG, {"checkpoint": "c"})
+    path = block_path(tmp_path, block)
+    assert not block_done(path)
+    write_block_result(path, result)
+    assert block_done(path) and path.name == "block_0_0_0.npz"
+    back = read_block_result(path, block)
+    np.testing.assert_array_equal(back.labels, result.labels)
+    assert back.stats == result.stats and back.provenance["checkpoint"] == "c"
+    with pytest.raises(BlockResultError, match="expected Block"):
+        read_block_result(path, plan_blocks(raw.shape, BLOCKS)[1])
+
+
+def test_a_failed_write_leaves_no_block_file(tmp_path, monkeypatch):
+    raw, _ = hand_made_volume()
+    block = plan_blocks(raw.shape, BLOCKS)[0]
+    result = segment_block(raw, block, stand_in_predictor, MODEL, CONFIG)
+
+    def crash(file, **arrays):
+        file.write(b"PK\x03\x04 half a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez_compressed", crash)
+    path = block_path(tmp_path, block)
+    with pytest.raises(OSError, match="disk full"):
+        write_block_result(path, result)
+    assert not block_done(path) and list(tmp_path.iterdir()) == []
+
+
+def test_unreadable_block_files_are_named(tmp_path):
+    path = tmp_path / "block_0_0_0.npz"
+    with pytest.raises(BlockResultError, match="not found"):
+        read_block_result(path)
+    path.write_bytes(b"not a zip")
+    with pytest.raises(BlockResultError, match="not a readable block result"):
+        read_block_result(path)
+    np.savez(path, labels=np.zeros((2, 2, 2)))
+    with pytest.raises(BlockResultError, match="missing format_version"):
+        read_block_result(path)
+
+
+def _result(start, stop, labels) -> BlockResult:
+    return BlockResult(Block(start, stop), np.asarray(labels, np.uint32), InferenceStats(), {})
+
+
+def test_stitching_merges_ids_that_share_enough_voxels():
+    # Two blocks along x, volume (1, 2, 6), overlapping at x = 2, 3 (4 voxels). Left: one object.
+    # Right: id 1 has 1 voxel in the overlap, id 2 has 3; left's id 1 has all 4.
+    left = _result((0, 0, 0), (1, 2, 4), np.ones((1, 2, 4)))
+    right = _result((0, 0, 2), (1, 2, 6), [[[1, 2, 1, 1], [2, 2, 1, 1]]])
+    config = BlockConfig((1, 2, 4), (0, 0, 2), min_overlap_voxels=2, min_overlap_fraction=0.5)
+    segmentation, stats = stitch([left, right], (1, 2, 6), config)
+    # Only left 1 / right 2 share >= 2 voxels. Left owns x < 3, right x >= 3 (the overlap is
+    # split in the middle), so x = 3 shows right's id 2, now left's id 1.
+    np.testing.assert_array_equal(segmentation, [[[1, 1, 1, 1, 2, 2], [1, 1, 1, 1, 2, 2]]])
+    assert stats.merges == 1 and stats.objects == 2 and stats.block_objects == 3
+    _, stats = stitch([left, right], (1, 2, 6), dataclasses.replace(config, min_overlap_voxels=4))
+    assert stats.merges == 0 and stats.objects == 3
+
+
+def test_stitching_merges_ids_that_share_enough_of_the_smaller():
+    # In the overlap (x = 2, 3) left's id 1 has 2 voxels and right's id 1 has 2: they share 1,
+    # half of the smaller.
+    left = _result((0, 0, 0), (1, 2, 4), [[[1, 1, 1, 1], [1, 1, 0, 0]]])
+    right = _result((0, 0, 2), (1, 2, 6), [[[1, 0, 1, 1], [1, 0, 1, 1]]])
+    config = BlockConfig((1, 2, 4), (0, 0, 2), min_overlap_voxels=1, min_overlap_fraction=0.5)
+    assert stitch([left, right], (1, 2, 6), config)[1].objects == 1
+    config = dataclasses.replace(config, min_overlap_fraction=0.6)
+    assert stitch([left, right], (1, 2, 6), config)[1].objects == 2
+
+
+def test_blocks_that_do_not_tile_the_volume_are_refused():
+    left = _result((0, 0, 0), (1, 2, 4), np.ones((1, 2, 4)))
+    with pytest.raises(BlockResultError, match="do not form a grid"):
+        stitch([left], (1, 2, 6), BlockConfig((1, 2, 4), (0, 0, 2)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"block_shape_zyx": (16, 0, 16)}, "block_shape_zyx >= 1"),
+        ({"overlap_zyx": (64, 8, 8)}, "overlap_zyx < block_shape_zyx"),
+        ({"min_overlap_fraction": 1.5}, "min_overlap_fraction in"),
+    ],
+)
+def test_bad_block_settings_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        BlockConfig(**kwargs)

@@ -1,0 +1,111 @@
+"""Segmentation scores: zero for a perfect segmentation, hand-computed values for a split and a
+merge, and the watershed baseline."""
+
+import json
+
+import numpy as np
+import pytest
+from test_inference import hand_made_volume
+
+from pipeline.errors import ConfigError, VolumeShapeError
+from pipeline.metrics import SegmentationScores, main, score_segmentation, watershed_baseline
+from pipeline.volumes import write_volumes
+
+# Ten voxels in a row: ground-truth objects 1 and 2 of four voxels each, then two unlabeled ones.
+TRUTH = np.array([1, 1, 1, 1, 2, 2, 2, 2, 0, 0], np.uint64).reshape(1, 1, 10)
+
+
+def row(*ids: int) -> np.ndarray:
+    return np.array(ids, np.uint64).reshape(1, 1, -1)
+
+
+def score(prediction: np.ndarray) -> SegmentationScores:
+    return score_segmentation(prediction, TRUTH, min_overlap_voxels=1, min_overlap_fraction=0.1)
+
+
+def test_identical_segmentations_score_perfectly_whatever_the_ids():
+    _, labels = hand_made_volume()
+    relabeled = np.array([0, 70, 9, 1234], np.uint64)[labels]
+    for prediction in (labels, relabeled):
+        scores = score_segmentation(prediction, labels)
+        assert scores.vi == scores.vi_split == scores.vi_merge == 0
+        assert scores.adapted_rand_error == pytest.approx(0, abs=1e-12)
+        assert scores.split_objects == scores.merged_segments == 0
+        assert scores.gt_objects == scores.segments == 3 and scores.unsegmented_fraction == 0
+
+
+def test_a_split_scores_as_computed_by_hand():
+    # Object 1 is cut in halves (predicted 1 and 2), object 2 is whole (3); the unlabeled voxels
+    # are ignored whatever they are predicted.
+    scores = score(row(1, 1, 2, 2, 3, 3, 3, 3, 7, 8))
+    # VI split = H(pred | truth) = p(1) H(halves) + p(2) * 0 = 0.5 * 1 bit; merge = H(truth | pred) = 0.
+    assert scores.vi_split == pytest.approx(0.5) and scores.vi_merge == pytest.approx(0)
+    # Contingency counts 2, 2, 4 (8 voxels). Ordered pairs together in both: 4 + 4 + 16 - 8 = 16;
+    # in the truth: 16 + 16 - 8 = 24; in the prediction: 4 + 4 + 16 - 8 = 16.
+    # Precision 16 / 16 = 1, recall 16 / 24, error 1 - 16 / (16 / 2 + 24 / 2) = 0.2.
+    assert scores.adapted_rand_precision == pytest.approx(1)
+    assert scores.adapted_rand_recall == pytest.approx(2 / 3)
+    assert scores.adapted_rand_error == pytest.approx(0.2)
+    assert (scores.split_objects, scores.merged_segments) == (1, 0)
+    assert (scores.gt_objects, scores.segments, scores.voxels) == (2, 3, 8)
+
+
+def test_a_merge_scores_as_computed_by_hand():
+    scores = score(row(5, 5, 5, 5, 5, 5, 5, 5, 1, 2))
+    # VI merge = H(truth | pred) = H(1/2, 1/2) = 1 bit; split = 0.
+    assert scores.vi_merge == pytest.approx(1) and scores.vi_split == pytest.approx(0)
+    # Counts 4, 4. Pairs together in both: 16 + 16 - 8 = 24; truth 24; prediction 64 - 8 = 56.
+    # Precision 24 / 56 = 3 / 7, recall 1, error 1 - 24 / (56 / 2 + 24 / 2) = 0.4.
+    assert scores.adapted_rand_precision == pytest.approx(3 / 7)
+    assert scores.adapted_rand_recall == pytest.approx(1)
+    assert scores.adapted_rand_error == pytest.approx(0.4)
+    assert (scores.split_objects, scores.merged_segments) == (0, 1)
+
+
+def test_unsegmented_voxels_are_counted_and_pooled_into_one_segment():
+    scores = score(row(1, 1, 1, 0, 0, 2, 2, 2, 0, 0))
+    assert scores.unsegmented_fraction == pytest.approx(2 / 8)
+    # The two 0s, one of each object, are one segment: a merge for VI, not for the counts.
+    assert scores.vi_merge > 0 and scores.vi_split > 0 and scores.segments == 2
+    assert scores.split_objects == scores.merged_segments == 0
+
+
+def test_small_overlaps_are_not_counted_as_splits_or_merges():
+    scores = score_segmentation(
+        row(1, 1, 1, 2, 2, 2, 2, 2, 0, 0), TRUTH, min_overlap_voxels=2, min_overlap_fraction=0.1
+    )
+    assert scores.split_objects == scores.merged_segments == 0  # one stray voxel only
+    assert scores.vi > 0
+
+
+def test_scores_are_json_ready():
+    record = json.loads(json.dumps(score(TRUTH).to_dict()))
+    assert record["vi"] == 0 and set(record) >= {"vi_split", "vi_merge", "adapted_rand_error"}
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(VolumeShapeError, match="differs from ground truth"):
+        score_segmentation(row(1, 2), TRUTH)
+    with pytest.raises(ConfigError, match="no labeled voxel"):
+        score_segmentation(row(1, 2), row(0, 0))
+
+
+def test_the_watershed_baseline_separates_the_hand_made_objects():
+    raw, labels = hand_made_volume()
+    segmentation = watershed_baseline(raw)
+    assert segmentation.dtype == np.uint64 and segmentation.all()
+    scores = score_segmentation(segmentation, labels)
+    assert scores.vi == pytest.approx(0, abs=1e-9) and scores.segments == 3
+
+
+def test_command_line_scores_a_segmentation_and_the_baseline(tmp_path, capsys):
+    raw, labels = hand_made_volume()
+    volume = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, (20, 10, 10))
+    output = tmp_path / "scores.json"
+    args = ["--segmentation", f"{volume}:labels", "--labels", f"{volume}:labels"]
+    assert main([*args, "--raw", f"{volume}:raw", "--output", str(output)]) == 0
+    scores = json.loads(output.read_text())
+    assert scores["segmentation"]["vi"] == 0 and "watershed" in scores
+    assert "watershed" in capsys.readouterr().out
+    assert main(["--segmentation", f"{volume}:nothing", "--labels", f"{volume}:labels"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")

@@ -1,0 +1,108 @@
+"""Checkpoint selection: the better of two networks wins, the choice is written atomically and
+read back, and bad inputs are named."""
+
+import json
+
+import pytest
+from test_inference import MODEL, bright_weights, hand_made_volume, make_checkpoint
+
+from pipeline.errors import CheckpointError, ConfigError
+from pipeline.inference import InferenceConfig
+from pipeline.selection import (
+    SelectionConfig,
+    chosen_checkpoint,
+    held_out_coordinates,
+    list_checkpoints,
+    main,
+    select_checkpoint,
+    selection_done,
+)
+from pipeline.volumes import LabeledVolume, write_volumes
+
+FAST = SelectionConfig(last_checkpoints=2, held_out_fovs=24)
+
+
+def held_out() -> LabeledVolume:
+    raw, labels = hand_made_volume()
+    return LabeledVolume("hand_made", raw, labels, (20.0, 10.0, 10.0))
+
+
+@pytest.fixture
+def train_dir(tmp_path):
+    """Checkpoints 5 and 10 mark bright voxels as object (the true mask where a FOV shows one
+    object); checkpoint 20 is untrained (it predicts the seed voxel alone)."""
+    run = tmp_path / "run"
+    make_checkpoint(run, 5, bright_weights)
+    make_checkpoint(run, 10, bright_weights)
+    make_checkpoint(run, 20)
+    return run
+
+
+def test_the_better_of_the_last_checkpoints_is_selected(train_dir):
+    path = train_dir / "selection.json"
+    assert not selection_done(path)
+    record = select_checkpoint(train_dir, held_out(), FAST)
+    assert [row["step"] for row in record["candidates"]] == [10, 20]  # the last two
+    scores = {row["step"]: row["fov_f1"] for row in record["candidates"]}
+    assert scores[10] > 0.6 and scores[20] < 0.1, scores
+    assert record["step"] == 10 and record["checkpoint"].endswith("ckpt-10")
+    assert selection_done(path) and json.loads(path.read_text()) == record
+    assert chosen_checkpoint(path) == train_dir / "checkpoints" / "ckpt-10"
+    assert chosen_checkpoint(record["checkpoint"]) == train_dir / "checkpoints" / "ckpt-10"
+
+
+def test_selection_can_also_segment_a_crop(train_dir, tmp_path):
+    config = SelectionConfig(
+        last_checkpoints=1,
+        held_out_fovs=8,
+        vi_crop_zyx=(12, 24, 24),
+        inference=InferenceConfig(min_segment_size=10),
+    )
+    record = select_checkpoint(train_dir, held_out(), config, tmp_path / "choice.json")
+    (row,) = record["candidates"]
+    assert row["step"] == 20 and {"vi", "vi_split", "vi_merge", "adapted_rand_error"} <= set(row)
+    assert selection_done(tmp_path / "choice.json") and not selection_done(train_dir / "x.json")
+
+
+def test_held_out_coordinates_leave_room_for_a_fov():
+    _, labels = hand_made_volume()
+    coords = held_out_coordinates(labels, MODEL, 50, seed=0)
+    assert coords.shape == (50, 3) and labels[tuple(coords.T)].all()
+    assert (coords >= (2, 4, 4)).all() and (coords < (14, 36, 36)).all()
+
+
+def test_a_run_without_checkpoints_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoints"):
+        select_checkpoint(tmp_path, held_out(), FAST)
+    assert list_checkpoints(tmp_path) == []
+
+
+def test_an_incomplete_selection_file_is_not_a_choice(tmp_path):
+    path = tmp_path / "selection.json"
+    path.write_text('{"checkpoint": ')
+    assert not selection_done(path)
+    with pytest.raises(CheckpointError, match="not a complete selection"):
+        chosen_checkpoint(path)
+
+
+def test_command_line_selects_and_reports(train_dir, tmp_path, capsys):
+    raw, labels = hand_made_volume()
+    volume = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels}, (20, 10, 10))
+    args = ["--train-dir", str(train_dir), "--raw", f"{volume}:raw", "--labels", f"{volume}:labels"]
+    assert main([*args, "--held-out-fovs", "8", "--last-checkpoints", "3"]) == 0
+    assert "selected" in capsys.readouterr().out and selection_done(train_dir / "selection.json")
+    assert main([*args, "--criterion", "vi"]) == 2
+    assert capsys.readouterr().err.startswith("error: criterion 'vi' needs vi_crop_zyx")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"last_checkpoints": 0}, "last_checkpoints must be >= 1"),
+        ({"criterion": "loss"}, "criterion must be one of"),
+        ({"vi_crop_zyx": (8, 0, 8)}, "vi_crop_zyx must be"),
+    ],
+)
+def test_bad_selection_settings_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        SelectionConfig(**kwargs)
