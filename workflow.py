@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from parsl.data_provider.files import File
+
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
 from pipeline.blocks import block_path, plan_blocks
@@ -85,15 +87,45 @@ def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
     return launch.command(shlex.join(program))
 
 
-class _FromEarlierRun:
-    """Stands in for a stage left out by --stages: its outputs must exist from an earlier run."""
+# What a stage leaves behind, and which stages' outputs it reads: --stages checks these first.
+_STAGE_OUTPUTS = {
+    "stage": [_LAYOUT["train_volume"], _LAYOUT["eval_volume"]],
+    "preprocess": [_LAYOUT["coordinates"]],
+    "train": [_LAYOUT["train_summary"]],
+    "select": [_LAYOUT["selection"]],
+    "infer": [_LAYOUT["blocks_dir"]],
+    "stitch": [_LAYOUT["segmentation"]],
+}
+_STAGE_INPUTS = {
+    "preprocess": ["stage"],
+    "train": ["stage", "preprocess"],
+    "select": ["stage", "train"],
+    "infer": ["stage", "select"],
+    "stitch": ["stage", "infer"],
+    "evaluate": ["stage", "stitch"],
+    "export": ["stage", "stitch"],
+}
 
-    def __init__(self, stage: str, outputs: list):
-        missing = [f.filepath for f in outputs if not Path(f.filepath).exists()]
-        if missing:
-            raise FFNError(
-                f"--stages leaves out {stage!r}, but its output {missing[0]} does not exist; run it too"
-            )
+
+def check_stage_inputs(stages: frozenset[str], root: Path) -> None:
+    """Every stage left out by --stages whose outputs a selected stage reads must have left them."""
+    for stage in STAGES:
+        for needed in _STAGE_INPUTS.get(stage, []) if stage in stages else []:
+            missing = [
+                p
+                for p in _STAGE_OUTPUTS[needed]
+                if needed not in stages and not (root / p).exists()
+            ]
+            if missing:
+                raise FFNError(
+                    f"--stages leaves out {needed!r}, but {stage!r} needs its output {root / missing[0]}; run it too"
+                )
+
+
+class _FromEarlierRun:
+    """Stands in for a stage left out by --stages (check_stage_inputs made sure its outputs exist)."""
+
+    def __init__(self, outputs: list):
         self.outputs = outputs
 
 
@@ -106,7 +138,7 @@ class _Submitter:
 
     def __call__(self, stage: str, app, *args, outputs: list, **kwargs):
         if stage not in self.selected:
-            return _FromEarlierRun(stage, outputs)
+            return _FromEarlierRun(outputs)
         future = app(*args, outputs=outputs, **kwargs)
         self.futures.setdefault(stage, []).append(future)
         return future
@@ -116,8 +148,6 @@ def build_dag(
     config: RunConfig, paths: RunPaths, site, stages: frozenset[str] = frozenset(STAGES)
 ) -> dict:
     """Submit the stages; returns {stage name: futures}. Parsl runs them as their inputs resolve."""
-    from parsl.data_provider.files import File
-
     from apps.evaluate import evaluate
     from apps.export import export
     from apps.infer import infer_block
@@ -275,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    stages = frozenset(args.stages or STAGES)
+    check_stage_inputs(stages, paths.root)  # before any worker starts
     paths.root.mkdir(parents=True, exist_ok=True)
     config_io.save_json(paths.config, config)
     if args.resume:
@@ -283,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[workflow] resuming: {last_run_summary(paths.root / 'monitoring.db')}")
     parsl.load(site.make_config(paths.root))
     try:
-        futures = build_dag(config, paths, site, frozenset(args.stages or STAGES))
+        futures = build_dag(config, paths, site, stages)
         states = _watch(futures, paths)
         failures = [f for fs in futures.values() for f in fs if f.exception() is not None]
     finally:

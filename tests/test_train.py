@@ -127,7 +127,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(training_data, tmp_path):
 
 
 def test_same_seed_gives_the_same_loss_curve(training_data, tmp_path):
-    flags = ("--max-steps", "12", "--log-every-steps", "1", "--deterministic", "--seed", "5")
+    flags = ("--max-steps", "6", "--log-every-steps", "1", "--deterministic", "--seed", "5")
     train(training_data, tmp_path / "a", *flags)
     train(training_data, tmp_path / "b", *flags)
     train(training_data, tmp_path / "c", *flags[:-1], "6")

@@ -137,4 +137,4 @@ def test_stages_left_out_must_have_their_outputs(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "--stages leaves out 'stage', but its output" in done.stderr
+    assert "--stages leaves out 'stage', but 'train' needs its output" in done.stderr
