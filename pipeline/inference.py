@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 from scipy import ndimage
 from skimage.feature import peak_local_max
 from tqdm import tqdm
@@ -225,8 +226,9 @@ class _Canvas:
         self.quantum = np.maximum(np.array(model.deltas_zyx), 1)  # as the training trajectories
         self.logits = np.full(image.shape, np.nan, np.float32)
         self.segmentation = np.zeros(image.shape, np.uint64)
-        self.move_logit = logit(config.move_threshold)
-        self.segment_logit = logit(config.segment_threshold)
+        # float32 like the canvas, so a seed at move_threshold compares as equal, not below.
+        self.move_logit = np.float32(logit(config.move_threshold))
+        self.segment_logit = np.float32(logit(config.segment_threshold))
         self.pad_logit = np.float32(logit(config.pad_probability))
         self.counts: Counter[str] = Counter()
 
@@ -388,7 +390,7 @@ def segment(
     raw: np.ndarray,
     predict: Predictor,
     model: ModelConfig,
-    config: InferenceConfig = InferenceConfig(),
+    config: InferenceConfig | None = None,
     *,
     progress: bool = False,
 ) -> tuple[np.ndarray, InferenceStats]:
@@ -397,6 +399,7 @@ def segment(
     Deterministic: the same inputs and a deterministic predictor give the same segmentation.
     """
     _check_raw(raw, model)
+    config = config or InferenceConfig()
     started = time.perf_counter()
     seeds = seed_peaks(raw, config, np.array(model.fov_shape_zyx) // 2)
     canvas = _Canvas(normalize_image(raw, model), predict, model, config)
@@ -421,10 +424,8 @@ def segment(
 # The network as a predictor
 
 
-def make_model_predictor(model) -> Predictor:
+def make_model_predictor(model: tf.keras.Model) -> Predictor:
     """Wrap a Keras FFN model (inference mode, one traced graph for every batch size)."""
-    import tensorflow as tf
-
     spec = tf.TensorSpec((None, *model.inputs[0].shape[1:]), tf.float32)
 
     @tf.function(input_signature=[spec, spec], autograph=False)  # no Python control flow

@@ -148,7 +148,7 @@ class WatershedConfig:
             raise ConfigError(f"marker_h must be > 0, got {self.marker_h}")
 
 
-def watershed_baseline(raw: np.ndarray, config: WatershedConfig = WatershedConfig()) -> np.ndarray:
+def watershed_baseline(raw: np.ndarray, config: WatershedConfig | None = None) -> np.ndarray:
     """Seeded watershed of a (z, y, x) uint8 image: uint64 ids 1..N, every voxel assigned.
 
     Markers are the h-maxima of the distance to FFN's edges (plain peaks, as FFN seeds from, give
@@ -157,6 +157,7 @@ def watershed_baseline(raw: np.ndarray, config: WatershedConfig = WatershedConfi
     """
     if raw.ndim != 3:
         raise VolumeShapeError(f"raw image must be 3-D (z, y, x), got shape {raw.shape}")
+    config = config or WatershedConfig()
     markers, _ = ndimage.label(h_maxima(edge_distance(raw, config.edges), config.marker_h))
     landscape = -ndimage.gaussian_filter(raw.astype(np.float32), config.smoothing_sigma_zyx)
     return watershed(landscape, markers).astype(np.uint64)

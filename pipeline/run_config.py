@@ -30,7 +30,7 @@ def _demo_train() -> TrainConfig:
     return TrainConfig(
         model=ModelConfig(depth=5, features=16),
         batch_size=2,  # per rank
-        max_steps=1500,
+        max_steps=1000,
         log_every_steps=50,
         checkpoint_every_steps=250,
     )

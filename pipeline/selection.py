@@ -129,11 +129,12 @@ def _central_crop(shape: Sequence[int], crop: Sequence[int]) -> tuple[slice, ...
 def select_checkpoint(
     train_dir: str | Path,
     volume: LabeledVolume,
-    config: SelectionConfig = SelectionConfig(),
+    config: SelectionConfig | None = None,
     output: str | Path | None = None,
 ) -> dict:
     """Score the last `config.last_checkpoints` checkpoints of `train_dir` on the held-out
     `volume`, write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
+    config = config or SelectionConfig()
     candidates = list_checkpoints(train_dir)[-config.last_checkpoints :]
     if not candidates:
         raise CheckpointError(f"{train_dir}: no checkpoints (checkpoints/ckpt-N.index)")

@@ -123,8 +123,9 @@ def make_checkpoint(train_dir, step: int, weights=None, model: ModelConfig = MOD
         CONFIG,
         dataclasses.replace(CONFIG, batch_size=4),
         dataclasses.replace(CONFIG, consistency_check=True),
+        dataclasses.replace(CONFIG, move_threshold=CONFIG.seed_probability),
     ],
-    ids=["fov-by-fov", "batched", "consistency-check"],
+    ids=["fov-by-fov", "batched", "consistency-check", "move-threshold-at-seed"],
 )
 def test_perfect_network_segments_the_hand_made_volume_exactly(config):
     raw, labels = hand_made_volume()
