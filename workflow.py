@@ -84,6 +84,8 @@ def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
         "--coordinates", str(paths.coordinates), "--train-dir", str(paths.train_dir),
         "--config", str(train_config), "--intra-op-threads", str(launch.threads_per_rank),
     ]  # fmt: skip
+    if config.train_init_from:
+        program += ["--init-from", str(Path(config.train_init_from).resolve())]
     return launch.command(shlex.join(program))
 
 
@@ -144,26 +146,16 @@ class _Submitter:
         return future
 
 
-def build_dag(
-    config: RunConfig, paths: RunPaths, site, stages: frozenset[str] = frozenset(STAGES)
-) -> dict:
-    """Submit the stages; returns {stage name: futures}. Parsl runs them as their inputs resolve."""
-    from apps.evaluate import evaluate
-    from apps.export import export
-    from apps.infer import infer_block
+def _submit_training(config: RunConfig, paths: RunPaths, site, submit: _Submitter, eval_volume):
+    """Stage the training volume, preprocess, train, select; returns the selection's future."""
     from apps.preprocess import preprocess
     from apps.select import select_checkpoint
     from apps.stage import stage_volume
-    from apps.stitch import stitch
     from apps.train import train
 
-    submit = _Submitter(stages)
     data = config_io.to_dict(config.data)
     train_volume = submit(
         "stage", stage_volume, data, "train", outputs=[File(str(paths.train_volume))]
-    )
-    eval_volume = submit(
-        "stage", stage_volume, data, "eval", outputs=[File(str(paths.eval_volume))]
     )
     coords = submit(
         "preprocess", preprocess, config_io.to_dict(config.partitions_for_training()),
@@ -179,10 +171,33 @@ def build_dag(
         parsl_resource_specification=launch.resource_specification,
     )  # fmt: skip
     scored_on = eval_volume if _eval_has_labels(config) else train_volume
-    selected = submit(
+    return submit(
         "select", select_checkpoint, str(paths.train_dir), config_io.to_dict(config.selection),
         inputs=[trained.outputs[0], scored_on.outputs[0]], outputs=[File(str(paths.selection))],
     )  # fmt: skip
+
+
+def build_dag(
+    config: RunConfig, paths: RunPaths, site, stages: frozenset[str] = frozenset(STAGES)
+) -> dict:
+    """Submit the stages; returns {stage name: futures}. Parsl runs them as their inputs resolve.
+
+    With a pretrained model there is no training: its checkpoint is written as the selection."""
+    from apps.evaluate import evaluate
+    from apps.export import export
+    from apps.infer import infer_block
+    from apps.stage import stage_volume
+    from apps.stitch import stitch
+
+    submit = _Submitter(stages)
+    data = config_io.to_dict(config.data)
+    eval_volume = submit(
+        "stage", stage_volume, data, "eval", outputs=[File(str(paths.eval_volume))]
+    )
+    if config.pretrained_model:  # run() wrote its selection.json
+        selected = _FromEarlierRun([File(str(paths.selection))])
+    else:
+        selected = _submit_training(config, paths, site, submit, eval_volume)
     blocks = [
         submit(
             "infer",
@@ -223,6 +238,14 @@ def _eval_has_labels(config: RunConfig) -> bool:
 def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
     from site_configs import describe
 
+    if config.pretrained_model:
+        blocks = plan_blocks(_eval_shape(config), config.blocks)
+        return "\n".join([
+            f"run {config.name} in {paths.root}: inference only with {config.pretrained_model}",
+            f"  stage      -> {paths.eval_volume}",
+            f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel",
+            "  stitch, evaluate (with labels), export, report", describe(site.SITE, paths.root),
+        ])  # fmt: skip
     launch = site.SITE.mpi_launch(config.train_nodes)
     blocks = plan_blocks(_eval_shape(config), config.blocks)
     lines = [
@@ -306,6 +329,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     stages = frozenset(args.stages or STAGES)
+    if config.pretrained_model:  # inference only: the model's checkpoint is the selection
+        from pipeline.pretrained import write_pretrained_selection
+
+        write_pretrained_selection(config.pretrained_model, paths.selection)
+        stages = stages - {"preprocess", "train", "select"}
     check_stage_inputs(stages, paths.root)  # before any worker starts
     paths.root.mkdir(parents=True, exist_ok=True)
     config_io.save_json(paths.config, config)

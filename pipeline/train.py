@@ -87,6 +87,7 @@ class TrainInputs:
     labels: str
     coordinates: str  # .npz from pipeline.partitions
     train_dir: str
+    init_from: str = ""  # start from these weights (pipeline.pretrained folder, ckpt-N, or TF1)
 
 
 def training_complete(train_dir: str | Path, max_steps: int) -> bool:
@@ -187,6 +188,12 @@ def run_training(
             raise CheckpointError(
                 f"{manager.latest_checkpoint}: does not match this model ({exc})"
             ) from None
+    elif inputs.init_from:  # fine-tuning: weights only; step 0, fresh Adam state, warm-up again
+        from pipeline.pretrained import load_pretrained_weights
+
+        used = load_pretrained_weights(model, inputs.init_from)
+        if lead:
+            print(f"[train] initialised weights from {used}", flush=True)
     # Rank 0's state wins everywhere: identical start, even if ranks saw different files.
     hvd.broadcast_variables(model.variables + optimizer.variables + [step], root_rank=0)
     resumed_from = int(step.numpy())
@@ -302,6 +309,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", help="JSON or TOML file of TrainConfig settings; flags override it"
     )
+    parser.add_argument(
+        "--init-from", default="", help="fine-tune from these weights (ignored on resume)"
+    )
     config_io.add_arguments(parser, TrainConfig)
     return parser
 
@@ -322,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = load_train_config(args.config) if args.config else TrainConfig()
         config = config_io.from_arguments(TrainConfig, args, base)
-        inputs = TrainInputs(args.raw, args.labels, args.coordinates, args.train_dir)
+        inputs = TrainInputs(
+            args.raw, args.labels, args.coordinates, args.train_dir, args.init_from
+        )
         summary = run_training(inputs, config)
     except FFNError as exc:
         print(f"error: {exc}", file=sys.stderr)

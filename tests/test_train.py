@@ -161,3 +161,14 @@ def test_threads_can_be_set_per_rank(training_data, tmp_path):
     )
     assert json.loads((tmp_path / "config.json").read_text())["config"]["intra_op_threads"] == 1
     assert env == os.environ
+
+
+def test_fine_tuning_starts_from_given_weights_with_a_fresh_optimizer(training_data, tmp_path):
+    train(training_data, tmp_path / "base", "--max-steps", "4", "--checkpoint-every-steps", "4")
+    done = train(
+        training_data, tmp_path / "tuned", "--max-steps", "3",
+        "--init-from", str(tmp_path / "base" / "checkpoints" / "ckpt-4"),
+    )  # fmt: skip
+    assert "[train] initialised weights from" in done.stdout
+    summary = json.loads((tmp_path / "tuned" / "train_summary.json").read_text())
+    assert summary["step"] == 3 and summary["optimizer_iterations"] == 3  # Adam starts afresh
