@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--overlap", type=int, nargs=3, default=(16, 32, 32), metavar=("Z", "Y", "X"))
     add("--inference-batch-size", type=int, default=1)
     add("--min-segment-size", type=int, default=100)
+    add("--seed-passes", type=int, default=InferenceConfig().seed_passes)
+    add("--keep-background", action="store_true", help="FFN's rule; off in the demo")
     return parser
 
 
@@ -143,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     timings["selection_s"] = time.perf_counter() - start
 
     inference = InferenceConfig(
-        batch_size=args.inference_batch_size, min_segment_size=args.min_segment_size
+        batch_size=args.inference_batch_size,
+        min_segment_size=args.min_segment_size,
+        seed_passes=args.seed_passes,
+        keep_background=args.keep_background,
     )
     blocks = BlockConfig(block_shape_zyx=tuple(args.block_shape), overlap_zyx=tuple(args.overlap))
     # A fresh blocks dir per run, so the timing is of this run's inference.

@@ -8,7 +8,9 @@ exists) means finished, and a restarted run skips finished blocks.
 
 `stitch` reconciles the blocks' ids: in the region where two blocks overlap, two objects are the
 same when they share at least `min_overlap_voxels` voxels and at least `min_overlap_fraction` of
-the smaller one's voxels there. The merge graph's connected components become the global ids.
+their union there (intersection over union): an object that one block merged does not swallow
+every smaller object of its neighbour, which a share of the smaller one would let it do. The
+merge graph's connected components become the global ids.
 Each voxel takes its label from the block whose centre is nearest along each axis (the overlap is
 split in the middle), because FFN is least reliable near a block's border where FOVs cannot be
 centred; where that block found no object, from any other block that did.
@@ -51,7 +53,7 @@ class BlockConfig:
     block_shape_zyx: ZYX = (64, 128, 128)
     overlap_zyx: ZYX = (16, 32, 32)  # at least; about one FOV, so both blocks see context
     min_overlap_voxels: int = 50
-    min_overlap_fraction: float = 0.5
+    min_overlap_fraction: float = 0.5  # intersection over union, in the overlap region
 
     def __post_init__(self) -> None:
         shape, overlap = tuple(self.block_shape_zyx), tuple(self.overlap_zyx)
@@ -246,10 +248,8 @@ def _agreeing_pairs(
     pair_a, pair_b = keys // base, keys % base
     ids_a, size_a = np.unique(a[a > 0], return_counts=True)
     ids_b, size_b = np.unique(b[b > 0], return_counts=True)
-    smaller = np.minimum(
-        size_a[np.searchsorted(ids_a, pair_a)], size_b[np.searchsorted(ids_b, pair_b)]
-    )
-    keep = (shared >= config.min_overlap_voxels) & (shared >= config.min_overlap_fraction * smaller)
+    union = size_a[np.searchsorted(ids_a, pair_a)] + size_b[np.searchsorted(ids_b, pair_b)] - shared
+    keep = (shared >= config.min_overlap_voxels) & (shared >= config.min_overlap_fraction * union)
     return pair_a[keep], pair_b[keep]
 
 

@@ -1,19 +1,21 @@
 """Flood-filling inference: grow one object at a time from seed points, as google-research/ffn.
 
-For every seed (peaks of the distance to the nearest image edge, innermost first) that is not yet
-part of an object, the network runs on a FOV centred on the seed, with the object mask ("seed")
-initialised to logit(0.95) at the seed and logit(0.05) where nothing was predicted yet. Its logits
-are written back into a per-object canvas and the FOV moves by `deltas` toward every face of the
-central box predicted above the move threshold (`pipeline.movement`), breadth first, until no move
-is left. Voxels with probability >= the segment threshold that no earlier object owns become the
-new object, unless it is smaller than `min_segment_size`.
+For every seed (peaks of the distance to the nearest image edge, innermost first; in later
+passes, peaks of what the earlier passes left unsegmented) that is not yet part of an object, the
+network runs on a FOV centred on the seed, with the object mask ("seed") initialised to
+logit(0.95) at the seed and logit(0.05) where nothing was predicted yet. Its logits are written
+back into a per-object canvas and the FOV moves by `deltas` toward every face of the central box
+predicted above the move threshold (`pipeline.movement`), breadth first, until no move is left.
+Voxels with probability >= the segment threshold that no earlier object owns become the new
+object, unless it is smaller than `min_segment_size`.
 
 FFN's safeguards are kept: a voxel once predicted outside the object (p < 0.5) cannot be raised
-again by a later FOV (a bias toward splits, which are cheaper to fix than merges); the FOV never
-centres on a voxel that an earlier object owns; an object whose seed voxel drops below the move
-threshold is discarded. Added here: a move that would take the FOV past the volume's border stops
-at the border, so objects are followed up to it; a cap on FOV evaluations per object (a runaway merger stops
-growing) and an optional consistency check that floods again from the object's innermost voxel.
+again by a later FOV (a bias toward splits, which are cheaper to fix than merges; can be turned
+off with `keep_background`); the FOV never centres on a voxel that an earlier object owns; an
+object whose seed voxel drops below the move threshold is discarded. Added here: a move that would
+take the FOV past the volume's border stops at the border, so objects are followed up to it; a cap
+on FOV evaluations per object (a runaway merger stops growing) and an optional consistency check
+that floods again from the object's innermost voxel.
 
 Batching: with `batch_size` > 1, up to that many queued FOVs of the same object that do not
 overlap are evaluated in one call, in queue order. Non-overlapping FOVs neither read nor write the
@@ -77,12 +79,19 @@ class InferenceConfig:
     max_fov_evaluations_per_object: int = 5000
     batch_size: int = 1  # non-overlapping FOVs of one object evaluated together
     consistency_check: bool = False  # flood again from the object's innermost voxel
+    # FFN's bias toward splits: a voxel once predicted outside the object (p < 0.5) stays outside.
+    # A briefly trained network is unsure near the FOV's faces; locking those voxels out leaves
+    # holes that later FOVs cannot fill (measured in BENCHMARKS.md), so the demo turns it off.
+    keep_background: bool = True
     consistency_min_iou: float = 0.5  # ... keep the intersection if the masks agree this well
     # Seed policy (FFN's PolicyPeaks): edges where the gradient of the smoothed image beats its
     # neighbourhood's mean; seeds at local maxima of the distance to the nearest edge.
     seed_smoothing_sigma_zyx: tuple[float, float, float] = (0.5, 1.0, 1.0)
     seed_threshold_sigma: float = 49 / 6
     seed_min_distance: int = 3
+    # Later passes seed the peaks of what earlier passes left unsegmented (segmented voxels count
+    # as edges); a pass that adds no object ends the search.
+    seed_passes: int = 3
 
     def __post_init__(self) -> None:
         if not 0 < self.pad_probability < self.seed_probability < 1:
@@ -92,7 +101,12 @@ class InferenceConfig:
                 raise ConfigError(f"{name} must be in (0, 1), got {getattr(self, name)}")
         if self.move_threshold > self.seed_probability:
             raise ConfigError("move_threshold above seed_probability: no seed could ever move")
-        for name in ("min_segment_size", "max_fov_evaluations_per_object", "batch_size"):
+        for name in (
+            "min_segment_size",
+            "max_fov_evaluations_per_object",
+            "batch_size",
+            "seed_passes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seed_min_distance < 1 or self.seed_threshold_sigma <= 0:
@@ -113,7 +127,8 @@ class InferenceStats:
 
     voxels: int = 0
     seconds: float = 0.0
-    seeds: int = 0  # peaks the seed policy found
+    seeds: int = 0  # peaks the seed policy found, over all passes
+    seed_passes: int = 0  # passes of the seed policy run
     seeds_tried: int = 0  # ... that started a flood (the others were inside or next to an object)
     fov_evaluations: int = 0
     batches: int = 0  # predictor calls
@@ -145,8 +160,8 @@ class InferenceStats:
 # Seeds
 
 
-def edge_distance(raw: np.ndarray, config: InferenceConfig) -> np.ndarray:
-    """Distance (voxels) from every voxel to the nearest edge of the image, float32.
+def edge_map(raw: np.ndarray, config: InferenceConfig) -> np.ndarray:
+    """Voxels on an edge of the image, bool.
 
     FFN's PolicyPeaks: an edge is a voxel whose Sobel gradient magnitude beats the Gaussian mean
     of the magnitude around it (an adaptive threshold). The image is smoothed first so that noise
@@ -154,22 +169,19 @@ def edge_distance(raw: np.ndarray, config: InferenceConfig) -> np.ndarray:
     """
     image = ndimage.gaussian_filter(raw.astype(np.float32), config.seed_smoothing_sigma_zyx)
     gradient = ndimage.generic_gradient_magnitude(image, ndimage.sobel)
-    edges = gradient > ndimage.gaussian_filter(gradient, config.seed_threshold_sigma)
-    return ndimage.distance_transform_edt(~edges).astype(np.float32)
+    return gradient > ndimage.gaussian_filter(gradient, config.seed_threshold_sigma)
 
 
-def seed_peaks(raw: np.ndarray, config: InferenceConfig, margin_zyx: Sequence[int]) -> np.ndarray:
-    """Seed points, (N, 3) int64 zyx: local maxima of `edge_distance`, innermost first, at least
-    `margin_zyx` (the FOV's radius) from the border so that a FOV fits around each.
+def edge_distance(raw: np.ndarray, config: InferenceConfig) -> np.ndarray:
+    """Distance (voxels) from every voxel to the nearest edge of the image, float32."""
+    return ndimage.distance_transform_edt(~edge_map(raw, config)).astype(np.float32)
 
-    FFN visits its peaks in raster order; starting from the voxels farthest from any edge lets the
-    most certain objects claim their voxels first, and the order does not depend on the volume's
-    orientation.
-    """
-    distance = edge_distance(raw, config)
+
+def _peaks(distance: np.ndarray, config: InferenceConfig, margin_zyx: Sequence[int]) -> np.ndarray:
+    """Local maxima of `distance` at least `margin_zyx` from the border, innermost first."""
     # Plateaus of equal distance would give runs of peaks; tiny fixed noise picks one of each.
     noise = np.random.default_rng(PEAK_NOISE_SEED).random(distance.shape, dtype=np.float32)
-    distance += noise * np.float32(1e-3)
+    distance = distance + noise * np.float32(1e-3)
     interior = tuple(slice(m, s - m) for m, s in zip(margin_zyx, distance.shape, strict=True))
     peaks = peak_local_max(
         distance[interior],
@@ -180,6 +192,27 @@ def seed_peaks(raw: np.ndarray, config: InferenceConfig, margin_zyx: Sequence[in
     peaks += np.array(margin_zyx)
     order = np.argsort(-distance[tuple(peaks.T)], kind="stable")
     return peaks[order].astype(np.int64)
+
+
+def seed_peaks(
+    raw: np.ndarray,
+    config: InferenceConfig,
+    margin_zyx: Sequence[int],
+    segmented: np.ndarray | None = None,
+) -> np.ndarray:
+    """Seed points, (N, 3) int64 zyx: local maxima of the distance to the nearest edge,
+    innermost first, at least `margin_zyx` (the FOV's radius) from the border so that a FOV fits
+    around each. Voxels of `segmented` (bool) count as edges: later passes seed what is left.
+
+    FFN visits its peaks in raster order; starting from the voxels farthest from any edge lets the
+    most certain objects claim their voxels first, and the order does not depend on the volume's
+    orientation.
+    """
+    edges = edge_map(raw, config)
+    if segmented is not None:
+        edges |= segmented
+    distance = ndimage.distance_transform_edt(~edges).astype(np.float32)
+    return _peaks(distance, config, margin_zyx)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,8 +334,8 @@ class _Canvas:
                 evaluations += 1
                 box = self._fov(pos)
                 old = logits[box]
-                # FFN's bias toward splits: once below 0.5, a voxel cannot rise (NaN compares False).
-                np.copyto(prediction, old, where=(old < 0) & (prediction > old))
+                if config.keep_background:  # NaN (not predicted yet) compares False
+                    np.copyto(prediction, old, where=(old < 0) & (prediction > old))
                 logits[box] = prediction
                 low, high = np.minimum(low, pos), np.maximum(high, pos)
                 for _, offset in scored_move_offsets(
@@ -401,20 +434,34 @@ def segment(
     _check_raw(raw, model)
     config = config or InferenceConfig()
     started = time.perf_counter()
-    seeds = seed_peaks(raw, config, np.array(model.fov_shape_zyx) // 2)
+    margin = np.array(model.fov_shape_zyx) // 2
     canvas = _Canvas(normalize_image(raw, model), predict, model, config)
-    with tqdm(seeds, desc="flood fill", unit="seed", disable=not progress) as bar:
-        for seed in bar:
-            canvas.try_seed(tuple(int(s) for s in seed))
-            bar.set_postfix(
-                objects=canvas.counts["objects"],
-                fovs=canvas.counts["fov_evaluations"],
-                refresh=False,
-            )
+    tried: set[tuple[int, ...]] = set()
+    with tqdm(desc="flood fill", unit="seed", disable=not progress) as bar:
+        for _ in range(config.seed_passes):
+            segmented = None if not tried else canvas.segmentation > 0
+            seeds = [
+                tuple(int(s) for s in seed) for seed in seed_peaks(raw, config, margin, segmented)
+            ]
+            seeds = [seed for seed in seeds if seed not in tried]
+            canvas.counts["seed_passes"] += 1
+            canvas.counts["seeds"] += len(seeds)
+            objects_before = canvas.counts["objects"]
+            bar.total = (bar.total or 0) + len(seeds)
+            for seed in seeds:
+                tried.add(seed)
+                canvas.try_seed(seed)
+                bar.update()
+                bar.set_postfix(
+                    objects=canvas.counts["objects"],
+                    fovs=canvas.counts["fov_evaluations"],
+                    refresh=False,
+                )
+            if canvas.counts["objects"] == objects_before:
+                break
     stats = InferenceStats(
         voxels=int(raw.size),
         seconds=time.perf_counter() - started,
-        seeds=len(seeds),
         **canvas.counts,
     )
     return canvas.segmentation, stats

@@ -165,15 +165,27 @@ def test_stitching_merges_ids_that_share_enough_voxels():
     assert stats.merges == 0 and stats.objects == 3
 
 
-def test_stitching_merges_ids_that_share_enough_of_the_smaller():
+def test_stitching_merges_ids_whose_overlap_is_enough_of_their_union():
     # In the overlap (x = 2, 3) left's id 1 has 2 voxels and right's id 1 has 2: they share 1,
-    # half of the smaller.
+    # a third of their union.
     left = _result((0, 0, 0), (1, 2, 4), [[[1, 1, 1, 1], [1, 1, 0, 0]]])
     right = _result((0, 0, 2), (1, 2, 6), [[[1, 0, 1, 1], [1, 0, 1, 1]]])
-    config = BlockConfig((1, 2, 4), (0, 0, 2), min_overlap_voxels=1, min_overlap_fraction=0.5)
+    config = BlockConfig((1, 2, 4), (0, 0, 2), min_overlap_voxels=1, min_overlap_fraction=0.33)
     assert stitch([left, right], (1, 2, 6), config)[1].objects == 1
-    config = dataclasses.replace(config, min_overlap_fraction=0.6)
+    config = dataclasses.replace(config, min_overlap_fraction=0.34)
     assert stitch([left, right], (1, 2, 6), config)[1].objects == 2
+
+
+def test_an_object_merged_in_one_block_does_not_swallow_its_neighbours_objects():
+    # Left saw one object where right saw two; each of right's lies wholly inside left's (all of
+    # the smaller one is shared) but is only half of their union: nothing is joined.
+    left = _result((0, 0, 0), (1, 2, 4), np.ones((1, 2, 4)))
+    right = _result((0, 0, 2), (1, 2, 6), [[[1, 2, 1, 2], [1, 2, 1, 2]]])
+    config = BlockConfig((1, 2, 4), (0, 0, 2), min_overlap_voxels=1, min_overlap_fraction=0.6)
+    segmentation, stats = stitch([left, right], (1, 2, 6), config)
+    assert stats.merges == 0 and stats.objects == 3
+    # Left owns x < 3, right x >= 3: three ids, none of them shared.
+    assert len(set(segmentation[0, 0, :3])) == 1 and len(set(segmentation[0, 0])) == 3
 
 
 def test_blocks_that_do_not_tile_the_volume_are_refused():

@@ -29,7 +29,7 @@ from pipeline.inference import (
     seed_peaks,
     segment,
 )
-from pipeline.model import ModelConfig, build_model
+from pipeline.model import ModelConfig, build_model, logit
 from pipeline.train import TrainConfig
 from pipeline.volumes import write_volumes
 
@@ -149,6 +149,56 @@ def test_seeds_are_inside_objects_and_innermost_first():
     np.testing.assert_array_equal(seed_peaks(raw, CONFIG, (2, 4, 4)), seeds)
 
 
+def assert_no_merges(segmentation: np.ndarray, labels: np.ndarray) -> None:
+    for k in np.unique(segmentation[segmentation > 0]):
+        assert len(np.unique(labels[segmentation == k])) == 1, f"segment {k} merges objects"
+
+
+def test_later_seed_passes_fill_what_the_first_left():
+    """Floods cut short after one FOV leave most of each object unsegmented; later passes seed
+    the peaks of what is left (segmented voxels count as edges) until a pass adds nothing."""
+    raw, labels = hand_made_volume()
+    short = dataclasses.replace(CONFIG, max_fov_evaluations_per_object=1)
+    one, first = segment(raw, stand_in_predictor, MODEL, dataclasses.replace(short, seed_passes=1))
+    many, stats = segment(
+        raw, stand_in_predictor, MODEL, dataclasses.replace(short, seed_passes=50)
+    )
+    assert first.seed_passes == 1 and 1 < stats.seed_passes < 50
+    assert stats.seeds > first.seeds and stats.objects > first.objects
+    assert np.count_nonzero(many) > 2 * np.count_nonzero(one)
+    np.testing.assert_array_equal(many[one > 0], one[one > 0])  # the first pass's objects stay
+    assert_no_merges(many, labels)
+
+
+def shell_blind_predictor(images: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """The stand-in network, wrong on the FOV's outermost voxels where nothing was predicted yet
+    (it calls them background), as a briefly trained network is unsure at the faces of new
+    ground."""
+    logits = stand_in_predictor(images, seeds)
+    shell = np.zeros(images.shape, bool)
+    for axis in (1, 2, 3):
+        edge = [slice(None)] * 5
+        edge[axis] = [0, -1]
+        shell[tuple(edge)] = True
+    unseen = np.isclose(seeds, logit(CONFIG.pad_probability))
+    logits[shell & unseen] = -5.0
+    return logits
+
+
+def test_keep_background_locks_in_what_a_fov_face_got_wrong():
+    raw, labels = hand_made_volume()
+    model = dataclasses.replace(MODEL, deltas_zyx=(1, 2, 2))  # neighbours see the faces inside
+    kept, _ = segment(raw, shell_blind_predictor, model, CONFIG)  # FFN's rule
+    free, _ = segment(
+        raw, shell_blind_predictor, model, dataclasses.replace(CONFIG, keep_background=False)
+    )
+    # With the rule, every FOV face predicted stays a hole; without it the next FOV fills it.
+    assert np.count_nonzero(kept) < 0.7 * np.count_nonzero(labels)
+    assert np.count_nonzero(free) > 0.9 * np.count_nonzero(labels)
+    assert_no_merges(kept, labels)
+    assert_no_merges(free, labels)
+
+
 def test_objects_below_the_minimum_size_are_dropped():
     raw, labels = hand_made_volume()
     smallest = min(np.count_nonzero(labels == k) for k in (1, 2, 3))
@@ -160,7 +210,9 @@ def test_objects_below_the_minimum_size_are_dropped():
 
 def test_runaway_objects_stop_at_the_fov_budget():
     raw, _ = hand_made_volume()
-    config = dataclasses.replace(CONFIG, max_fov_evaluations_per_object=2, min_segment_size=1)
+    config = dataclasses.replace(
+        CONFIG, max_fov_evaluations_per_object=2, min_segment_size=1, seed_passes=1
+    )
     _, stats = segment(raw, stand_in_predictor, MODEL, config)
     assert stats.objects_truncated == stats.objects > 0
     assert stats.fov_evaluations <= 2 * stats.seeds_tried
@@ -206,6 +258,7 @@ def test_bad_images_are_refused(raw, error):
         ({"move_threshold": 0.97}, "above seed_probability"),
         ({"pad_probability": 0.99}, "pad_probability < seed_probability"),
         ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"seed_passes": 0}, "seed_passes must be >= 1"),
         ({"min_boundary_distance_zyx": (1, -1, 1)}, "min_boundary_distance_zyx"),
     ],
 )
