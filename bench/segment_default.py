@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--inference-batch-size", type=int, default=1)
     add("--min-segment-size", type=int, default=100)
     add("--seed-passes", type=int, default=InferenceConfig().seed_passes)
-    add("--keep-background", action="store_true", help="FFN's rule; off in the demo")
+    add("--no-keep-background", action="store_true", help="turn FFN's keep_background rule off")
     return parser
 
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.inference_batch_size,
         min_segment_size=args.min_segment_size,
         seed_passes=args.seed_passes,
-        keep_background=args.keep_background,
+        keep_background=not args.no_keep_background,
     )
     blocks = BlockConfig(block_shape_zyx=tuple(args.block_shape), overlap_zyx=tuple(args.overlap))
     # A fresh blocks dir per run, so the timing is of this run's inference.

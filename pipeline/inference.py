@@ -80,8 +80,8 @@ class InferenceConfig:
     batch_size: int = 1  # non-overlapping FOVs of one object evaluated together
     consistency_check: bool = False  # flood again from the object's innermost voxel
     # FFN's bias toward splits: a voxel once predicted outside the object (p < 0.5) stays outside.
-    # A briefly trained network is unsure near the FOV's faces; locking those voxels out leaves
-    # holes that later FOVs cannot fill (measured in BENCHMARKS.md), so the demo turns it off.
+    # Off, later FOVs may fill holes that a FOV's unsure faces left, at the price of more merges
+    # (BENCHMARKS.md compares both).
     keep_background: bool = True
     consistency_min_iou: float = 0.5  # ... keep the intersection if the masks agree this well
     # Seed policy (FFN's PolicyPeaks): edges where the gradient of the smoothed image beats its

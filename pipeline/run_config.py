@@ -46,10 +46,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=_demo_train)
     train_nodes: int = 1  # nodes of the training task; ranks = nodes x the site's ranks_per_node
     selection: SelectionConfig = field(default_factory=SelectionConfig)
-    # A briefly trained network fills objects better without FFN's keep_background rule.
-    inference: InferenceConfig = field(
-        default_factory=lambda: InferenceConfig(keep_background=False)
-    )
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     blocks: BlockConfig = field(default_factory=lambda: BlockConfig(block_shape_zyx=(64, 80, 80)))
     watershed: WatershedConfig = field(default_factory=WatershedConfig)
     export: ExportConfig = field(default_factory=ExportConfig)

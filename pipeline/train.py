@@ -57,6 +57,11 @@ class TrainConfig:
         0  # 0 = TensorFlow's choice (all cores); set per rank when several share a node
     )
     inter_op_threads: int = 0
+    # How often Horovod's background thread negotiates with the other ranks. Each negotiation is
+    # a collective that busy-waits for the slowest rank, taking CPU from the rank's own compute
+    # when ranks fill every core: 2 ranks x 1 thread here ran at 2.5 FOV/s with 1 ms, 3.1 with 25
+    # (BENCHMARKS.md). A training step takes seconds, so 25 ms adds at most 1-2 % latency.
+    horovod_cycle_time_ms: float = 25.0
     log_every_steps: int = 10
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 600.0
@@ -75,8 +80,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0 or self.grad_clip <= 0:
-            raise ConfigError("learning_rate and grad_clip must be > 0")
+        if self.learning_rate <= 0 or self.grad_clip <= 0 or self.horovod_cycle_time_ms <= 0:
+            raise ConfigError("learning_rate, grad_clip and horovod_cycle_time_ms must be > 0")
         if min(self.warmup_steps, self.intra_op_threads, self.inter_op_threads) < 0:
             raise ConfigError("warmup_steps and thread counts must be >= 0")
 
@@ -103,6 +108,7 @@ def _init_runtime(config: TrainConfig):
 
     tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+    os.environ["HOROVOD_CYCLE_TIME"] = str(config.horovod_cycle_time_ms)  # read by hvd.init
     hvd.init()
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
