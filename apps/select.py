@@ -13,7 +13,8 @@ def select_checkpoint(train_dir: str, selection: dict, inputs=(), outputs=()):
     from pipeline.volumes import read_volume_pair
 
     volume_path, output = inputs[1].filepath, outputs[0].filepath
-    if not selection_done(output):
+    config = from_dict(SelectionConfig, selection)
+    if not selection_done(output, train_dir, config):
         volume = read_volume_pair(f"{volume_path}:raw", f"{volume_path}:labels")
-        select_checkpoint(train_dir, volume, from_dict(SelectionConfig, selection), output)
+        select_checkpoint(train_dir, volume, config, output)
     return output

@@ -137,10 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     held_out = read_volume_pair(f"{volumes['held_out']}:raw", f"{volumes['held_out']}:labels")
     selection_path = train_dir / "selection.json"
     start = time.perf_counter()
-    if not selection_done(selection_path):
-        select_checkpoint(
-            train_dir, held_out, SelectionConfig(last_checkpoints=args.last_checkpoints)
-        )
+    selection_config = SelectionConfig(last_checkpoints=args.last_checkpoints)
+    if not selection_done(selection_path, train_dir, selection_config):
+        select_checkpoint(train_dir, held_out, selection_config)
     selection = json.loads(selection_path.read_text())
     timings["selection_s"] = time.perf_counter() - start
 

@@ -185,15 +185,26 @@ def select_checkpoint(
     return record
 
 
-def selection_done(path: str | Path) -> bool:
-    """True when `path` is a complete selection (written atomically, so present means whole)."""
+def selection_done(
+    path: str | Path, train_dir: str | Path | None = None, config: SelectionConfig | None = None
+) -> bool:
+    """True when `path` is a complete selection (written atomically, so present means whole) and,
+    given the training run, one made from its current last checkpoints: a selection made before
+    training went on is stale."""
     path = Path(path)
     if not path.is_file():
         return False
     try:
-        return "checkpoint" in json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except json.JSONDecodeError:
         return False
+    if "checkpoint" not in record:
+        return False
+    if train_dir is None:
+        return True
+    last = (config or SelectionConfig()).last_checkpoints
+    current = [checkpoint_step(c) for c in list_checkpoints(train_dir)[-last:]]
+    return [row.get("step") for row in record.get("candidates", [])] == current
 
 
 def chosen_checkpoint(path: str | Path) -> Path:

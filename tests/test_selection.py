@@ -49,6 +49,19 @@ def test_the_better_of_the_last_checkpoints_is_selected(train_dir):
     assert selection_done(path) and json.loads(path.read_text()) == record
     assert chosen_checkpoint(path) == train_dir / "checkpoints" / "ckpt-10"
     assert chosen_checkpoint(record["checkpoint"]) == train_dir / "checkpoints" / "ckpt-10"
+    assert selection_done(path, train_dir, FAST)
+
+
+def test_a_selection_goes_stale_when_training_goes_on(train_dir):
+    path = train_dir / "selection.json"
+    select_checkpoint(train_dir, held_out(), FAST)
+    assert selection_done(path, train_dir, FAST)
+    make_checkpoint(train_dir, 30)  # training resumed and saved a newer checkpoint
+    assert selection_done(path)  # still a whole file ...
+    assert not selection_done(path, train_dir, FAST)  # ... but not of the last two checkpoints
+    record = select_checkpoint(train_dir, held_out(), FAST)
+    assert [row["step"] for row in record["candidates"]] == [20, 30]
+    assert selection_done(path, train_dir, FAST)
 
 
 def test_selection_can_also_segment_a_crop(train_dir, tmp_path):
