@@ -60,7 +60,7 @@ class TrainConfig:
     # How often Horovod's background thread negotiates with the other ranks. Each negotiation is
     # a collective that busy-waits for the slowest rank, taking CPU from the rank's own compute
     # when ranks fill every core: 2 ranks x 1 thread here ran at 2.5 FOV/s with 1 ms, 3.1 with 25
-    # (BENCHMARKS.md). A training step takes seconds, so 25 ms adds at most 1-2 % latency.
+    # (BENCHMARKS.md). A full-model step takes seconds; the demo's 0.2 s steps gained too.
     horovod_cycle_time_ms: float = 25.0
     log_every_steps: int = 10
     checkpoint_every_steps: int = 100
