@@ -1,7 +1,9 @@
-"""Write a file so that readers see either nothing or the complete file, never a partial one."""
+"""Write a file or folder so that readers see either nothing (or the previous version) or the
+complete result, never a partial one."""
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,3 +24,26 @@ def atomic_path(final_path: str | os.PathLike, suffix: str = "") -> Iterator[Pat
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(final_path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty folder beside `final_path`; it replaces `final_path` (a previous version is
+    moved aside, then deleted) only if the block succeeds. On any exception the temporary folder
+    is removed and the final path is left untouched."""
+    final = Path(final_path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a killed run that had this pid
+    tmp.mkdir()
+    try:
+        yield tmp
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -22,11 +22,9 @@ import contextlib
 import io
 import json
 import math
-import os
-import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +34,7 @@ import tinybrain
 from cloudvolume import CloudVolume
 from tqdm import tqdm
 
+from pipeline.atomic import atomic_dir
 from pipeline.errors import (
     ConfigError,
     EmptyLabelsError,
@@ -188,10 +187,8 @@ def _check_inputs(
     return segmentation.astype(np.uint64, copy=False), size
 
 
-@contextlib.contextmanager
-def _atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield an empty folder beside `final`; it replaces `final` only if the block succeeds."""
-    final.parent.mkdir(parents=True, exist_ok=True)
+def _check_replaceable(final: Path) -> None:
+    """Only an earlier export (or nothing, or an empty folder) may be replaced."""
     replaceable = (
         not final.exists()
         or (final / MANIFEST).is_file()
@@ -199,20 +196,6 @@ def _atomic_dir(final: Path) -> Iterator[Path]:
     )
     if not replaceable:
         raise PrecomputedError(f"{final}: exists and is not an export; refusing to replace it")
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)  # left by a killed run that had this pid
-    tmp.mkdir()
-    try:
-        yield tmp
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _layer_url(folder: Path, layer: str) -> str:
@@ -352,8 +335,9 @@ def export_precomputed(
     segmentation, voxel_size = _check_inputs(raw, segmentation, voxel_size_nm)
     scales = plan_scales(raw.shape, voxel_size, config)
     out_dir = Path(out_dir)
+    _check_replaceable(out_dir)
     with (
-        _atomic_dir(out_dir) as tmp,
+        atomic_dir(out_dir) as tmp,
         tqdm(total=4, desc="export", unit="step", disable=not progress) as bar,
     ):
         for layer, array in ((IMAGE_LAYER, raw), (SEGMENTATION_LAYER, segmentation)):

@@ -23,11 +23,9 @@ CLI: `python -m pipeline.pretrained --checkpoint ../shared/models/google-ffn-fib
 """
 
 import argparse
-import contextlib
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import config as config_io
+from pipeline.atomic import atomic_dir
 from pipeline.errors import CheckpointError, FFNError
 
 SCOPE = "seed_update"  # the reference code's variable scope of the network
@@ -301,23 +300,12 @@ def convert_checkpoint(
             "features": weights.features,
         },
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_dir(out) as tmp:
         manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(model=model), str(tmp / "checkpoints"), max_to_keep=None
         )
         manager.save(checkpoint_number=CHECKPOINT_NUMBER)  # state file with a relative path
         (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(old)
     return converted_checkpoint(out)
 
 
