@@ -194,25 +194,15 @@ def _peaks(distance: np.ndarray, config: InferenceConfig, margin_zyx: Sequence[i
     return peaks[order].astype(np.int64)
 
 
-def seed_peaks(
-    raw: np.ndarray,
-    config: InferenceConfig,
-    margin_zyx: Sequence[int],
-    segmented: np.ndarray | None = None,
-) -> np.ndarray:
-    """Seed points, (N, 3) int64 zyx: local maxima of the distance to the nearest edge,
-    innermost first, at least `margin_zyx` (the FOV's radius) from the border so that a FOV fits
-    around each. Voxels of `segmented` (bool) count as edges: later passes seed what is left.
+def seed_peaks(raw: np.ndarray, config: InferenceConfig, margin_zyx: Sequence[int]) -> np.ndarray:
+    """Seed points, (N, 3) int64 zyx: local maxima of `edge_distance`, innermost first, at least
+    `margin_zyx` (the FOV's radius) from the border so that a FOV fits around each.
 
     FFN visits its peaks in raster order; starting from the voxels farthest from any edge lets the
     most certain objects claim their voxels first, and the order does not depend on the volume's
     orientation.
     """
-    edges = edge_map(raw, config)
-    if segmented is not None:
-        edges |= segmented
-    distance = ndimage.distance_transform_edt(~edges).astype(np.float32)
-    return _peaks(distance, config, margin_zyx)
+    return _peaks(edge_distance(raw, config), config, margin_zyx)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,13 +426,14 @@ def segment(
     started = time.perf_counter()
     margin = np.array(model.fov_shape_zyx) // 2
     canvas = _Canvas(normalize_image(raw, model), predict, model, config)
+    edges = edge_map(raw, config)
     tried: set[tuple[int, ...]] = set()
     with tqdm(desc="flood fill", unit="seed", disable=not progress) as bar:
         for _ in range(config.seed_passes):
-            segmented = None if not tried else canvas.segmentation > 0
-            seeds = [
-                tuple(int(s) for s in seed) for seed in seed_peaks(raw, config, margin, segmented)
-            ]
+            # The first pass is `seed_peaks`; later ones also take segmented voxels as edges.
+            blocked = edges | (canvas.segmentation > 0)
+            distance = ndimage.distance_transform_edt(~blocked).astype(np.float32)
+            seeds = [tuple(int(s) for s in seed) for seed in _peaks(distance, config, margin)]
             seeds = [seed for seed in seeds if seed not in tried]
             canvas.counts["seed_passes"] += 1
             canvas.counts["seeds"] += len(seeds)
