@@ -5,6 +5,12 @@ failed Parsl task's log knows what to fix without a traceback.
 """
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of a library's exception message, to quote inside one of ours."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class FFNError(Exception):
     """Base of all pipeline errors."""
 

@@ -119,7 +119,7 @@ def logit(p: float) -> float:
 def load_weights(model: tf.keras.Model, checkpoint: str) -> tf.keras.Model:
     """Restore `model`'s weights from a training checkpoint (`.../checkpoints/ckpt-N`), ignoring
     the optimizer state; a checkpoint of another shape raises CheckpointError."""
-    from pipeline.errors import CheckpointError
+    from pipeline.errors import CheckpointError, first_line
 
     if not tf.io.gfile.exists(f"{checkpoint}.index"):
         raise CheckpointError(f"{checkpoint}: no such checkpoint (missing {checkpoint}.index)")
@@ -127,6 +127,7 @@ def load_weights(model: tf.keras.Model, checkpoint: str) -> tf.keras.Model:
         status = tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial()
         status.assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as exc:
-        first_line = str(exc).strip().splitlines()[0]
-        raise CheckpointError(f"{checkpoint}: does not match the model ({first_line})") from None
+        raise CheckpointError(
+            f"{checkpoint}: does not match the model ({first_line(exc)})"
+        ) from None
     return model

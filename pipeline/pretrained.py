@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_dir
-from pipeline.errors import CheckpointError, FFNError
+from pipeline.errors import CheckpointError, FFNError, first_line
 
 SCOPE = "seed_update"  # the reference code's variable scope of the network
 CHECKPOINT_NUMBER = 0  # the converted folder's one checkpoint: OUT/checkpoints/ckpt-0
@@ -70,6 +70,11 @@ def layer_names(depth: int) -> list[str]:
     for i in range(1, depth):
         names += [f"conv{i}_a", f"conv{i}_b"]
     return names + ["conv_lom"]
+
+
+def model_depth(model) -> int:
+    """The depth of a Keras convstack_3d: one `conv{i}_a` layer per module."""
+    return sum(1 for layer in model.layers if re.fullmatch(r"conv\d+_a", layer.name))
 
 
 def expected_variables(depth: int, features: int) -> dict[str, tuple[int, ...]]:
@@ -111,9 +116,14 @@ def _resolve(checkpoint: str | os.PathLike) -> str:
     return str(path)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _reader(prefix: str):
+    """A TF checkpoint reader for `prefix`; CheckpointError (one line) if it cannot be read."""
+    import tensorflow as tf
+
+    try:
+        return tf.train.load_checkpoint(prefix)
+    except (tf.errors.OpError, ValueError) as exc:
+        raise CheckpointError(f"{prefix}: cannot read checkpoint ({first_line(exc)})") from None
 
 
 def _describe(names: Sequence[str]) -> str:
@@ -124,15 +134,11 @@ def _describe(names: Sequence[str]) -> str:
 def read_convstack_checkpoint(checkpoint: str | os.PathLike) -> ConvStackWeights:
     """Read and check a TF1 convstack_3d checkpoint; CheckpointError (one line) if its variables
     are not exactly those of a convstack_3d of some depth and feature count."""
-    import tensorflow as tf
 
     prefix = _resolve(checkpoint)
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-        shapes = reader.get_variable_to_shape_map()
-        dtypes = reader.get_variable_to_dtype_map()
-    except (tf.errors.OpError, ValueError) as exc:
-        raise CheckpointError(f"{prefix}: cannot read checkpoint ({_first_line(exc)})") from None
+    reader = _reader(prefix)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
 
     ours = {n: tuple(s) for n, s in shapes.items() if _MODEL_VARIABLE.fullmatch(n)}
     unexpected = sorted(
@@ -237,7 +243,7 @@ def write_tf1_checkpoint(model, prefix: str | os.PathLike, global_step: int | No
     `read_convstack_checkpoint`. Returns the prefix."""
     import tensorflow as tf
 
-    depth = sum(1 for layer in model.layers if re.fullmatch(r"conv\d+_a", layer.name))
+    depth = model_depth(model)
     names, tensors = [], []
     for layer in layer_names(depth):
         kernel, bias = model.get_layer(layer).get_weights()
@@ -325,19 +331,15 @@ def load_pretrained_weights(model, source: str | os.PathLike) -> str:
             raise CheckpointError(f"{path}: no checkpoint in {path / 'checkpoints'}")
         path = Path(latest)
     prefix = _resolve(path)
-    try:
-        names = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-    except (tf.errors.OpError, ValueError) as exc:
-        raise CheckpointError(f"{prefix}: cannot read checkpoint ({_first_line(exc)})") from None
+    names = _reader(prefix).get_variable_to_shape_map()
     if not any(name.startswith(f"{SCOPE}/") for name in names):
         load_weights(model, prefix)  # ours: tf.train.Checkpoint(model=...)
         return prefix
     weights = read_convstack_checkpoint(prefix)
     layers = [layer.name for layer in model.layers if layer.weights]
     if layers != list(weights.layers):
-        depth = sum(1 for name in layers if re.fullmatch(r"conv\d+_a", name))
         raise CheckpointError(
-            f"{prefix}: depth {weights.depth} does not match the model's depth {depth}"
+            f"{prefix}: depth {weights.depth} does not match the model's depth {model_depth(model)}"
         )
     for name, (kernel, bias) in weights.layers.items():
         layer = model.get_layer(name)
