@@ -368,8 +368,13 @@ def write_pretrained_selection(model_dir: str | os.PathLike, output: str | os.Pa
         "candidates": [],
         "pretrained": source,
     }
+    text = json.dumps(record, indent=2) + "\n"
+    # Unchanged, it is left alone: the inference stage's cache keys on its size and mtime, so a
+    # rewrite would make `--resume` segment every block again.
+    if Path(output).is_file() and Path(output).read_text() == text:
+        return record
     with atomic_path(output) as tmp:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.write_text(text)
     return record
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -447,5 +448,10 @@ def test_pretrained_selection_feeds_the_inference_stage(tmp_path, fresh_checkpoi
     record = write_pretrained_selection(out, tmp_path / "selection.json")
     assert selection_done(tmp_path / "selection.json") and record["criterion"] == "pretrained"
     assert chosen_checkpoint(tmp_path / "selection.json") == checkpoint
+    # A resumed run writes it again: unchanged, the file (and the mtime the cache keys on) stays.
+    written = (tmp_path / "selection.json").stat().st_mtime_ns
+    time.sleep(0.01)
+    assert write_pretrained_selection(out, tmp_path / "selection.json") == record
+    assert (tmp_path / "selection.json").stat().st_mtime_ns == written
     with pytest.raises(CheckpointError, match="not a converted model"):
         write_pretrained_selection(tmp_path / "absent", tmp_path / "other.json")
