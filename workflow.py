@@ -111,13 +111,9 @@ _STAGE_INPUTS = {
 
 def check_stage_inputs(stages: frozenset[str], root: Path) -> None:
     """Every stage left out by --stages whose outputs a selected stage reads must have left them."""
-    for stage in STAGES:
-        for needed in _STAGE_INPUTS.get(stage, []) if stage in stages else []:
-            missing = [
-                p
-                for p in _STAGE_OUTPUTS[needed]
-                if needed not in stages and not (root / p).exists()
-            ]
+    for stage in [s for s in STAGES if s in stages]:
+        for needed in [n for n in _STAGE_INPUTS.get(stage, []) if n not in stages]:
+            missing = [p for p in _STAGE_OUTPUTS[needed] if not (root / p).exists()]
             if missing:
                 raise FFNError(
                     f"--stages leaves out {needed!r}, but {stage!r} needs its output {root / missing[0]}; run it too"
@@ -238,8 +234,8 @@ def _eval_has_labels(config: RunConfig) -> bool:
 def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
     from site_configs import describe
 
+    blocks = plan_blocks(_eval_shape(config), config.blocks)
     if config.pretrained_model:
-        blocks = plan_blocks(_eval_shape(config), config.blocks)
         return "\n".join([
             f"run {config.name} in {paths.root}: inference only with {config.pretrained_model}",
             f"  stage      -> {paths.eval_volume}",
@@ -247,7 +243,6 @@ def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
             "  stitch, evaluate (with labels), export, report", describe(site.SITE, paths.root),
         ])  # fmt: skip
     launch = site.SITE.mpi_launch(config.train_nodes)
-    blocks = plan_blocks(_eval_shape(config), config.blocks)
     lines = [
         f"run {config.name} in {paths.root}",
         f"  stage      -> {paths.train_volume}, {paths.eval_volume}",
