@@ -67,13 +67,9 @@ def _eval_shape(config: RunConfig) -> tuple[int, int, int]:
             .with_geometry(config.data.synthetic_shape_zyx)
             .shape_zyx
         )
-    import h5py
+    from pipeline.volumes import volume_shape
 
-    from pipeline.volumes import VolumeSpec
-
-    spec = VolumeSpec.parse(config.data.eval_raw)
-    with h5py.File(spec.path, "r") as f:
-        return f[spec.dataset].shape
+    return volume_shape(config.data.eval_raw)
 
 
 def training_command(config: RunConfig, paths: RunPaths, launch) -> str:

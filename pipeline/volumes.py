@@ -8,7 +8,8 @@ Volumes are addressed by specs `path.h5:dataset`. Reading validates and fails wi
 names the file and the problem; writing is atomic (temporary file, then rename).
 """
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,10 @@ class LabeledVolume:
         return tuple(self.raw.shape)
 
 
-def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
+@contextlib.contextmanager
+def _checked_dataset(spec: VolumeSpec) -> Iterator[h5py.Dataset]:
+    """The 3-D dataset `spec` names, open; one-line errors for a missing or unreadable file, a
+    missing dataset and a dataset that is not 3-D."""
     if not spec.path.is_file():
         raise VolumeFileMissing(f"{spec.path}: file not found")
     try:
@@ -86,8 +90,19 @@ def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
             raise VolumeShapeError(
                 f"{spec}: expected a 3-D (z, y, x) array, got shape {tuple(dataset.shape)}"
             )
+        yield dataset
+
+
+def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
+    with _checked_dataset(spec) as dataset:
         voxel_size = dataset.attrs.get(VOXEL_SIZE_ATTR)
         return dataset[...], None if voxel_size is None else _check_voxel_size(voxel_size, spec)
+
+
+def volume_shape(spec: "str | VolumeSpec") -> ZYX:
+    """The (z, y, x) shape of a volume, without reading its voxels; the same checks as reading."""
+    with _checked_dataset(VolumeSpec.parse(spec)) as dataset:
+        return tuple(int(n) for n in dataset.shape)
 
 
 def _check_voxel_size(value: Sequence[float], where: object) -> VoxelSize:

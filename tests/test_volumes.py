@@ -232,3 +232,17 @@ class TestAtomicWrite:
         with pytest.raises(VolumeShapeError, match="arrays must be 3-D and of one shape"):
             write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": labels[:1]}, VOXEL)
         assert not (tmp_path / "v.h5").exists()
+
+
+def test_volume_shape_reads_no_voxels_but_checks_as_reading_does(tmp_path):
+    raw = np.zeros((4, 5, 6), np.uint8)
+    path = write_volumes(tmp_path / "v.h5", {"raw": raw}, (20.0, 10.0, 10.0))
+    with h5py.File(path, "a") as f:
+        f["flat"] = raw[0]  # a 2-D dataset, which write_volumes refuses to write
+    assert volumes.volume_shape(f"{path}:raw") == (4, 5, 6)
+    with pytest.raises(VolumeFileMissing, match="file not found"):
+        volumes.volume_shape(f"{tmp_path / 'absent.h5'}:raw")
+    with pytest.raises(DatasetMissing, match="no dataset 'labels'"):
+        volumes.volume_shape(f"{path}:labels")
+    with pytest.raises(VolumeShapeError, match="expected a 3-D"):
+        volumes.volume_shape(f"{path}:flat")
