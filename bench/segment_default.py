@@ -5,11 +5,12 @@ Run by hand (not a test), from the repository root:
     PATH=.venv/bin:$PATH python bench/segment_default.py --output data/bench/segment_default.json
 
 Stages, each skipped when a previous run in the same --workdir finished it:
-  1. the default synthetic volume with seed 0 (training) and seed 1 (held out);
+  1. the default synthetic volume with seed 0 (training), seed 1 (held out, scored) and seed 2
+     (selection: kept apart from the scored volume, so selecting by VI does not see it);
   2. FFN partitions and balanced coordinates of the training volume;
   3. brief training (a small network: FOV 17, 33, 33 as FFN's, but shallower and narrower, so it
      trains in minutes on a few CPU cores);
-  4. selection of the best of the last checkpoints on the held-out volume;
+  4. selection of the best of the last checkpoints on the selection volume;
   5. blockwise inference on the held-out volume, stitched;
   6. scores of FFN and of the watershed baseline on the held-out volume.
 
@@ -38,7 +39,7 @@ from pipeline.partitions import (
     compute_partitions,
     save_coordinates,
 )
-from pipeline.selection import SelectionConfig, select_checkpoint, selection_done
+from pipeline.selection import CRITERIA, SelectionConfig, select_checkpoint, selection_done
 from pipeline.synthetic import PRESETS, generate
 from pipeline.train import TrainConfig, TrainInputs, run_training, training_complete
 from pipeline.training import ExampleConfig, canvas_radius
@@ -57,7 +58,20 @@ def _parser() -> argparse.ArgumentParser:
     add("--fov", type=int, nargs=3, default=(17, 33, 33), metavar=("Z", "Y", "X"))
     add("--deltas", type=int, nargs=3, default=(4, 8, 8), metavar=("Z", "Y", "X"))
     add("--samples-per-class", type=int, default=2000)
+    add("--learning-rate", type=float, default=TrainConfig().learning_rate)
+    add("--lr-decay-factor", type=float, default=TrainConfig().lr_decay_factor)
+    add("--lr-decay-every-steps", type=int, default=TrainConfig().lr_decay_every_steps)
+    add("--checkpoint-every-steps", type=int, help="default: a tenth of --max-steps")
     add("--last-checkpoints", type=int, default=3)
+    add("--selection-criterion", choices=CRITERIA, default=SelectionConfig().criterion)
+    add(
+        "--selection-crop",
+        type=int,
+        nargs=3,
+        default=(0, 0, 0),
+        metavar=("Z", "Y", "X"),
+        help="segment this central crop of the selection volume with each candidate, for its VI",
+    )
     add("--block-shape", type=int, nargs=3, default=(64, 96, 96), metavar=("Z", "Y", "X"))
     add("--overlap", type=int, nargs=3, default=(16, 32, 32), metavar=("Z", "Y", "X"))
     add("--inference-batch-size", type=int, default=1)
@@ -69,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _volumes(workdir: Path) -> dict[str, Path]:
     paths = {}
-    for name, seed in (("train", 0), ("held_out", 1)):
+    for name, seed in (("train", 0), ("held_out", 1), ("selection", 2)):
         path = paths[name] = workdir / f"{name}.h5"
         if not path.is_file():
             config = dataclasses.replace(PRESETS["default"], seed=seed)
@@ -110,9 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         model=model,
         examples=ExampleConfig(),
         batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        lr_decay_factor=args.lr_decay_factor,
+        lr_decay_every_steps=args.lr_decay_every_steps,
         max_steps=args.max_steps,
         log_every_steps=50,
-        checkpoint_every_steps=max(1, args.max_steps // 10),
+        checkpoint_every_steps=args.checkpoint_every_steps or max(1, args.max_steps // 10),
         keep_checkpoints=args.last_checkpoints,
     )
     start = time.perf_counter()
@@ -121,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     timings["coordinates_s"] = time.perf_counter() - start
 
+    inference = InferenceConfig(
+        batch_size=args.inference_batch_size,
+        min_segment_size=args.min_segment_size,
+        seed_passes=args.seed_passes,
+        keep_background=not args.no_keep_background,
+    )
     train_dir = workdir / "train"
     start = time.perf_counter()
     if not training_complete(train_dir, args.max_steps):
@@ -137,18 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     held_out = read_volume_pair(f"{volumes['held_out']}:raw", f"{volumes['held_out']}:labels")
     selection_path = train_dir / "selection.json"
     start = time.perf_counter()
-    selection_config = SelectionConfig(last_checkpoints=args.last_checkpoints)
+    selection_config = SelectionConfig(
+        last_checkpoints=args.last_checkpoints,
+        criterion=args.selection_criterion,
+        vi_crop_zyx=tuple(args.selection_crop),
+        inference=inference,
+    )
     if not selection_done(selection_path, train_dir, selection_config):
-        select_checkpoint(train_dir, held_out, selection_config)
+        selection_volume = read_volume_pair(
+            f"{volumes['selection']}:raw", f"{volumes['selection']}:labels"
+        )
+        select_checkpoint(train_dir, selection_volume, selection_config)
     selection = json.loads(selection_path.read_text())
     timings["selection_s"] = time.perf_counter() - start
 
-    inference = InferenceConfig(
-        batch_size=args.inference_batch_size,
-        min_segment_size=args.min_segment_size,
-        seed_passes=args.seed_passes,
-        keep_background=not args.no_keep_background,
-    )
     blocks = BlockConfig(block_shape_zyx=tuple(args.block_shape), overlap_zyx=tuple(args.overlap))
     # A fresh blocks dir per run, so the timing is of this run's inference.
     blocks_dir = workdir / f"blocks-{time.strftime('%Y%m%d-%H%M%S')}"

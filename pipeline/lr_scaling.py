@@ -4,6 +4,9 @@ With N workers the global batch is N times larger. Goyal et al. scale the rate l
 up over the first steps; Dong et al. found linear scaling (with warm-up) good up to about 16
 workers and square-root scaling better beyond. `auto` is that finding:
 lr = base * N for N <= 16, and base * 16 * sqrt(N / 16) beyond, reached after a linear warm-up.
+
+On top of the scaling, an optional staircase decay as google-research/ffn's
+`learning_rate_decay_factor`: the rate is multiplied by `decay_factor` every `decay_every_steps`.
 """
 
 import math
@@ -30,11 +33,23 @@ def target_learning_rate(base: float, workers: int, policy: str) -> float:
 
 
 def scaled_learning_rate(
-    base: float, workers: int, policy: str, step: int, warmup_steps: int
+    base: float,
+    workers: int,
+    policy: str,
+    step: int,
+    warmup_steps: int,
+    decay_factor: float = 1.0,
+    decay_every_steps: int = 0,
 ) -> float:
     """The rate at `step` (0-based): policies with warm-up ramp linearly from `base` to the target
-    over `warmup_steps` steps; the others use the target from the first step."""
+    over `warmup_steps` steps; the others use the target from the first step. With
+    `decay_every_steps` > 0 the result is multiplied by `decay_factor ** (step // decay_every_steps)`.
+    """
     target = target_learning_rate(base, workers, policy)
-    if policy not in ("linear_warmup", "auto") or warmup_steps <= 0 or step >= warmup_steps:
-        return target
-    return base + (target - base) * step / warmup_steps
+    if policy in ("linear_warmup", "auto") and 0 < warmup_steps and step < warmup_steps:
+        rate = base + (target - base) * step / warmup_steps
+    else:
+        rate = target
+    if decay_every_steps > 0:
+        rate *= decay_factor ** (step // decay_every_steps)
+    return rate

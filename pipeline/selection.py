@@ -189,8 +189,8 @@ def selection_done(
     path: str | Path, train_dir: str | Path | None = None, config: SelectionConfig | None = None
 ) -> bool:
     """True when `path` is a complete selection (written atomically, so present means whole) and,
-    given the training run, one made from its current last checkpoints: a selection made before
-    training went on is stale."""
+    given the training run, one made from its current last checkpoints with `config`: a selection
+    made before training went on, or by other settings, is stale."""
     path = Path(path)
     if not path.is_file():
         return False
@@ -202,9 +202,11 @@ def selection_done(
         return False
     if train_dir is None:
         return True
-    last = (config or SelectionConfig()).last_checkpoints
-    current = [checkpoint_step(c) for c in list_checkpoints(train_dir)[-last:]]
-    return [row.get("step") for row in record.get("candidates", [])] == current
+    config = config or SelectionConfig()
+    current = [checkpoint_step(c) for c in list_checkpoints(train_dir)[-config.last_checkpoints :]]
+    return [row.get("step") for row in record.get("candidates", [])] == current and record.get(
+        "config"
+    ) == config_io.to_dict(config)
 
 
 def chosen_checkpoint(path: str | Path) -> Path:

@@ -49,6 +49,11 @@ class TrainConfig:
         "auto"  # none | linear | sqrt | linear_warmup | auto (linear <= 16 ranks, sqrt beyond)
     )
     warmup_steps: int = 100
+    # Staircase decay (google-research/ffn's learning_rate_decay_factor): the rate is multiplied
+    # by lr_decay_factor every lr_decay_every_steps steps; 0 = constant rate. Settles the weights
+    # late in a run, so neighbouring checkpoints stop segmenting very differently.
+    lr_decay_factor: float = 0.1
+    lr_decay_every_steps: int = 0
     max_steps: int = 1000
     grad_clip: float = 0.7  # elementwise, as google-research/ffn
     seed: int = 0
@@ -84,6 +89,11 @@ class TrainConfig:
             raise ConfigError("learning_rate, grad_clip and horovod_cycle_time_ms must be > 0")
         if min(self.warmup_steps, self.intra_op_threads, self.inter_op_threads) < 0:
             raise ConfigError("warmup_steps and thread counts must be >= 0")
+        if self.lr_decay_every_steps < 0 or not 0 < self.lr_decay_factor <= 1:
+            raise ConfigError(
+                "lr_decay_every_steps must be >= 0 and lr_decay_factor in (0, 1], got "
+                f"{self.lr_decay_every_steps} and {self.lr_decay_factor}"
+            )
 
 
 @dataclass(frozen=True)
@@ -236,7 +246,13 @@ def run_training(
     while int(step.numpy()) < config.max_steps:
         current = int(step.numpy())
         lr = scaled_learning_rate(
-            config.learning_rate, size, config.lr_policy, current, config.warmup_steps
+            config.learning_rate,
+            size,
+            config.lr_policy,
+            current,
+            config.warmup_steps,
+            config.lr_decay_factor,
+            config.lr_decay_every_steps,
         )
         optimizer.learning_rate.assign(lr)
         images, seeds, labels = stream.next_batch()

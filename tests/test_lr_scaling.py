@@ -39,3 +39,12 @@ def test_unknown_policy_and_bad_worker_count():
         target_learning_rate(BASE, 2, "cubic")
     with pytest.raises(ValueError, match="workers must be >= 1"):
         target_learning_rate(BASE, 0, "linear")
+
+
+def test_staircase_decay_multiplies_the_scaled_rate_every_interval():
+    rates = [
+        scaled_learning_rate(BASE, 2, "linear", s, 0, decay_factor=0.1, decay_every_steps=10)
+        for s in (0, 9, 10, 19, 20)
+    ]
+    assert rates == pytest.approx([0.002, 0.002, 0.0002, 0.0002, 0.00002])
+    assert scaled_learning_rate(BASE, 2, "linear", 10**6, 0, 0.1, 0) == pytest.approx(0.002)

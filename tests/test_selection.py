@@ -1,6 +1,7 @@
 """Checkpoint selection: the better of two networks wins, the choice is written atomically and
 read back, and bad inputs are named."""
 
+import dataclasses
 import json
 
 import pytest
@@ -62,6 +63,7 @@ def test_a_selection_goes_stale_when_training_goes_on(train_dir):
     record = select_checkpoint(train_dir, held_out(), FAST)
     assert [row["step"] for row in record["candidates"]] == [20, 30]
     assert selection_done(path, train_dir, FAST)
+    assert not selection_done(path, train_dir, dataclasses.replace(FAST, held_out_fovs=9))
 
 
 def test_selection_can_also_segment_a_crop(train_dir, tmp_path):
