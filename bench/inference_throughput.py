@@ -16,6 +16,10 @@ model (depth 12, FOV 33^3, deltas 8, 8, 8) and its authors' inference settings (
   (c) (b) / (a), the issue's criterion (>= 0.8), and a 250^3 extrapolation where a smaller volume
       was run, labelled as such.
 Results go to `--json` (default bench/results/inference_throughput.json).
+
+On a CPU a 250^3 volume takes hours: the segmentation is checkpointed to `--state` every minute,
+and a run stopped by `--max-minutes` (or killed) is continued by the same command; the totals
+(seconds, FOV evaluations) then cover all runs, the bare rate and the time in the network the last.
 """
 
 import argparse
@@ -135,7 +139,14 @@ def main() -> int:
     add(
         "--max-minutes",
         type=float,
-        help="stop segmenting after this long and report the rates so far (marked incomplete)",
+        help="stop segmenting after this long and report the rates so far (marked incomplete); "
+        "a later run goes on from --state",
+    )
+    add(
+        "--state",
+        type=Path,
+        default=ROOT / "bench" / "results" / "inference_state.npz",
+        help="inference checkpoint, written every minute and removed when the volume is done",
     )
     add("--json", type=Path, default=ROOT / "bench" / "results" / "inference_throughput.json")
     args = parser.parse_args()
@@ -176,23 +187,36 @@ def main() -> int:
     budget = args.max_minutes * 60 if args.max_minutes else float("inf")
     timed = TimedPredictor(predict, time.perf_counter() + budget)
     cpu_start = time.process_time()
+    resumed = args.state.is_file()
     try:
-        segmentation, stats = segment(raw, timed, model_config, config, progress=True)
+        segmentation, stats = segment(
+            raw,
+            timed,
+            model_config,
+            config,
+            progress=True,
+            checkpoint_path=args.state,
+            checkpoint_every_s=60.0,
+        )
         complete = True
     except OutOfTime:
-        # Only the network's counters survive: the rates are measured, the volume is unfinished.
+        # The figures of the work saved in the state (all runs so far); what this run did after
+        # its last save is redone by the next one.
         segmentation, complete = np.zeros(raw.shape, np.uint64), False
-        stats = InferenceStats(
-            voxels=int(raw.size),
-            seconds=time.perf_counter() - timed.started,
-            fov_evaluations=timed.fovs,
-            batches=timed.calls,
-        )
+        stats = InferenceStats(voxels=int(raw.size))
+        if args.state.is_file():
+            with np.load(args.state) as saved:
+                segmentation = saved["segmentation"]
+                state = json.loads(str(saved["state"]))
+            stats = InferenceStats(
+                voxels=int(raw.size), seconds=state["seconds"], **state["counts"]
+            )
+    run_seconds = time.perf_counter() - timed.started
     loop_cpu = time.process_time() - cpu_start
     bare_after, cpu_after = bare_forward_rate(predict, fov, args.batch_size, args.forward_seconds)
     bare, bare_cpu = (bare_before + bare_after) / 2, (cpu_before + cpu_after) / 2
     print(f"(a) bare forward after: {bare_after:.3f} FOV/s, {cpu_after:.2f} CPU s/FOV", flush=True)
-    loop_cpu_per_fov = loop_cpu / stats.fov_evaluations if stats.fov_evaluations else 0.0
+    loop_cpu_per_fov = loop_cpu / timed.fovs if timed.fovs else 0.0
 
     fov_rate = stats.fov_evaluations / stats.seconds if stats.seconds else 0.0
     results = {
@@ -201,6 +225,9 @@ def main() -> int:
         "volume": source,
         "shape_zyx": list(raw.shape),
         "complete": complete,
+        "resumed_from_state": resumed,
+        "this_run_seconds": run_seconds,
+        "this_run_fov_evaluations": timed.fovs,
         "checkpoint": str(args.checkpoint),
         "precision": args.precision,
         "batch_size": args.batch_size,
@@ -220,7 +247,7 @@ def main() -> int:
         "segment_cpu_s_per_fov": loop_cpu_per_fov,
         "bare_over_segment_cpu_per_fov": bare_cpu / loop_cpu_per_fov if loop_cpu_per_fov else 0.0,
         "seconds_in_network": timed.seconds,
-        "network_busy_fraction": timed.seconds / stats.seconds if stats.seconds else 0.0,
+        "network_busy_fraction": timed.seconds / run_seconds if run_seconds else 0.0,
         "mean_fovs_per_call": timed.fovs / timed.calls if timed.calls else 0.0,
         "model_gflops_in_loop": gflop * fov_rate,
         "inference": stats.to_dict(),
@@ -256,7 +283,10 @@ def main() -> int:
         }
 
     if not complete:
-        print(f"    STOPPED after --max-minutes {args.max_minutes}: the volume is NOT segmented")
+        print(
+            f"    STOPPED after --max-minutes {args.max_minutes}: the volume is NOT segmented yet; "
+            f"run again to go on from {args.state}"
+        )
     print(
         f"(b) segment {raw.shape}: {stats.seconds:.1f} s, "
         + (f"{stats.voxels_per_second:.0f} voxels/s, " if complete else "(unfinished) ")

@@ -32,9 +32,11 @@ CLI: `python -m pipeline.inference --raw vol.h5:raw --checkpoint CKPT --output s
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ from skimage.feature import peak_local_max
 from tqdm import tqdm
 
 from pipeline import config as config_io
+from pipeline.atomic import atomic_path
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
@@ -409,6 +412,70 @@ def _check_raw(raw: np.ndarray, model: ModelConfig) -> None:
         )
 
 
+@dataclass
+class _SeedLoop:
+    """Where the seed loop stands between two objects: all a resumed run needs besides the
+    segmentation (`pending` is the rest of the current pass's seeds; None: start a new pass)."""
+
+    next_pass: int = 0
+    pending: list[tuple[int, ...]] | None = None
+    objects_before: int = 0  # objects when the current pass began
+    tried: set[tuple[int, ...]] = dataclasses.field(default_factory=set)
+    seconds: float = 0.0  # spent by earlier, interrupted runs
+
+
+def _fingerprint(raw: np.ndarray, model: ModelConfig, config: InferenceConfig) -> str:
+    """What a checkpoint must have been made from: the same image, model shape and settings."""
+    digest = hashlib.sha256(np.ascontiguousarray(raw).data).hexdigest()
+    settings = {"model": config_io.to_dict(model), "inference": config_io.to_dict(config)}
+    return f"{raw.shape} {digest} {json.dumps(settings, sort_keys=True)}"
+
+
+def _save_state(path: Path, canvas: "_Canvas", loop: _SeedLoop, fingerprint: str) -> None:
+    state = {
+        "counts": dict(canvas.counts),
+        "next_pass": loop.next_pass,
+        "objects_before": loop.objects_before,
+        "seconds": loop.seconds,
+        "fingerprint": fingerprint,
+    }
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(
+            f,
+            segmentation=canvas.segmentation,
+            pending=np.array(loop.pending if loop.pending is not None else [], np.int64).reshape(
+                -1, 3
+            ),
+            has_pending=loop.pending is not None,
+            tried=np.array(sorted(loop.tried), np.int64).reshape(-1, 3),
+            state=json.dumps(state),
+        )
+
+
+def _load_state(path: Path, canvas: "_Canvas", fingerprint: str) -> _SeedLoop:
+    try:
+        with np.load(path) as saved:
+            state = json.loads(str(saved["state"]))
+            if state["fingerprint"] != fingerprint:
+                raise CheckpointError(
+                    f"{path}: an inference checkpoint of another volume or other settings; "
+                    "delete it to start again"
+                )
+            canvas.segmentation[...] = saved["segmentation"]
+            pending = [tuple(int(v) for v in s) for s in saved["pending"]]
+            loop = _SeedLoop(
+                next_pass=state["next_pass"],
+                pending=pending if bool(saved["has_pending"]) else None,
+                objects_before=state["objects_before"],
+                tried={tuple(int(v) for v in s) for s in saved["tried"]},
+                seconds=state["seconds"],
+            )
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{path}: unreadable inference checkpoint ({exc})") from None
+    canvas.counts.update(state["counts"])
+    return loop
+
+
 def segment(
     raw: np.ndarray,
     predict: Predictor,
@@ -416,31 +483,53 @@ def segment(
     config: InferenceConfig | None = None,
     *,
     progress: bool = False,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every_s: float = 600.0,
 ) -> tuple[np.ndarray, InferenceStats]:
     """Flood-fill segmentation of one (z, y, x) uint8 volume: (uint64 ids 1..N, 0 = none; stats).
 
     Deterministic: the same inputs and a deterministic predictor give the same segmentation.
+    With `checkpoint_path`, the state between two objects is written there (atomically) every
+    `checkpoint_every_s` seconds, and a run that finds it there goes on from it, giving the same
+    result as one uninterrupted run (FFN's inference checkpoints, for jobs longer than a batch
+    job's wall time); the file is removed when the segmentation is complete.
     """
     _check_raw(raw, model)
     config = config or InferenceConfig()
     started = time.perf_counter()
     margin = np.array(model.fov_shape_zyx) // 2
     canvas = _Canvas(normalize_image(raw, model), predict, model, config)
+    state_path = Path(checkpoint_path) if checkpoint_path is not None else None
+    fingerprint = _fingerprint(raw, model, config) if state_path is not None else ""
+    loop = _SeedLoop()
+    if state_path is not None and state_path.is_file():
+        loop = _load_state(state_path, canvas, fingerprint)
+    last_save = time.perf_counter()
+
+    def save_if_due() -> None:
+        nonlocal last_save
+        if state_path is not None and time.perf_counter() - last_save >= checkpoint_every_s:
+            elapsed = loop.seconds
+            loop.seconds += time.perf_counter() - started
+            _save_state(state_path, canvas, loop, fingerprint)
+            loop.seconds, last_save = elapsed, time.perf_counter()
+
     edges = edge_map(raw, config)
-    tried: set[tuple[int, ...]] = set()
     with tqdm(desc="flood fill", unit="seed", disable=not progress) as bar:
-        for _ in range(config.seed_passes):
-            # The first pass is `seed_peaks`; later ones also take segmented voxels as edges.
-            blocked = edges | (canvas.segmentation > 0)
-            distance = ndimage.distance_transform_edt(~blocked).astype(np.float32)
-            seeds = [tuple(int(s) for s in seed) for seed in _peaks(distance, config, margin)]
-            seeds = [seed for seed in seeds if seed not in tried]
-            canvas.counts["seed_passes"] += 1
-            canvas.counts["seeds"] += len(seeds)
-            objects_before = canvas.counts["objects"]
-            bar.total = (bar.total or 0) + len(seeds)
-            for seed in seeds:
-                tried.add(seed)
+        while loop.next_pass < config.seed_passes:
+            if loop.pending is None:
+                # The first pass is `seed_peaks`; later ones also take segmented voxels as edges.
+                blocked = edges | (canvas.segmentation > 0)
+                distance = ndimage.distance_transform_edt(~blocked).astype(np.float32)
+                seeds = [tuple(int(s) for s in seed) for seed in _peaks(distance, config, margin)]
+                loop.pending = [seed for seed in seeds if seed not in loop.tried]
+                loop.objects_before = canvas.counts["objects"]
+                canvas.counts["seed_passes"] += 1
+                canvas.counts["seeds"] += len(loop.pending)
+            bar.total = (bar.total or 0) + len(loop.pending)
+            while loop.pending:
+                seed = loop.pending.pop(0)
+                loop.tried.add(seed)
                 canvas.try_seed(seed)
                 bar.update()
                 bar.set_postfix(
@@ -448,11 +537,15 @@ def segment(
                     fovs=canvas.counts["fov_evaluations"],
                     refresh=False,
                 )
-            if canvas.counts["objects"] == objects_before:
-                break
+                save_if_due()
+            added = canvas.counts["objects"] > loop.objects_before
+            loop.next_pass = loop.next_pass + 1 if added else config.seed_passes
+            loop.pending = None
+    if state_path is not None:
+        state_path.unlink(missing_ok=True)
     stats = InferenceStats(
         voxels=int(raw.size),
-        seconds=time.perf_counter() - started,
+        seconds=loop.seconds + time.perf_counter() - started,
         **canvas.counts,
     )
     return canvas.segmentation, stats

@@ -170,6 +170,68 @@ def test_later_seed_passes_fill_what_the_first_left():
     assert_no_merges(many, labels)
 
 
+class JobStopped(Exception):
+    """Stands in for a batch job reaching its wall time in the middle of an object."""
+
+
+def test_an_interrupted_segmentation_resumes_from_its_checkpoint_to_the_same_result(tmp_path):
+    raw, labels = hand_made_volume()
+    config = dataclasses.replace(CONFIG, max_fov_evaluations_per_object=1, seed_passes=50)
+    whole, whole_stats = segment(raw, stand_in_predictor, MODEL, config)
+    state = tmp_path / "inference-state.npz"
+    calls = []
+
+    def stopped_after_40_fovs(images, seeds):
+        calls.append(len(images))
+        if len(calls) > 40:
+            raise JobStopped
+        return stand_in_predictor(images, seeds)
+
+    with pytest.raises(JobStopped):  # the fault happened ...
+        segment(
+            raw, stopped_after_40_fovs, MODEL, config, checkpoint_path=state, checkpoint_every_s=0
+        )
+    with np.load(state) as saved:  # ... after some objects, long before the end
+        assert 0 < np.count_nonzero(saved["segmentation"]) < np.count_nonzero(whole)
+    resumed, stats = segment(raw, stand_in_predictor, MODEL, config, checkpoint_path=state)
+    np.testing.assert_array_equal(resumed, whole)
+    assert stats.objects == whole_stats.objects and stats.seed_passes == whole_stats.seed_passes
+    # The FOVs of the object cut short are evaluated again; the finished ones are not.
+    assert whole_stats.fov_evaluations <= stats.fov_evaluations <= whole_stats.fov_evaluations + 1
+    assert not state.exists()  # removed once the segmentation is complete
+
+
+def test_a_checkpoint_of_other_inputs_or_a_damaged_one_is_refused(tmp_path):
+    raw, _ = hand_made_volume()
+    state = tmp_path / "inference-state.npz"
+
+    def stop(images, seeds):
+        raise JobStopped
+
+    with pytest.raises(JobStopped):
+        segment(raw, stop, MODEL, CONFIG, checkpoint_path=state, checkpoint_every_s=0)
+    assert not state.exists()  # no object was finished: nothing to save yet
+    short = dataclasses.replace(CONFIG, max_fov_evaluations_per_object=1)
+    calls = []
+
+    def stop_after_one(images, seeds):
+        calls.append(1)
+        if len(calls) > 1:
+            raise JobStopped
+        return stand_in_predictor(images, seeds)
+
+    with pytest.raises(JobStopped):
+        segment(raw, stop_after_one, MODEL, short, checkpoint_path=state, checkpoint_every_s=0)
+    assert state.exists()
+    with pytest.raises(CheckpointError, match="another volume or other settings"):
+        segment(raw, stand_in_predictor, MODEL, CONFIG, checkpoint_path=state)
+    with pytest.raises(CheckpointError, match="another volume or other settings"):
+        segment(raw[:, ::-1].copy(), stand_in_predictor, MODEL, short, checkpoint_path=state)
+    state.write_bytes(state.read_bytes()[:100])  # truncated, as by a full disk
+    with pytest.raises(CheckpointError, match="unreadable inference checkpoint"):
+        segment(raw, stand_in_predictor, MODEL, short, checkpoint_path=state)
+
+
 def shell_blind_predictor(images: np.ndarray, seeds: np.ndarray) -> np.ndarray:
     """The stand-in network, wrong on the FOV's outermost voxels where nothing was predicted yet
     (it calls them background), as a briefly trained network is unsure at the faces of new
