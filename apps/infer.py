@@ -8,9 +8,17 @@ from site_configs import CPU_LABEL
 @python_app(executors=[CPU_LABEL], cache=True)
 def infer_block(start: list, stop: list, inference: dict, inputs=(), outputs=()):
     """inputs: the staged volume, selection.json; outputs[0]: the block's result file."""
+    from pathlib import Path
+
     import h5py
 
-    from pipeline.blocks import Block, block_done, segment_block, write_block_result
+    from pipeline.blocks import (
+        Block,
+        block_done,
+        block_state_path,
+        segment_block,
+        write_block_result,
+    )
     from pipeline.config import from_dict
     from pipeline.inference import (
         InferenceConfig,
@@ -28,6 +36,7 @@ def infer_block(start: list, stop: list, inference: dict, inputs=(), outputs=())
             result = segment_block(
                 f["raw"], block, predictor_from_checkpoint(checkpoint, model), model,
                 from_dict(InferenceConfig, inference), {"checkpoint": str(checkpoint)},
+                block_state_path(Path(output).parent, block),
             )  # fmt: skip
         write_block_result(output, result)
     return output

@@ -197,6 +197,7 @@ def main() -> int:
             progress=True,
             checkpoint_path=args.state,
             checkpoint_every_s=60.0,
+            checkpoint_key=f"{args.checkpoint} {args.precision}",
         )
         complete = True
     except OutOfTime:

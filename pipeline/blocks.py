@@ -133,14 +133,24 @@ def segment_block(
     model: ModelConfig,
     config: InferenceConfig,
     provenance: dict | None = None,
+    state_path: str | Path | None = None,
 ) -> BlockResult:
     """Segment the `block` of `raw` (any array that slices, e.g. an h5py dataset) on its own.
 
     `provenance` (e.g. the checkpoint) is stored with the result so a restart with other settings
-    is noticed.
+    is noticed. With `state_path` a long block checkpoints its progress there
+    (`pipeline.inference.segment`), and a restarted task goes on from it.
     """
-    labels, stats = segment(np.asarray(raw[block.slices]), predict, model, config)
-    return BlockResult(block, labels, stats, _provenance(model, config, provenance))
+    record = _provenance(model, config, provenance)
+    labels, stats = segment(
+        np.asarray(raw[block.slices]),
+        predict,
+        model,
+        config,
+        checkpoint_path=state_path,
+        checkpoint_key=json.dumps(record, sort_keys=True),
+    )
+    return BlockResult(block, labels, stats, record)
 
 
 def _provenance(model: ModelConfig, config: InferenceConfig, extra: dict | None) -> dict:
@@ -151,6 +161,11 @@ def _provenance(model: ModelConfig, config: InferenceConfig, extra: dict | None)
 
 def block_path(blocks_dir: str | Path, block: Block) -> Path:
     return Path(blocks_dir) / f"{block.name}.npz"
+
+
+def block_state_path(blocks_dir: str | Path, block: Block) -> Path:
+    """Where an unfinished block keeps its inference checkpoint."""
+    return Path(blocks_dir) / f"{block.name}.state.npz"
 
 
 def block_done(path: str | Path) -> bool:
@@ -351,7 +366,8 @@ def segment_blockwise(
             if result.provenance != expected:
                 raise BlockResultError(f"{path}: made with other settings than this run")
         else:
-            result = segment_block(raw, block, predict, model, inference, provenance)
+            state = block_state_path(blocks_dir, block)
+            result = segment_block(raw, block, predict, model, inference, provenance, state)
             write_block_result(path, result)
         results.append(result)
     segmentation, stitched = stitch(results, raw.shape, blocks_config)

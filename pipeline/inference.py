@@ -424,11 +424,12 @@ class _SeedLoop:
     seconds: float = 0.0  # spent by earlier, interrupted runs
 
 
-def _fingerprint(raw: np.ndarray, model: ModelConfig, config: InferenceConfig) -> str:
-    """What a checkpoint must have been made from: the same image, model shape and settings."""
+def _fingerprint(raw: np.ndarray, model: ModelConfig, config: InferenceConfig, key: str) -> str:
+    """What a checkpoint must have been made from: the same image, model shape, settings and
+    caller's key (the weights: a predictor cannot tell which it runs)."""
     digest = hashlib.sha256(np.ascontiguousarray(raw).data).hexdigest()
     settings = {"model": config_io.to_dict(model), "inference": config_io.to_dict(config)}
-    return f"{raw.shape} {digest} {json.dumps(settings, sort_keys=True)}"
+    return f"{raw.shape} {digest} {json.dumps(settings, sort_keys=True)} {key}"
 
 
 def _save_state(path: Path, canvas: "_Canvas", loop: _SeedLoop, fingerprint: str) -> None:
@@ -485,6 +486,7 @@ def segment(
     progress: bool = False,
     checkpoint_path: str | Path | None = None,
     checkpoint_every_s: float = 600.0,
+    checkpoint_key: str = "",
 ) -> tuple[np.ndarray, InferenceStats]:
     """Flood-fill segmentation of one (z, y, x) uint8 volume: (uint64 ids 1..N, 0 = none; stats).
 
@@ -492,7 +494,8 @@ def segment(
     With `checkpoint_path`, the state between two objects is written there (atomically) every
     `checkpoint_every_s` seconds, and a run that finds it there goes on from it, giving the same
     result as one uninterrupted run (FFN's inference checkpoints, for jobs longer than a batch
-    job's wall time); the file is removed when the segmentation is complete.
+    job's wall time); the file is removed when the segmentation is complete. A checkpoint of
+    another image, model shape, settings or `checkpoint_key` (name the weights there) is refused.
     """
     _check_raw(raw, model)
     config = config or InferenceConfig()
@@ -500,7 +503,7 @@ def segment(
     margin = np.array(model.fov_shape_zyx) // 2
     canvas = _Canvas(normalize_image(raw, model), predict, model, config)
     state_path = Path(checkpoint_path) if checkpoint_path is not None else None
-    fingerprint = _fingerprint(raw, model, config) if state_path is not None else ""
+    fingerprint = _fingerprint(raw, model, config, checkpoint_key)
     loop = _SeedLoop()
     if state_path is not None and state_path.is_file():
         loop = _load_state(state_path, canvas, fingerprint)

@@ -227,6 +227,10 @@ def test_a_checkpoint_of_other_inputs_or_a_damaged_one_is_refused(tmp_path):
         segment(raw, stand_in_predictor, MODEL, CONFIG, checkpoint_path=state)
     with pytest.raises(CheckpointError, match="another volume or other settings"):
         segment(raw[:, ::-1].copy(), stand_in_predictor, MODEL, short, checkpoint_path=state)
+    with pytest.raises(CheckpointError, match="another volume or other settings"):
+        segment(
+            raw, stand_in_predictor, MODEL, short, checkpoint_path=state, checkpoint_key="ckpt-2"
+        )
     state.write_bytes(state.read_bytes()[:100])  # truncated, as by a full disk
     with pytest.raises(CheckpointError, match="unreadable inference checkpoint"):
         segment(raw, stand_in_predictor, MODEL, short, checkpoint_path=state)
