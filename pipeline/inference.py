@@ -23,6 +23,10 @@ same voxels, so each sees what it would see on its own; only the breadth-first o
 `batch_size` 1 is FFN's exact order. On a CPU the network's cost is per voxel, so batching gains
 little there; it is meant for accelerators.
 
+Checkpoints: given a `checkpoint_path`, `segment` saves its state between objects at an interval
+and goes on from a saved state, so a volume that takes longer than a batch job may run survives
+being stopped (google-research/ffn's `checkpoint_interval`).
+
 The network is any `Predictor`: `predict(images, seeds) -> logits`, all (batch, z, y, x, 1)
 float32. `make_model_predictor` wraps a Keras model; tests pass plain functions.
 
@@ -503,7 +507,7 @@ def segment(
     margin = np.array(model.fov_shape_zyx) // 2
     canvas = _Canvas(normalize_image(raw, model), predict, model, config)
     state_path = Path(checkpoint_path) if checkpoint_path is not None else None
-    fingerprint = _fingerprint(raw, model, config, checkpoint_key)
+    fingerprint = _fingerprint(raw, model, config, checkpoint_key) if state_path is not None else ""
     loop = _SeedLoop()
     if state_path is not None and state_path.is_file():
         loop = _load_state(state_path, canvas, fingerprint)
