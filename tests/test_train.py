@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.errors import ConfigError
+from pipeline.train import TrainConfig
 from pipeline.train_metrics import read_metrics
 
 ROOT = Path(__file__).parents[1]
@@ -172,3 +174,12 @@ def test_fine_tuning_starts_from_given_weights_with_a_fresh_optimizer(training_d
     assert "[train] initialised weights from" in done.stdout
     summary = json.loads((tmp_path / "tuned" / "train_summary.json").read_text())
     assert summary["step"] == 3 and summary["optimizer_iterations"] == 3  # Adam starts afresh
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"lr_decay_factor": 0.0}, {"lr_decay_factor": 1.5}, {"lr_decay_every_steps": -1}],
+)
+def test_a_bad_learning_rate_decay_is_refused(settings):
+    with pytest.raises(ConfigError, match="lr_decay_every_steps must be >= 0 and lr_decay_factor"):
+        TrainConfig(**settings)
