@@ -286,7 +286,9 @@ def main() -> int:
     if not complete:
         print(
             f"    STOPPED after --max-minutes {args.max_minutes}: the volume is NOT segmented yet; "
-            f"run again to go on from {args.state}"
+            f"run again to go on from {args.state}. This run: {timed.fovs} FOV evaluations in "
+            f"{run_seconds:.0f} s = {timed.fovs / run_seconds:.3f} FOV/s, work after the last "
+            "save included"
         )
     print(
         f"(b) segment {raw.shape}: {stats.seconds:.1f} s, "
