@@ -12,18 +12,18 @@ stage_volume(train), stage_volume(eval) -> preprocess -> train (MPI, N ranks) ->
 
 import argparse
 import shlex
+import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from parsl.data_provider.files import File
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
 from pipeline.blocks import block_path, plan_blocks
 from pipeline.errors import FFNError
 from pipeline.run_config import RunConfig, load_run_config
+from pipeline.stamps import Task, plan
 
 ROOT = Path(__file__).resolve().parent
 STAGES = ("stage", "preprocess", "train", "select", "infer", "stitch", "evaluate", "export")
@@ -116,111 +116,132 @@ def check_stage_inputs(stages: frozenset[str], root: Path) -> None:
                 )
 
 
-class _FromEarlierRun:
-    """Stands in for a stage left out by --stages (check_stage_inputs made sure its outputs exist)."""
+@dataclass(frozen=True)
+class Step:
+    """A task of the DAG (pipeline.stamps.Task) and how to submit it: its app and the app's
+    other arguments."""
 
-    def __init__(self, outputs: list):
-        self.outputs = outputs
-
-
-class _Submitter:
-    """Submits a stage's app, or stands in for it when --stages leaves it out."""
-
-    def __init__(self, selected: frozenset[str]):
-        self.selected = selected
-        self.futures: dict[str, list] = {}
-
-    def __call__(self, stage: str, app, *args, outputs: list, **kwargs):
-        if stage not in self.selected:
-            return _FromEarlierRun(outputs)
-        future = app(*args, outputs=outputs, **kwargs)
-        self.futures.setdefault(stage, []).append(future)
-        return future
+    task: Task
+    app: str  # attribute of apps.<module>: "stage.stage_volume"
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
 
 
-def _submit_training(config: RunConfig, paths: RunPaths, site, submit: _Submitter, eval_volume):
-    """Stage the training volume, preprocess, train, select; returns the selection's future."""
-    from apps.preprocess import preprocess
-    from apps.select import select_checkpoint
-    from apps.stage import stage_volume
-    from apps.train import train
+def _task(
+    name: str, settings: dict, inputs: list, outputs: list, app: str, *args, **kwargs
+) -> Step:
+    stage = name.partition("[")[0]
+    task = Task(name, stage, settings, tuple(map(Path, inputs)), tuple(map(Path, outputs)))
+    return Step(task, app, args, kwargs)
 
-    data = config_io.to_dict(config.data)
-    train_volume = submit(
-        "stage", stage_volume, data, "train", outputs=[File(str(paths.train_volume))]
-    )
-    coords = submit(
-        "preprocess", preprocess, config_io.to_dict(config.partitions_for_training()),
-        inputs=[train_volume.outputs[0]], outputs=[File(str(paths.partitions)), File(str(paths.coordinates))],
-    )  # fmt: skip
+
+def _training_steps(config: RunConfig, paths: RunPaths, site) -> list[Step]:
+    """Stage the training volume, preprocess, train, select."""
+    from pipeline.staging import role_settings, source_files
+
     launch = site.SITE.mpi_launch(config.train_nodes)
-    paths.train_dir.mkdir(parents=True, exist_ok=True)
-    config_io.save_json(paths.train_dir / "requested_config.json", config.train)
-    trained = submit(
-        "train", train, training_command(config, paths, launch),
-        inputs=[train_volume.outputs[0], coords.outputs[1]], outputs=[File(str(paths.train_summary))],
-        stdout=str(paths.train_log), stderr=str(paths.train_log),
-        parsl_resource_specification=launch.resource_specification,
-    )  # fmt: skip
-    scored_on = eval_volume if _eval_has_labels(config) else train_volume
-    return submit(
-        "select", select_checkpoint, str(paths.train_dir), config_io.to_dict(config.selection),
-        inputs=[trained.outputs[0], scored_on.outputs[0]], outputs=[File(str(paths.selection))],
-    )  # fmt: skip
+    init_from = str(Path(config.train_init_from).resolve()) if config.train_init_from else ""
+    scored_on = paths.eval_volume if _eval_has_labels(config) else paths.train_volume
+    train_settings = {
+        "train": config_io.to_dict(config.train),
+        "ranks": launch.num_ranks,
+        "init_from": init_from,
+    }
+    partitions = {"partitions": config_io.to_dict(config.partitions_for_training())}
+    return [
+        _task("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
+              [paths.train_volume], "stage.stage_volume"),
+        _task("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
+              "preprocess.preprocess"),
+        _task("train", train_settings, [paths.train_volume, paths.coordinates] + ([init_from] if init_from else []),
+              [paths.train_summary], "train.train", training_command(config, paths, launch), str(paths.train_log),
+              parsl_resource_specification=launch.resource_specification),
+        _task("select", {"selection": config_io.to_dict(config.selection)}, [paths.train_summary, scored_on],
+              [paths.selection], "select.select_checkpoint"),
+    ]  # fmt: skip
 
 
-def build_dag(
-    config: RunConfig, paths: RunPaths, site, stages: frozenset[str] = frozenset(STAGES)
-) -> dict:
-    """Submit the stages; returns {stage name: futures}. Parsl runs them as their inputs resolve.
+def dag_steps(config: RunConfig, paths: RunPaths, site) -> list[Step]:
+    """Every task of the run in dependency order. With a pretrained model there is no training:
+    run() writes its checkpoint as the selection."""
+    from pipeline.staging import role_settings, source_files
 
-    With a pretrained model there is no training: its checkpoint is written as the selection."""
-    from apps.evaluate import evaluate
-    from apps.export import export
-    from apps.infer import infer_block
-    from apps.stage import stage_volume
-    from apps.stitch import stitch
-
-    submit = _Submitter(stages)
-    data = config_io.to_dict(config.data)
-    eval_volume = submit(
-        "stage", stage_volume, data, "eval", outputs=[File(str(paths.eval_volume))]
-    )
-    if config.pretrained_model:  # run() wrote its selection.json
-        selected = _FromEarlierRun([File(str(paths.selection))])
-    else:
-        selected = _submit_training(config, paths, site, submit, eval_volume)
-    blocks = [
-        submit(
-            "infer",
-            infer_block,
-            list(block.start),
-            list(block.stop),
-            config_io.to_dict(config.inference),
-            inputs=[eval_volume.outputs[0], selected.outputs[0]],
-            outputs=[File(str(block_path(paths.blocks_dir, block)))],
-        )  # fmt: skip
-        for block in plan_blocks(_eval_shape(config), config.blocks)
-    ]
-    stitched = submit(
-        "stitch", stitch, config_io.to_dict(config.blocks),
-        inputs=[eval_volume.outputs[0], *(b.outputs[0] for b in blocks)],
-        outputs=[File(str(paths.segmentation)), File(str(paths.stitch_summary))],
-    )  # fmt: skip
-    segmented = [eval_volume.outputs[0], stitched.outputs[0]]
-    submit(
-        "export",
-        export,
-        config_io.to_dict(config.export),
-        inputs=segmented,
-        outputs=[File(str(paths.precomputed))],
-    )
+    steps = [
+        _task("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
+              [paths.eval_volume], "stage.stage_volume"),
+    ]  # fmt: skip
+    if not config.pretrained_model:
+        steps += _training_steps(config, paths, site)
+    blocks = plan_blocks(_eval_shape(config), config.blocks)
+    inference = config_io.to_dict(config.inference)
+    for i, block in enumerate(blocks):
+        settings = {"inference": inference, "start": list(block.start), "stop": list(block.stop)}
+        steps.append(_task(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
+                           [block_path(paths.blocks_dir, block)], "infer.infer_block"))  # fmt: skip
+    block_files = [block_path(paths.blocks_dir, b) for b in blocks]
+    segmented = [paths.eval_volume, paths.segmentation]
+    steps += [
+        _task("stitch", {"blocks": config_io.to_dict(config.blocks)}, [paths.eval_volume, *block_files],
+              [paths.segmentation, paths.stitch_summary], "stitch.stitch"),
+        _task("export", {"export": config_io.to_dict(config.export)}, segmented, [paths.precomputed],
+              "export.export"),
+    ]  # fmt: skip
     if _eval_has_labels(config):
-        submit(
-            "evaluate", evaluate, config_io.to_dict(config.watershed),
-            inputs=segmented, outputs=[File(str(paths.evaluation))],
-        )  # fmt: skip
-    return submit.futures
+        steps.append(_task("evaluate", {"watershed": config_io.to_dict(config.watershed)}, segmented,
+                           [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
+    return steps
+
+
+def plan_run(
+    steps: list[Step], stages: frozenset[str] = frozenset(STAGES)
+) -> dict[str, str | None]:
+    """{task: why it runs, or None when it is up to date or left out by --stages}."""
+    return plan([s.task for s in steps], runnable=lambda t: t.stage in stages)
+
+
+def describe_plan(steps: list[Step], reasons: dict[str, str | None]) -> list[str]:
+    """Per stage: how many tasks are up to date, and why the others run."""
+    lines = []
+    for stage in dict.fromkeys(s.task.stage for s in steps):
+        names = [s.task.name for s in steps if s.task.stage == stage]
+        kept = sum(reasons[n] is None for n in names)
+        why: dict[str, list[str]] = {}
+        for name in names:
+            if reasons[name] is not None:
+                why.setdefault(reasons[name], []).append(name)
+        runs = "; ".join(
+            (f"{', '.join(n)}: " if len(names) > 1 else "") + reason for reason, n in why.items()
+        )
+        lines.append(
+            f"  {stage:<10} {kept}/{len(names)} up to date" + (f"; runs: {runs}" if runs else "")
+        )
+    return lines
+
+
+def build_dag(steps: list[Step], reasons: dict[str, str | None]) -> dict[str, object]:
+    """Submit the tasks that must run; returns {task name: future}. Parsl starts each when its
+    inputs are ready: a rebuilt input as the future of the task that rebuilds it."""
+    import importlib
+
+    from parsl.data_provider.files import File
+
+    futures: dict[str, object] = {}
+    made_by: dict[Path, tuple[object, int]] = {}
+    for step in steps:
+        task = step.task
+        if reasons[task.name] is None:
+            continue
+        inputs = [
+            made_by[p][0].outputs[made_by[p][1]] if p in made_by else File(str(p))
+            for p in task.inputs
+        ]
+        module, _, name = step.app.rpartition(".")
+        app = getattr(importlib.import_module(f"apps.{module}"), name)
+        future = app(task.settings, *step.args, inputs=inputs, outputs=[File(str(p)) for p in task.outputs],
+                     **step.kwargs)  # fmt: skip
+        futures[task.name] = future
+        made_by |= {p: (future, i) for i, p in enumerate(task.outputs)}
+    return futures
 
 
 def _eval_has_labels(config: RunConfig) -> bool:
@@ -259,38 +280,37 @@ def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
     return "\n".join(lines)
 
 
-def _watch(futures: dict, paths: RunPaths) -> dict[str, str]:
-    """Print each stage's start and end, and training progress, until every task is done."""
-    reported: dict[int, str] = {}
-    last_train_line, started = "", time.monotonic()
-    tasks = [(stage, f) for stage, fs in futures.items() for f in fs]
+def _watch(futures: dict[str, object], paths: RunPaths) -> None:
+    """Print each task's start and end, and training progress, until every task is done."""
+    reported: dict[str, str] = {}
+    # The log is appended to by every run: show only lines this run adds.
+    last_train_line, started = _last_train_line(paths.train_log), time.monotonic()
     while True:
-        for stage, future in tasks:
+        for name, future in futures.items():
             state = future.task_record["status"].name
-            if reported.get(id(future)) == state:
+            if reported.get(name) == state:
                 continue
-            reported[id(future)] = state
-            name = stage if len(futures[stage]) == 1 else f"{stage}[{futures[stage].index(future)}]"
+            reported[name] = state
             elapsed = f"{time.monotonic() - started:6.0f} s"
             if state in ("launched", "running"):
-                print(f"[workflow] {elapsed} {name} started", flush=True)
+                _say(f"{elapsed} {name} started")
             elif state == "exec_done":
-                print(f"[workflow] {elapsed} {name} finished", flush=True)
-            elif state == "memo_done":
-                print(f"[workflow] {elapsed} {name} skipped: done in an earlier run", flush=True)
+                note = " (found up to date)" if future.result() == "up to date" else ""
+                _say(f"{elapsed} {name} finished{note}")
             elif state in ("failed", "dep_fail"):
-                print(f"[workflow] {elapsed} {name} {state.replace('_', ' ')}", flush=True)
-        training = "train" in futures and reported.get(id(futures["train"][0])) in (
-            "launched",
-            "running",
-        )
+                _say(f"{elapsed} {name} {state.replace('_', ' ')}")
+        training = reported.get("train") in ("launched", "running")
         line = _last_train_line(paths.train_log) if training else ""
         if line and line != last_train_line:
-            print(f"[workflow]          {line}", flush=True)
+            _say(f"         {line}")
             last_train_line = line
-        if all(f.done() for _, f in tasks):
-            return {id(f): reported[id(f)] for _, f in tasks}
-        time.sleep(2)
+        if all(f.done() for f in futures.values()):
+            return
+        time.sleep(1)
+
+
+def _say(text: str) -> None:
+    print(f"[workflow] {text}", flush=True)
 
 
 def _last_train_line(log: Path) -> str:
@@ -302,9 +322,48 @@ def _last_train_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def run(args: argparse.Namespace) -> int:
+class Stopped(Exception):
+    """SIGINT or SIGTERM reached the workflow: its workers are stopped and it exits."""
+
+
+def _stop(signum: int, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _execute(steps: list[Step], reasons: dict[str, str | None], site, paths: RunPaths) -> int:
+    """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
     import parsl
 
+    from site_configs.base import shutdown
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    dfk = None
+    try:
+        dfk = parsl.load(site.make_config(paths.root))
+        futures = build_dag(steps, reasons)
+        _watch(futures, paths)
+    except Stopped as stop:
+        _say(f"stopped by {stop}: workers shut down; go on later with --resume")
+        return 128 + getattr(signal, str(stop)).value
+    finally:
+        for sig in previous:  # a second signal must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
+        if dfk is not None:
+            shutdown(dfk)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    failed = {
+        n: f.exception() for n, f in futures.items() if f.task_record["status"].name == "failed"
+    }
+    for name, exc in failed.items():
+        print(f"[workflow] {name} failed: {exc}", file=sys.stderr)
+    if failed:
+        print(f"[workflow] Parsl's logs: {paths.root / 'runinfo'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
     from site_configs import load_site
 
     config = load_run_config(args.config)
@@ -312,6 +371,9 @@ def run(args: argparse.Namespace) -> int:
     paths = RunPaths(Path(args.run_dir or ROOT / "data" / "runs" / config.name).resolve())
     if args.dry_run:
         print(describe_dag(config, paths, site))
+        if paths.root.is_dir():
+            steps = dag_steps(config, paths, site)
+            print(f"tasks in {paths.root}:", *describe_plan(steps, plan_run(steps)), sep="\n")
         return 0
     if (paths.root / "runinfo").exists() and not args.resume:
         print(
@@ -321,35 +383,30 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stages = frozenset(args.stages or STAGES)
     if config.pretrained_model:  # inference only: the model's checkpoint is the selection
-        from pipeline.pretrained import write_pretrained_selection
+        from pipeline.pretrained import stage_pretrained_selection
 
-        write_pretrained_selection(config.pretrained_model, paths.selection)
+        stage_pretrained_selection(config.pretrained_model, paths.selection)
         stages = stages - {"preprocess", "train", "select"}
     check_stage_inputs(stages, paths.root)  # before any worker starts
     paths.root.mkdir(parents=True, exist_ok=True)
     config_io.save_json(paths.config, config)
-    if args.resume:
-        from pipeline.report import last_run_summary
-
-        print(f"[workflow] resuming: {last_run_summary(paths.root / 'monitoring.db')}")
-    parsl.load(site.make_config(paths.root))
-    try:
-        futures = build_dag(config, paths, site, stages)
-        states = _watch(futures, paths)
-        failures = [f for fs in futures.values() for f in fs if f.exception() is not None]
-    finally:
-        parsl.dfk().cleanup()
-    if failures:
-        print(f"[workflow] failed: {failures[0].exception()}", file=sys.stderr)
-        return 1
-    if all(s == "memo_done" for s in states.values()):
-        print("[workflow] nothing to do: every stage was already complete in an earlier run")
+    if not config.pretrained_model:
+        config_io.save_json(paths.train_dir / "requested_config.json", config.train)
+    steps = dag_steps(config, paths, site)
+    reasons = plan_run(steps, stages)
+    _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
+    for line in describe_plan(steps, reasons):
+        _say(line)
+    if all(r is None for r in reasons.values()):
+        _say("nothing to do: every task is up to date")
+    else:
+        status = _execute(steps, reasons, site, paths)
+        if status:
+            return status
     from pipeline.report import write_report
 
     write_report(paths.root)
-    print(
-        f"[workflow] done: {paths.report}; view it with: python workflow.py view --run-dir {paths.root}"
-    )
+    _say(f"done: {paths.report}; view it with: python workflow.py view --run-dir {paths.root}")
     return 0
 
 

@@ -1,20 +1,11 @@
 """Thin Parsl apps, one module per stage; each calls `pipeline/` and returns.
 
-Every app is declared `cache=True`: with the run's task-exit checkpoints (site_configs.base) a
-resumed workflow does not run an app again whose inputs are unchanged. Inputs are `File`s; their
-identity for that purpose is path + size + modification time (registered below), so an input
-file that changed makes its consumers run again.
+Every app takes the task's `settings` (a plain dict, also the task's identity with its inputs)
+and wraps its work in `pipeline.stamps.run_once`: it does nothing when its outputs carry a stamp
+of these settings and of its inputs' current tokens, and stamps them after writing them. The
+workflow plans with the same stamps before submitting (`pipeline.stamps.plan`) and submits only
+the tasks that must run, so Parsl's own app cache is not used: its key could not see a missing or
+rewritten output.
+
+Each app returns "ran" or "up to date".
 """
-
-import os
-
-from parsl.data_provider.files import File
-from parsl.dataflow.memoization import id_for_memo
-
-
-@id_for_memo.register(File)
-def _id_for_file(file: File, output_ref: bool = False) -> bytes:
-    if output_ref or not os.path.exists(file.filepath):
-        return f"file:{file.filepath}".encode()
-    stat = os.stat(file.filepath)
-    return f"file:{file.filepath}:{stat.st_size}:{stat.st_mtime_ns}".encode()

@@ -5,15 +5,22 @@ from parsl import python_app
 from site_configs import CPU_LABEL
 
 
-@python_app(executors=[CPU_LABEL], cache=True)
-def evaluate(watershed: dict, inputs=(), outputs=()):
-    """inputs: staged labeled volume, segmentation.h5; outputs[0]: evaluation.json."""
+@python_app(executors=[CPU_LABEL])
+def evaluate(settings: dict, inputs=(), outputs=()):
+    """settings: {"watershed": WatershedConfig}; inputs: staged labeled volume,
+    segmentation.h5; outputs[0]: evaluation.json."""
     from pipeline.config import from_dict
     from pipeline.evaluation import evaluate_volume
     from pipeline.metrics import WatershedConfig
+    from pipeline.stamps import run_once
 
-    evaluate_volume(
-        f"{inputs[0].filepath}:raw", f"{inputs[0].filepath}:labels",
-        f"{inputs[1].filepath}:segmentation", from_dict(WatershedConfig, watershed), outputs[0].filepath,
-    )  # fmt: skip
-    return outputs[0].filepath
+    volume, segmentation = (f.filepath for f in inputs)
+    output = outputs[0].filepath
+
+    def work() -> None:
+        evaluate_volume(
+            f"{volume}:raw", f"{volume}:labels", f"{segmentation}:segmentation",
+            from_dict(WatershedConfig, settings["watershed"]), output,
+        )  # fmt: skip
+
+    return run_once(settings, [volume, segmentation], [output], work)

@@ -5,16 +5,22 @@ from parsl import python_app
 from site_configs import CPU_LABEL
 
 
-@python_app(executors=[CPU_LABEL], cache=True)
-def export(export: dict, inputs=(), outputs=()):
-    """inputs: staged volume, segmentation.h5; outputs[0]: the precomputed folder."""
+@python_app(executors=[CPU_LABEL])
+def export(settings: dict, inputs=(), outputs=()):
+    """settings: {"export": ExportConfig}; inputs: staged volume, segmentation.h5;
+    outputs[0]: the precomputed folder."""
     from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, export_complete, export_precomputed
+    from pipeline.export import ExportConfig, export_precomputed
+    from pipeline.stamps import run_once
     from pipeline.volumes import read_labels, read_raw
 
+    volume, segmentation_path = (f.filepath for f in inputs)
     folder = outputs[0].filepath
-    if not export_complete(folder):
-        raw, voxel_size = read_raw(f"{inputs[0].filepath}:raw")
-        segmentation, _ = read_labels(f"{inputs[1].filepath}:segmentation")
-        export_precomputed(raw, segmentation, voxel_size, folder, from_dict(ExportConfig, export))
-    return folder
+
+    def work() -> None:
+        raw, voxel_size = read_raw(f"{volume}:raw")
+        segmentation, _ = read_labels(f"{segmentation_path}:segmentation")
+        config = from_dict(ExportConfig, settings["export"])
+        export_precomputed(raw, segmentation, voxel_size, folder, config)
+
+    return run_once(settings, [volume, segmentation_path], [folder], work)

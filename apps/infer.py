@@ -5,20 +5,15 @@ from parsl import python_app
 from site_configs import CPU_LABEL
 
 
-@python_app(executors=[CPU_LABEL], cache=True)
-def infer_block(start: list, stop: list, inference: dict, inputs=(), outputs=()):
-    """inputs: the staged volume, selection.json; outputs[0]: the block's result file."""
+@python_app(executors=[CPU_LABEL])
+def infer_block(settings: dict, inputs=(), outputs=()):
+    """settings: {"inference": InferenceConfig, "start": zyx, "stop": zyx}; inputs: the staged
+    volume, selection.json; outputs[0]: the block's result file."""
     from pathlib import Path
 
     import h5py
 
-    from pipeline.blocks import (
-        Block,
-        block_done,
-        block_state_path,
-        segment_block,
-        write_block_result,
-    )
+    from pipeline.blocks import Block, block_state_path, segment_block, write_block_result
     from pipeline.config import from_dict
     from pipeline.inference import (
         InferenceConfig,
@@ -26,17 +21,24 @@ def infer_block(start: list, stop: list, inference: dict, inputs=(), outputs=())
         predictor_from_checkpoint,
     )
     from pipeline.selection import chosen_checkpoint
+    from pipeline.stamps import digest_arrays, input_token, run_once
 
+    volume, selection = (f.filepath for f in inputs)
     output = outputs[0].filepath
-    if not block_done(output):
-        checkpoint = chosen_checkpoint(inputs[1].filepath)
+
+    def work() -> str:
+        checkpoint = chosen_checkpoint(selection)
         model = checkpoint_model_config(checkpoint)
-        with h5py.File(inputs[0].filepath, "r") as f:
-            block = Block(tuple(start), tuple(stop))
+        block = Block(tuple(settings["start"]), tuple(settings["stop"]))
+        # The weights' token keys the block's inference checkpoint: new weights, fresh start.
+        provenance = {"checkpoint": str(checkpoint), "weights": input_token(selection)}
+        with h5py.File(volume, "r") as f:
             result = segment_block(
                 f["raw"], block, predictor_from_checkpoint(checkpoint, model), model,
-                from_dict(InferenceConfig, inference), {"checkpoint": str(checkpoint)},
+                from_dict(InferenceConfig, settings["inference"]), provenance,
                 block_state_path(Path(output).parent, block),
             )  # fmt: skip
         write_block_result(output, result)
-    return output
+        return digest_arrays({"labels": result.labels})
+
+    return run_once(settings, [volume, selection], [output], work)

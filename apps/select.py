@@ -1,20 +1,28 @@
-"""Pick the best of the last checkpoints on the held-out volume."""
+"""Pick the best of the last checkpoints on a held-out volume."""
 
 from parsl import python_app
 
 from site_configs import CPU_LABEL
 
 
-@python_app(executors=[CPU_LABEL], cache=True)
-def select_checkpoint(train_dir: str, selection: dict, inputs=(), outputs=()):
-    """inputs: train_summary.json, the labeled volume to score on; outputs[0]: selection.json."""
+@python_app(executors=[CPU_LABEL])
+def select_checkpoint(settings: dict, inputs=(), outputs=()):
+    """settings: {"selection": SelectionConfig}; inputs: train_summary.json, the labeled volume
+    to score on; outputs[0]: selection.json."""
+    from pathlib import Path
+
     from pipeline.config import from_dict
-    from pipeline.selection import SelectionConfig, select_checkpoint, selection_done
+    from pipeline.selection import SelectionConfig, select_checkpoint, selection_token
+    from pipeline.stamps import run_once
     from pipeline.volumes import read_volume_pair
 
-    volume_path, output = inputs[1].filepath, outputs[0].filepath
-    config = from_dict(SelectionConfig, selection)
-    if not selection_done(output, train_dir, config):
+    summary, volume_path = (f.filepath for f in inputs)
+    output = outputs[0].filepath
+
+    def work() -> str:
         volume = read_volume_pair(f"{volume_path}:raw", f"{volume_path}:labels")
-        select_checkpoint(train_dir, volume, config, output)
-    return output
+        config = from_dict(SelectionConfig, settings["selection"])
+        select_checkpoint(Path(summary).parent, volume, config, output)
+        return selection_token(output)
+
+    return run_once(settings, [summary, volume_path], [output], work)

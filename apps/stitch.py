@@ -5,21 +5,33 @@ from parsl import python_app
 from site_configs import CPU_LABEL
 
 
-@python_app(executors=[CPU_LABEL], cache=True)
-def stitch(blocks: dict, inputs=(), outputs=()):
-    """inputs: the staged volume, then every block result; outputs: segmentation.h5, stitch.json."""
+@python_app(executors=[CPU_LABEL])
+def stitch(settings: dict, inputs=(), outputs=()):
+    """settings: {"blocks": BlockConfig}; inputs: the staged volume, then every block result;
+    outputs: segmentation.h5, stitch.json."""
     import dataclasses
     import json
 
+    from pipeline.atomic import atomic_path
     from pipeline.blocks import BlockConfig, read_block_result, stitch
     from pipeline.config import from_dict
+    from pipeline.stamps import digest_arrays, run_once
     from pipeline.volumes import read_raw, write_volumes
 
-    raw, voxel_size = read_raw(f"{inputs[0].filepath}:raw")
-    results = [read_block_result(f.filepath) for f in inputs[1:]]
-    segmentation, stats = stitch(results, raw.shape, from_dict(BlockConfig, blocks))
-    write_volumes(outputs[0].filepath, {"segmentation": segmentation}, voxel_size)
-    summary = {"stitch": dataclasses.asdict(stats), "blocks": [r.stats.to_dict() for r in results]}
-    with open(outputs[1].filepath, "w") as f:
-        json.dump(summary, f, indent=2)
-    return outputs[0].filepath
+    paths = [f.filepath for f in inputs]
+    segmentation_out, summary_out = (f.filepath for f in outputs)
+
+    def work() -> str:
+        raw, voxel_size = read_raw(f"{paths[0]}:raw")
+        results = [read_block_result(p) for p in paths[1:]]
+        segmentation, stats = stitch(results, raw.shape, from_dict(BlockConfig, settings["blocks"]))
+        write_volumes(segmentation_out, {"segmentation": segmentation}, voxel_size)
+        summary = {
+            "stitch": dataclasses.asdict(stats),
+            "blocks": [r.stats.to_dict() for r in results],
+        }
+        with atomic_path(summary_out) as tmp:
+            tmp.write_text(json.dumps(summary, indent=2))
+        return digest_arrays({"segmentation": segmentation}, list(voxel_size))
+
+    return run_once(settings, paths, [segmentation_out, summary_out], work)

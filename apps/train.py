@@ -1,14 +1,29 @@
 """Multi-rank Horovod training, started by the site's MPI launcher (site_configs.MPILaunch)."""
 
-from parsl import bash_app
+from parsl import python_app
 
 from site_configs import MPI_LABEL
 
 
-@bash_app(executors=[MPI_LABEL], cache=True)
+@python_app(executors=[MPI_LABEL])
 def train(
-    command: str, inputs=(), outputs=(), stdout=None, stderr=None, parsl_resource_specification=None
+    settings: dict, command: str, log: str, inputs=(), outputs=(), parsl_resource_specification=None
 ):
-    """`command` is the launcher line built by the workflow; it resumes from the train dir's
-    latest checkpoint if one exists. outputs[0]: train_summary.json."""
-    return command
+    """settings: {"train": TrainConfig, "ranks": N, "init_from": path}; `command` is the launch
+    line built by the workflow (it resumes from the train dir's latest checkpoint of the same
+    lineage); its output is appended to `log`. outputs[0]: train_summary.json."""
+    import subprocess
+
+    from pipeline.errors import StageFailed
+    from pipeline.stamps import run_once
+
+    def work() -> None:
+        with open(log, "ab") as out:
+            # Same process group as the worker: cancelling the worker's block stops the ranks.
+            done = subprocess.run(
+                command, shell=True, executable="/bin/bash", stdout=out, stderr=subprocess.STDOUT
+            )
+        if done.returncode != 0:
+            raise StageFailed.from_log("training", done.returncode, log)
+
+    return run_once(settings, [f.filepath for f in inputs], [outputs[0].filepath], work)

@@ -72,3 +72,32 @@ class InferenceError(FFNError, ValueError):
 
 class BlockResultError(FFNError, ValueError):
     """A block result file is unreadable, or belongs to another block plan or other settings."""
+
+
+class TrainingDiverged(FFNError, ArithmeticError):
+    """The loss or a gradient became NaN or infinite; no checkpoint is written from that state."""
+
+
+class StageFailed(FFNError):
+    """A stage's program (the training launch line) exited with an error. `retryable` is False
+    when the program itself reported a pipeline error (exit code 2: bad input or settings, a
+    diverged training): running it again would fail the same way."""
+
+    def __init__(self, message: str, retryable: bool = True):
+        super().__init__(message, retryable)
+        self.retryable = retryable
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @classmethod
+    def from_log(cls, what: str, returncode: int, log: str) -> "StageFailed":
+        """The error the program printed last (its `error: ...` line), and where its log is."""
+        try:
+            with open(log, errors="replace") as f:
+                lines = [line.strip() for line in f if line.strip()]
+        except OSError:
+            lines = []
+        errors = [line for line in lines if line.startswith("error:")]
+        last = errors[-1] if errors else (lines[-1] if lines else "no output")
+        return cls(f"{what} exited with code {returncode}: {last} (log: {log})", returncode != 2)

@@ -368,14 +368,23 @@ def write_pretrained_selection(model_dir: str | os.PathLike, output: str | os.Pa
         "candidates": [],
         "pretrained": source,
     }
-    text = json.dumps(record, indent=2) + "\n"
-    # Unchanged, it is left alone: the inference stage's cache keys on its size and mtime, so a
-    # rewrite would make `--resume` segment every block again.
-    if Path(output).is_file() and Path(output).read_text() == text:
-        return record
     with atomic_path(output) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def stage_pretrained_selection(model_dir: str | os.PathLike, output: str | os.PathLike) -> str:
+    """The selection stage of an inference-only run: `write_pretrained_selection`, stamped
+    (pipeline.stamps) so that inference re-runs exactly when the model's weights change."""
+    from pipeline.selection import selection_token
+    from pipeline.stamps import run_once
+
+    def work() -> str:
+        write_pretrained_selection(model_dir, output)
+        return selection_token(output)
+
+    settings = {"pretrained_model": str(Path(model_dir).resolve())}
+    return run_once(settings, [model_dir], [output], work)
 
 
 # ---------------------------------------------------------------------------------------------

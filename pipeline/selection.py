@@ -36,6 +36,7 @@ from pipeline.inference import (
 from pipeline.metrics import score_segmentation
 from pipeline.model import ModelConfig, build_model, load_weights, logit, normalize_image
 from pipeline.partitions import DEFAULT_THRESHOLDS, build_coordinates, compute_partitions
+from pipeline.stamps import digest, digest_files
 from pipeline.volumes import LabeledVolume, read_volume_pair
 
 SELECTION_FILE = "selection.json"
@@ -217,6 +218,18 @@ def chosen_checkpoint(path: str | Path) -> Path:
     if not selection_done(path):
         raise CheckpointError(f"{path}: not a complete selection file")
     return Path(json.loads(path.read_text())["checkpoint"])
+
+
+def selection_token(path: str | Path) -> str:
+    """Digest of the weights a selection chose and of their model settings (the stage's
+    pipeline.stamps token): a selection made again that chose the same weights re-segments
+    nothing downstream."""
+    checkpoint = chosen_checkpoint(path)
+    files = sorted(checkpoint.parent.glob(checkpoint.name + ".*"))
+    if not files:
+        raise CheckpointError(f"{path}: the chosen checkpoint {checkpoint} has no files")
+    model = config_io.to_dict(checkpoint_model_config(checkpoint))
+    return digest([digest_files(files), model])
 
 
 # ---------------------------------------------------------------------------------------------

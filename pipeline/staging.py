@@ -14,6 +14,7 @@ from pathlib import Path
 import h5py
 
 from pipeline.errors import ConfigError
+from pipeline.stamps import digest_arrays
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import VolumeSpec, read_raw, read_volume_pair, write_volumes
 
@@ -49,24 +50,55 @@ class DataConfig:
         return not self.train_raw and not self.eval_raw
 
 
-def staged_complete(path: str | Path) -> bool:
-    """A staged file is complete once it exists: it is written under a temporary name."""
-    return Path(path).is_file()
+def role_settings(data: DataConfig, role: str) -> dict:
+    """The settings staging one role's volume depends on ("train" or "eval"): another role's
+    change must not re-stage this one."""
+    if data.synthetic:
+        seed = data.train_seed if role == "train" else data.eval_seed
+        shape = data.synthetic_shape_zyx
+        return {
+            "role": role,
+            "synthetic_preset": data.synthetic_preset,
+            "seed": seed,
+            "shape_zyx": shape,
+        }
+    raw, labels = (
+        (data.train_raw, data.train_labels)
+        if role == "train"
+        else (data.eval_raw, data.eval_labels)
+    )
+    return {"role": role, "raw": raw, "labels": labels, "voxel_size_nm": data.voxel_size_nm}
 
 
-def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) -> Path:
+def source_files(data: DataConfig, role: str) -> list[Path]:
+    """The user's files a role's volume is read from (none for synthetic data)."""
+    specs = [role_settings(data, role).get(key, "") for key in ("raw", "labels")]
+    return sorted({VolumeSpec.parse(spec).path for spec in specs if spec})
+
+
+def stage_role(path: str | Path, settings: dict) -> str:
+    """Stage the volume `role_settings` describes; returns the digest of what was staged (the
+    token of pipeline.stamps)."""
+    if "synthetic_preset" in settings:
+        preset, seed, shape = (settings[k] for k in ("synthetic_preset", "seed", "shape_zyx"))
+        return stage_synthetic(path, preset, seed, tuple(shape) if shape else None)
+    return stage_files(path, settings["raw"], settings["labels"], settings["voxel_size_nm"])
+
+
+def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) -> str:
     config = dataclasses.replace(PRESETS[preset].with_geometry(shape_zyx), seed=seed)
     raw, labels = generate(config)
     provenance = json.dumps(
         {"synthetic_preset": preset, "seed": seed, "shape_zyx": config.shape_zyx}
     )
-    return write_volumes(
-        path, {"raw": raw, "labels": labels}, config.voxel_size_nm, {STAGED_ATTR: provenance}
-    )
+    arrays = {"raw": raw, "labels": labels}
+    write_volumes(path, arrays, config.voxel_size_nm, {STAGED_ATTR: provenance})
+    return digest_arrays(arrays, [float(v) for v in config.voxel_size_nm])
 
 
-def stage_files(path: str | Path, raw_spec: str, labels_spec: str = "", voxel_size_nm=None) -> Path:
-    """Validate the user's volume(s) and copy them in; labels are optional (then nothing is scored)."""
+def stage_files(path: str | Path, raw_spec: str, labels_spec: str = "", voxel_size_nm=None) -> str:
+    """Validate the user's volume(s) and copy them in; labels are optional (then nothing is scored).
+    Returns the digest of the content read."""
     if labels_spec:
         volume = read_volume_pair(raw_spec, labels_spec, voxel_size_nm=voxel_size_nm)
         arrays, voxel_size = {"raw": volume.raw, "labels": volume.labels}, volume.voxel_size_nm
@@ -74,7 +106,8 @@ def stage_files(path: str | Path, raw_spec: str, labels_spec: str = "", voxel_si
         raw, voxel_size = read_raw(raw_spec, voxel_size_nm)
         arrays = {"raw": raw}
     provenance = json.dumps({"raw": str(VolumeSpec.parse(raw_spec)), "labels": labels_spec})
-    return write_volumes(path, arrays, voxel_size, {STAGED_ATTR: provenance})
+    write_volumes(path, arrays, voxel_size, {STAGED_ATTR: provenance})
+    return digest_arrays(arrays, [float(v) for v in voxel_size])
 
 
 def has_labels(path: str | Path) -> bool:

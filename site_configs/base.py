@@ -8,8 +8,7 @@ executors from a `SiteSpec` and hands them to `build_config`.
 
 from __future__ import annotations
 
-import dataclasses
-import pickle
+import contextlib
 import re
 import shlex
 import shutil
@@ -19,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
 from parsl.config import Config
-from parsl.dataflow.memoization import BasicMemoizer, id_for_memo
 from parsl.executors.base import ParslExecutor
 from parsl.executors.high_throughput.mpi_prefix_composer import compose_all
-from parsl.utils import get_all_checkpoints
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, FFNError
 
 # The two executor labels every site provides; apps pick one with `executors=[...]`.
 MPI_LABEL = "mpi"  # multi-rank tasks (Horovod training), one batch job per block
@@ -121,7 +119,10 @@ class SiteSpec:
     venv: str | None = None  # virtual environment the workers activate; None = the one running now
 
     # -- workflow-wide --
-    retries: int = 0  # Parsl retries of a failed task (training resumes from its checkpoint)
+    # Parsl retries of a failed task: a lost worker or a killed rank costs a retry, not the run
+    # (training resumes from its checkpoint, a block from its inference state). A pipeline error
+    # (bad input or settings, a diverged training) is not retried: it would fail the same way.
+    retries: int = 2
     max_idletime: float = 120.0  # seconds a block may sit idle before it is given back
     monitoring: bool = True  # task states and timings into <run_dir>/monitoring.db
     resource_monitoring_interval: float = 0.0  # per-task CPU/memory sampling in s; 0 = off
@@ -307,13 +308,6 @@ class MPILaunch:
         return f"{exports}{self.prefix} {program}"
 
 
-@id_for_memo.register(MPILaunch)
-def _memo_id_of_launch(launch: MPILaunch, output_ref: bool = False) -> bytes:
-    """An MPILaunch passed to an app with cache=True is part of the task's memo key (another
-    rank layout is another training), compared by value."""
-    return pickle.dumps(("MPILaunch", id_for_memo(dataclasses.asdict(launch))))
-
-
 # -- shared pieces of every site's Config --
 def venv_path(site: SiteSpec) -> Path | None:
     """The virtual environment workers activate: the site's, or the one running this code."""
@@ -365,15 +359,11 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
             resource_monitoring_enabled=site.resource_monitoring_interval > 0,
             resource_monitoring_interval=site.resource_monitoring_interval,
         )
+    # No app cache: the workflow submits only the tasks whose stamps (pipeline.stamps) say they
+    # must run, and each task checks its stamp again on the worker.
     return Config(
         executors=executors,
-        run_dir=str(runinfo),  # parsl.log, per-run folders 000/, 001/, ... and their checkpoints
-        memoizer=BasicMemoizer(
-            # Write each finished cached task's result at once, so a killed workflow loses none.
-            checkpoint_mode="task_exit",
-            # A rerun with the same run dir reuses every earlier run's results (apps cache=True).
-            checkpoint_files=get_all_checkpoints(str(runinfo)),
-        ),
+        run_dir=str(runinfo),  # parsl.log and per-run folders 000/, 001/, ...
         monitoring=monitoring,
         # Blocks out for waiting tasks, all in after max_idletime without tasks. Not
         # "htex_auto_scale": with blocks=0 its scale-in also kills blocks whose workers have not
@@ -381,8 +371,44 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
         strategy="simple",
         max_idletime=site.max_idletime,
         retries=site.retries,
+        retry_handler=retry_cost,
         usage_tracking=0,  # no usage reports from compute allocations
     )
+
+
+def retry_cost(exception: Exception, task_record: dict) -> float:
+    """Parsl's retry budget spent by a failure: all of it for a pipeline error that would
+    happen again (FFNError, or StageFailed with retryable False), one try for anything else."""
+    if isinstance(exception, FFNError) and not getattr(exception, "retryable", False):
+        return float("inf")
+    return 1.0
+
+
+def shutdown(dfk) -> None:
+    """Stop the run's workers, then Parsl. `dfk.cleanup()` alone stops the interchange but lets
+    worker pools finish their tasks (on this machine, minutes of full CPU after a Ctrl-C), so the
+    blocks are cancelled first (LocalProvider kills the block's process group; a batch provider
+    deletes the job), and any process this one started that outlives the cleanup is killed."""
+    started = psutil.Process().children(recursive=True)
+    for executor in dfk.executors.values():
+        jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
+        provider = getattr(executor, "provider", None)
+        if provider is not None and jobs:
+            try:
+                provider.cancel(jobs)
+            except Exception as exc:  # noqa: BLE001  (the cleanup below must still run)
+                print(
+                    f"[workflow] could not cancel {executor.label} blocks: {exc}", file=sys.stderr
+                )
+    dfk.cleanup()
+    alive = [p for p in started if p.is_running()]
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def check_scheduler(site: SiteSpec, scheduler: str, module: str) -> None:

@@ -34,6 +34,7 @@ SITE = SiteSpec(
     max_blocks=1,  # one pool of MPI workers
     cpu_workers_per_node=_CORES,  # one single-process task per core
     cpu_max_blocks=1,  # one local pool
+    retries=2,  # a lost worker's task runs again (training resumes from its checkpoint)
     monitoring=True,  # task states and timings into <run_dir>/monitoring.db
     resource_monitoring_interval=0.0,  # no per-task sampling process on a 2-core machine
 )

@@ -1,0 +1,241 @@
+"""A task's "done": a stamp beside its outputs that says what they were made from.
+
+A task is one stage (or one inference block). When it has written every output, it writes
+`FIRST_OUTPUT.stamp.json`:
+
+    identity  digest of the task's settings and of the tokens of its inputs
+    settings  the settings themselves, so a later run can say which one changed
+    inputs    [name, token] per input, so a later run can say which one changed
+    outputs   {name: state}: size and mtime of a file, sizes of every file in a folder
+    token     what tasks downstream key on: a digest of the content where the task computes
+              one (staged volumes, chosen weights, block labels, the segmentation), else a
+              fresh random value, so whatever reads this output runs again after it is rebuilt
+
+A task is up to date when its stamp's identity equals the one computed now and every output
+still has the state it was stamped with; anything else (no stamp, a changed setting or input, an
+output missing, truncated or rewritten) makes it run again. An input with no stamp beside it is
+a source file (the user's volume, a pretrained model): its token is a digest of its path, size,
+mtime, ctime and inode, and staging records the digest of the content it read.
+
+`plan()` decides for a whole DAG before anything is submitted (the workflow prints it);
+`run_once()` is what each task does on its worker, where the inputs rebuilt earlier in the same
+run are known.
+"""
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.atomic import atomic_path
+
+STAMP_SUFFIX = ".stamp.json"
+
+
+def digest(value: object) -> str:
+    """sha256 of the canonical JSON of `value` (dict keys sorted)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def digest_arrays(arrays: dict[str, np.ndarray], extra: object = None) -> str:
+    """sha256 over named arrays (name, dtype, shape and bytes) and `extra` (e.g. a voxel size)."""
+    sha = hashlib.sha256(json.dumps(extra, default=str).encode())
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        sha.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        sha.update(array.data)
+    return sha.hexdigest()
+
+
+def digest_files(paths: Iterable[str | os.PathLike]) -> str:
+    """sha256 over the bytes of the files, in order (for small outputs such as weights)."""
+    sha = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                sha.update(chunk)
+    return sha.hexdigest()
+
+
+def stamp_path(output: str | os.PathLike) -> Path:
+    output = Path(output)
+    return output.with_name(output.name + STAMP_SUFFIX)
+
+
+def _file_state(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def output_state(path: str | os.PathLike) -> object:
+    """What must be unchanged for an output to be trusted; None when it is missing."""
+    path = Path(path)
+    if path.is_file():
+        return _file_state(path)
+    if path.is_dir():  # a folder (the export): every file in it, with its size
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return digest([[str(p.relative_to(path)), p.stat().st_size] for p in files])
+    return None
+
+
+def source_token(path: str | os.PathLike) -> str:
+    """Token of a file not made by the run. ctime and inode change with any rewrite or
+    replacement, even one that restores size and mtime; a folder or a checkpoint prefix
+    (`ckpt-N` for `ckpt-N.index`, ...) is the set of its files."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    elif path.exists():
+        files = [path]
+    else:
+        files = sorted(path.parent.glob(path.name + ".*"))
+    states = []
+    for p in files:
+        stat = p.stat()
+        states.append([str(p), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino])
+    return digest(["source", str(path.resolve()), states])
+
+
+def read_stamp(output: str | os.PathLike) -> dict | None:
+    try:
+        record = json.loads(stamp_path(output).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "identity" in record else None
+
+
+def input_token(path: str | os.PathLike) -> str:
+    """A task's output is keyed by its stamp's token; a source file by its own identity."""
+    stamp = read_stamp(path)
+    return stamp["token"] if stamp and "token" in stamp else source_token(path)
+
+
+def task_identity(settings: dict, input_tokens: Sequence[str]) -> str:
+    return digest({"settings": settings, "inputs": list(input_tokens)})
+
+
+def _plain(settings: dict) -> dict:
+    """As the settings read back from a stamp (tuples become lists)."""
+    return json.loads(json.dumps(settings, default=str))
+
+
+def _changed_settings(old: object, new: object, prefix: str = "") -> list[str]:
+    """'name old -> new' for every leaf setting that differs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        changes = []
+        for key in sorted(set(old) | set(new)):
+            changes += _changed_settings(old.get(key), new.get(key), f"{prefix}{key}.")
+        return changes
+    if old != new:
+        return [f"{prefix.rstrip('.')} {json.dumps(old)} -> {json.dumps(new)}"]
+    return []
+
+
+def _display(path: Path) -> str:
+    """An input's name in messages: its last two path parts (staged/eval.h5)."""
+    return "/".join(path.parts[-2:])
+
+
+def why_stale(settings: dict, inputs: Sequence[Path], outputs: Sequence[Path]) -> str | None:
+    """None when the task's outputs are up to date, else the reason it must run."""
+    settings = _plain(settings)
+    stamp = read_stamp(outputs[0])
+    if stamp is None:
+        if not any(Path(o).exists() for o in outputs):
+            return "not run yet"
+        return "outputs not stamped (interrupted, or made by an older version)"
+    tokens = [input_token(p) for p in inputs]
+    if stamp["identity"] != task_identity(settings, tokens):
+        changes = _changed_settings(stamp.get("settings"), settings)
+        if changes:
+            return "settings changed: " + "; ".join(changes)
+        before = dict(stamp.get("inputs", []))
+        changed = [
+            _display(p) for p, t in zip(inputs, tokens, strict=True) if before.get(_display(p)) != t
+        ]
+        return "input changed: " + ", ".join(changed or ["inputs"])
+    recorded = stamp.get("outputs", {})
+    for output in outputs:
+        state = output_state(output)
+        if state is None:
+            return f"output missing: {_display(Path(output))}"
+        if recorded.get(Path(output).name) != state:
+            return f"output changed since it was made: {_display(Path(output))}"
+    return None
+
+
+def write_stamp(
+    settings: dict, inputs: Sequence[Path], outputs: Sequence[Path], token: str | None = None
+) -> dict:
+    """Record that `outputs` were made from `settings` and `inputs` (call after writing them)."""
+    settings, tokens = _plain(settings), [input_token(p) for p in inputs]
+    record = {
+        "identity": task_identity(settings, tokens),
+        "settings": settings,
+        "inputs": [[_display(p), t] for p, t in zip(inputs, tokens, strict=True)],
+        "outputs": {Path(o).name: output_state(o) for o in outputs},
+        "token": token or uuid.uuid4().hex,
+    }
+    with atomic_path(stamp_path(outputs[0])) as tmp:
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def run_once(
+    settings: dict,
+    inputs: Iterable[str | os.PathLike],
+    outputs: Iterable[str | os.PathLike],
+    work: Callable[[], str | None],
+) -> str:
+    """Run `work` unless the outputs are up to date; stamp them after. `work` may return a
+    digest of the content it wrote (the token). Returns "ran" or "up to date"."""
+    inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
+    if why_stale(settings, inputs, outputs) is None:
+        return "up to date"
+    # Gone before the outputs change: a task killed half-way is never taken for done.
+    stamp_path(outputs[0]).unlink(missing_ok=True)
+    token = work()
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"run_once: work() must return a digest (str) or None, got {token!r}")
+    write_stamp(settings, inputs, outputs, token)
+    return "ran"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of the DAG as the planner sees it."""
+
+    name: str  # "infer[2]"
+    stage: str  # "infer"
+    settings: dict
+    inputs: tuple[Path, ...]
+    outputs: tuple[Path, ...]
+
+
+def plan(
+    tasks: Sequence[Task], runnable: Callable[[Task], bool] = lambda t: True
+) -> dict[str, str | None]:
+    """{task name: None if up to date, else why it runs}, tasks given in dependency order. A
+    task whose input another task rebuilds runs after it ("after train"); `runnable` False
+    keeps a task as it is (--stages), stale or not."""
+    producer = {output: task for task in tasks for output in task.outputs}
+    reasons: dict[str, str | None] = {}
+    for task in tasks:
+        if not runnable(task):
+            reasons[task.name] = None
+            continue
+        rebuilt = sorted(
+            {producer[i].stage for i in task.inputs if i in producer and reasons[producer[i].name]}
+        )
+        reasons[task.name] = (
+            f"after {', '.join(rebuilt)}"
+            if rebuilt
+            else why_stale(task.settings, task.inputs, task.outputs)
+        )
+    return reasons
