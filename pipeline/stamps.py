@@ -1,7 +1,8 @@
 """A task's "done": a stamp beside its outputs that says what they were made from.
 
 A task is one stage (or one inference block). When it has written every output, it writes
-`FIRST_OUTPUT.stamp.json`:
+`OUTPUT.stamp.json` beside each of them (the same record, so whatever reads any one output finds
+it):
 
     identity  digest of the task's settings and of the tokens of its inputs
     settings  the settings themselves, so a later run can say which one changed
@@ -182,8 +183,9 @@ def write_stamp(
         "outputs": {Path(o).name: output_state(o) for o in outputs},
         "token": token or uuid.uuid4().hex,
     }
-    with atomic_path(stamp_path(outputs[0])) as tmp:
-        tmp.write_text(json.dumps(record, indent=1) + "\n")
+    for output in outputs:
+        with atomic_path(stamp_path(output)) as tmp:
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -199,7 +201,8 @@ def run_once(
     if why_stale(settings, inputs, outputs) is None:
         return "up to date"
     # Gone before the outputs change: a task killed half-way is never taken for done.
-    stamp_path(outputs[0]).unlink(missing_ok=True)
+    for output in outputs:
+        stamp_path(output).unlink(missing_ok=True)
     token = work()
     if token is not None and not isinstance(token, str):
         raise TypeError(f"run_once: work() must return a digest (str) or None, got {token!r}")

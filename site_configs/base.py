@@ -384,12 +384,21 @@ def retry_cost(exception: Exception, task_record: dict) -> float:
     return 1.0
 
 
+def _is_resource_tracker(process: psutil.Process, parent: int) -> bool:
+    try:
+        return process.ppid() == parent and "resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+
+
 def shutdown(dfk) -> None:
     """Stop the run's workers, then Parsl. `dfk.cleanup()` alone stops the interchange but lets
     worker pools finish their tasks (on this machine, minutes of full CPU after a Ctrl-C), so the
     blocks are cancelled first (LocalProvider kills the block's process group; a batch provider
     deletes the job), and any process this one started that outlives the cleanup is killed."""
-    started = psutil.Process().children(recursive=True)
+    me = psutil.Process()
+    # Not this process's own multiprocessing helper: it must outlive the cleanup.
+    started = [p for p in me.children(recursive=True) if not _is_resource_tracker(p, me.pid)]
     for executor in dfk.executors.values():
         jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
         provider = getattr(executor, "provider", None)

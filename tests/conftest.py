@@ -64,3 +64,16 @@ def training_data(tmp_path_factory):
         "coords": coords,
         "folder": folder,
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """One finished `configs/tiny.toml` run on the local site (2 Horovod ranks), shared by every
+    workflow test: tests that change it work on a copy (tests/workflow_runs.copy_run)."""
+    from workflow_runs import TINY, workflow
+
+    if _missing_mpi():
+        pytest.skip(_missing_mpi())
+    run_dir = tmp_path_factory.mktemp("tiny") / "run"
+    workflow("--site", "local", "--config", str(TINY), "--run-dir", str(run_dir))
+    return run_dir

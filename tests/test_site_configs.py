@@ -18,12 +18,10 @@ import parsl
 import psutil
 import pytest
 from parsl import bash_app, python_app
-from parsl.dataflow.memoization import BasicMemoizer
 from parsl.executors import HighThroughputExecutor, MPIExecutor
 from parsl.jobs.states import JobState
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider, PBSProProvider, SlurmProvider
-from parsl.utils import get_all_checkpoints
 
 import site_configs
 from pipeline.errors import ConfigError
@@ -94,14 +92,15 @@ def test_site_config_has_mpi_and_cpu_pools_on_the_sites_provider(name, tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_every_site_shares_run_dir_checkpoints_and_monitoring(name, tmp_path):
+def test_every_site_shares_run_dir_retries_and_monitoring(name, tmp_path):
     module = load_site(name)
     run_dir = tmp_path / "run"
     config = module.make_config(run_dir, submittable(module.SITE))
 
     assert config.run_dir == str(run_dir.resolve() / "runinfo")
-    assert isinstance(config.memoizer, BasicMemoizer)
-    assert config.memoizer.checkpoint_mode == "task_exit"
+    # Stamps (pipeline.stamps) decide what is done, not Parsl's app cache.
+    assert config.memoizer is None or not getattr(config.memoizer, "checkpoint_files", None)
+    assert config.retries >= 1 and config.retry_handler is base.retry_cost
     assert config.monitoring.logging_endpoint == f"sqlite:///{run_dir.resolve()}/monitoring.db"
     assert config.monitoring.resource_monitoring_enabled is False  # low overhead by default
     assert config.strategy == "simple"
@@ -117,13 +116,17 @@ def test_local_mpi_pool_gets_a_node_file_naming_this_machine(tmp_path):
     assert "PBS_NODEFILE" not in executors(config)[CPU_LABEL].provider.worker_init
 
 
-def test_checkpoints_of_earlier_runs_are_reloaded(tmp_path):
-    from site_configs import local
+def test_a_pipeline_error_is_not_retried_but_a_lost_worker_is():
+    from parsl.executors.high_throughput.errors import WorkerLost
 
-    earlier = tmp_path / "run" / "runinfo" / "000" / "checkpoint"
-    earlier.mkdir(parents=True)
-    config = local.make_config(tmp_path / "run")
-    assert config.memoizer.checkpoint_files == [str(earlier.resolve())]
+    from pipeline.errors import StageFailed, VolumeError
+
+    assert base.retry_cost(VolumeError("x.h5:raw: NaN"), {}) == float("inf")
+    assert base.retry_cost(
+        StageFailed("training exited with code 2", retryable=False), {}
+    ) == float("inf")
+    assert base.retry_cost(StageFailed("training exited with code -9"), {}) == 1
+    assert base.retry_cost(WorkerLost(1, "localhost"), {}) == 1
 
 
 @pytest.mark.parametrize("name", ["polaris", "slurm", "theta"])
@@ -414,7 +417,7 @@ def test_provider_submits_polls_and_cancels_through_the_stand_in_tools(
 WORKER_INIT = f"export PYTHONPATH={Path(__file__).parent}"
 
 
-@python_app(executors=[CPU_LABEL], cache=True)
+@python_app(executors=[CPU_LABEL])
 def product(a, b):
     return a * b
 
@@ -568,22 +571,26 @@ def test_slurm_submits_through_sbatch_with_srun(tmp_path, fake_scheduler, leftov
     assert leftovers() == []
 
 
-def test_local_runs_an_app_with_checkpoints_and_monitoring(tmp_path, leftovers):
+def test_local_runs_an_app_with_monitoring_and_shutdown_leaves_no_worker(tmp_path, leftovers):
     from site_configs import local
 
     run_dir = tmp_path / "run"
     config = local.make_config(run_dir, dataclasses.replace(local.SITE, worker_init=WORKER_INIT))
-    with parsl.load(config):
+    dfk = parsl.load(config)
+    try:
         assert product(6, 7).result(timeout=TASK_TIMEOUT) == 42
-
-    assert get_all_checkpoints(str(run_dir / "runinfo"))  # the task_exit checkpoint was written
+        pools = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+        ]
+        assert pools, "the worker pool should be running"
+    finally:
+        base.shutdown(dfk)  # what workflow.py does, after a run or on SIGINT/SIGTERM
     with sqlite3.connect(run_dir / "monitoring.db") as db:
         assert db.execute("select task_func_name from task").fetchall() == [("product",)]
-
-    # A second run in the same run dir takes the result from the checkpoint: no worker starts.
-    with parsl.load(local.make_config(run_dir, dataclasses.replace(local.SITE, monitoring=False))):
-        assert product(6, 7).result(timeout=TASK_TIMEOUT) == 42
-    assert not list((run_dir / "runinfo" / "001").glob("submit_scripts/*.sh"))
+    # Gone at once: without the cancel, the pool would idle until its heartbeat timed out.
+    assert not [p for p in pools if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert leftovers() == []
 
 

@@ -1,0 +1,257 @@
+"""A resume you can trust: a changed setting or input re-runs exactly what depends on it, a missing
+output is rebuilt, a lost worker costs a retry, and a stopped workflow leaves no worker behind.
+
+Every scenario starts from a copy of one finished `configs/tiny.toml` run (the `tiny_run` fixture),
+injects the real change or fault, resumes, and checks both what ran (the plan the workflow
+prints, and the tasks Parsl's monitoring database recorded for that resume) and that the result
+equals the one of a fresh run with the same settings and inputs.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+from workflow_runs import (
+    ROOT,
+    TINY,
+    copy_run,
+    parsl_runs,
+    segmentation,
+    tiny_variant,
+    tries,
+    workflow,
+)
+
+from pipeline.report import task_states
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+
+def resume(run_dir, config, *extra: str) -> str:
+    return workflow("--config", str(config), "--run-dir", str(run_dir), "--resume", *extra).stdout
+
+
+def ran(run_dir) -> set[str]:
+    """The stages the last Parsl run of `run_dir` executed."""
+    return set(task_states(run_dir / "monitoring.db"))
+
+
+def evaluation(run_dir) -> dict:
+    return json.loads((run_dir / "evaluation.json").read_text())
+
+
+def assert_same_result(run_dir, fresh) -> None:
+    np.testing.assert_array_equal(segmentation(run_dir), segmentation(fresh))
+    assert evaluation(run_dir) == evaluation(fresh)
+    assert (
+        json.loads((run_dir / "selection.json").read_text())["step"]
+        == json.loads((fresh / "selection.json").read_text())["step"]
+    )
+
+
+def test_resuming_a_finished_run_starts_nothing_and_says_so(tiny_run):
+    runs = parsl_runs(tiny_run)
+    started = time.monotonic()
+    out = resume(tiny_run, TINY)
+    assert "nothing to do: every task is up to date" in out
+    assert "infer      4/4 up to date" in out
+    assert parsl_runs(tiny_run) == runs  # no Parsl run, no worker: the stamps decided
+    assert time.monotonic() - started < 60
+
+
+class TestChangedSettings:
+    """One copy of the run, resumed three times: an inference setting, more training steps, and
+    back to the first settings."""
+
+    @pytest.fixture(scope="class")
+    def legs(self, tiny_run, tmp_path_factory):
+        folder = tmp_path_factory.mktemp("settings")
+        run_dir = copy_run(tiny_run, folder / "run")
+        configs = {
+            "inference": tiny_variant(
+                folder, "min_size", {"min_segment_size = 20": "min_segment_size = 2000"}
+            ),
+            "training": tiny_variant(folder, "steps", {"max_steps = 30": "max_steps = 40"}),
+            "back": TINY,
+        }
+        legs = {}
+        for name, config in configs.items():
+            out = resume(run_dir, config)
+            legs[name] = {"out": out, "ran": ran(run_dir), "segmentation": segmentation(run_dir)}
+        legs["run_dir"] = run_dir
+        return legs
+
+    def test_an_inference_setting_reruns_inference_and_what_follows_it(self, legs, tiny_run):
+        leg = legs["inference"]
+        assert "settings changed: inference.min_segment_size 20 -> 2000" in leg["out"]
+        assert leg["ran"] == {"infer", "stitch", "evaluate", "export"}
+        # Segments under 2000 voxels are gone: the new setting really reached the blocks.
+        assert len(np.unique(leg["segmentation"])) < len(np.unique(segmentation(tiny_run)))
+
+    def test_more_training_steps_go_on_from_the_last_checkpoint(self, legs):
+        leg = legs["training"]
+        assert "settings changed: train.max_steps 30 -> 40" in leg["out"]
+        assert leg["ran"] == {"train", "select", "infer", "stitch", "evaluate", "export"}
+        log = (legs["run_dir"] / "train" / "train.log").read_text()
+        assert "ckpt-30 at step 30" in log
+
+    def test_the_first_settings_again_give_the_fresh_runs_result(self, legs, tiny_run):
+        assert "train.max_steps 40 -> 30" in legs["back"]["out"]
+        assert {"stage", "preprocess"}.isdisjoint(legs["back"]["ran"])
+        assert_same_result(legs["run_dir"], tiny_run)
+
+
+class TestChangedInputFile:
+    """A run on the user's own files: the same voxels in a new file re-stage but train nothing
+    again; a rewritten file re-runs what reads it."""
+
+    @pytest.fixture(scope="class")
+    def legs(self, tiny_run, tmp_path_factory):
+        folder = tmp_path_factory.mktemp("files")
+        train_file, eval_file = folder / "train.h5", folder / "eval.h5"
+        shutil.copyfile(tiny_run / "staged" / "train.h5", train_file)
+        shutil.copyfile(tiny_run / "staged" / "train.h5", eval_file)  # the wrong volume, at first
+        files = (
+            f'[data]\ntrain_raw = "{train_file}:raw"\ntrain_labels = "{train_file}:labels"\n'
+            f'eval_raw = "{eval_file}:raw"\neval_labels = "{eval_file}:labels"\n'
+        )
+        config = tiny_variant(
+            folder, "files", {"[data]\nsynthetic_shape_zyx = [32, 64, 64]\n": files}
+        )
+        run_dir = copy_run(tiny_run, folder / "run")
+        legs = {"first": resume(run_dir, config)}
+        legs["first_ran"] = ran(run_dir)
+        time.sleep(0.01)  # a new mtime even on coarse clocks
+        shutil.copyfile(tiny_run / "staged" / "eval.h5", eval_file)  # the user rewrites the file
+        legs["rewritten"] = resume(run_dir, config)
+        legs["rewritten_ran"] = ran(run_dir)
+        legs["run_dir"] = run_dir
+        return legs
+
+    def test_the_same_voxels_from_a_file_train_nothing_again(self, legs):
+        assert "stage[train]: settings changed" in legs["first"] and "stage[eval]:" in legs["first"]
+        assert "train      1/1 up to date" in legs["first"]
+        assert {"stage", "select", "infer"} <= legs["first_ran"]
+        assert {"preprocess", "train"}.isdisjoint(legs["first_ran"])
+
+    def test_a_rewritten_input_file_reruns_what_reads_it(self, legs, tiny_run):
+        out = legs["rewritten"]
+        assert "stage      1/2 up to date; runs: stage[eval]: input changed: " in out
+        assert "train      1/1 up to date" in out
+        assert legs["rewritten_ran"] == {"stage", "select", "infer", "stitch", "evaluate", "export"}
+        assert_same_result(legs["run_dir"], tiny_run)
+
+
+class TestLostOutputAndWorker:
+    """One block's result and the segmentation deleted; while the block is segmented again,
+    its worker process is killed."""
+
+    @pytest.fixture(scope="class")
+    def resumed(self, tiny_run, tmp_path_factory):
+        run_dir = copy_run(tiny_run, tmp_path_factory.mktemp("lost") / "run")
+        (block,) = sorted((run_dir / "inference" / "blocks").glob("block_0_0_0.npz"))
+        block.unlink()
+        (run_dir / "inference" / "segmentation.h5").unlink()
+        process = subprocess.Popen(
+            [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir), "--resume"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        lines, killed = [], None
+        for line in process.stdout:
+            lines.append(line)
+            if "infer[0] started" in line:
+                killed = kill_worker_reading(run_dir, "staged/eval.h5")
+        process.wait(timeout=600)
+        return {
+            "run_dir": run_dir,
+            "out": "".join(lines),
+            "rc": process.returncode,
+            "killed": killed,
+        }
+
+    def test_a_deleted_output_is_rebuilt_and_nothing_else(self, resumed, tiny_run):
+        assert resumed["rc"] == 0, resumed["out"][-3000:]
+        out = resumed["out"]
+        assert (
+            "infer      3/4 up to date; runs: infer[0]: output missing: blocks/block_0_0_0.npz"
+            in out
+        )
+        assert "stitch     0/1 up to date; runs: after infer" in out
+        assert ran(resumed["run_dir"]) == {"infer", "stitch", "evaluate", "export"}
+        np.testing.assert_array_equal(segmentation(resumed["run_dir"]), segmentation(tiny_run))
+
+    def test_a_killed_worker_costs_a_retry_not_the_run(self, resumed, tiny_run):
+        assert resumed["killed"], "no worker process was found to kill"
+        assert resumed["rc"] == 0, resumed["out"][-3000:]
+        assert tries(resumed["run_dir"])["infer_block"] == 2  # the lost try, then the one that ran
+        np.testing.assert_array_equal(segmentation(resumed["run_dir"]), segmentation(tiny_run))
+
+
+def kill_worker_reading(run_dir, path: str, timeout: float = 120) -> int | None:
+    """SIGKILL the worker process of the run's "cpu" pool that has `path` open (the block it is
+    segmenting); returns its pid, or None if none did within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pool in psutil.process_iter(["cmdline"]):
+            command = " ".join(pool.info["cmdline"] or [])
+            if "process_worker_pool" not in command or f"{run_dir}/runinfo" not in command:
+                continue
+            for worker in pool.children():
+                try:
+                    if any(f.path.endswith(path) for f in worker.open_files()):
+                        worker.kill()
+                        return worker.pid
+                except psutil.Error:
+                    continue
+        time.sleep(0.1)
+    return None
+
+
+def processes_of(run_dir, session: int) -> list[str]:
+    """Processes naming the run dir (worker pools, ranks) or in the workflow's session."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            ours = str(run_dir) in " ".join(p.info["cmdline"] or []) or os.getsid(p.pid) == session
+        except (psutil.Error, ProcessLookupError):
+            continue
+        if ours and p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(" ".join(p.info["cmdline"] or [])[:120])
+    return found
+
+
+def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
+    run_dir = tmp_path / "stopped"
+    command = [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir)]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    log, deadline = run_dir / "train" / "train.log", time.monotonic() + 600
+    while process.poll() is None and time.monotonic() < deadline:
+        if log.is_file() and "[train] step 10/" in log.read_text():
+            break
+        time.sleep(0.2)
+    assert processes_of(run_dir, process.pid), "the ranks should be training"
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "stopped by SIGTERM" in out
+    time.sleep(1)
+    assert processes_of(run_dir, process.pid) == []  # no worker, no rank left computing
+
+    out = resume(run_dir, TINY)
+    assert "train      0/1 up to date" in out and "stage      2/2 up to date" in out
+    assert "resuming from" in (run_dir / "train" / "train.log").read_text()
+    assert_same_result(run_dir, tiny_run)

@@ -1,0 +1,166 @@
+"""Stamps (pipeline.stamps): a task's outputs are trusted only while its settings, its inputs and
+the outputs themselves are what they were when it ran."""
+
+import json
+import os
+import time
+
+import pytest
+
+from pipeline.stamps import Task, plan, run_once, stamp_path, why_stale
+
+
+def make(text: str):
+    """A task's work: write `text` to its output; returns the work and a list of its calls."""
+    calls = []
+
+    def work(output):
+        def run() -> None:
+            calls.append(text)
+            output.write_text(text)
+
+        return run
+
+    return work, calls
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = tmp_path / "user" / "volume.h5"
+    path.parent.mkdir()
+    path.write_text("voxels")
+    return path
+
+
+def test_a_task_runs_once_then_is_up_to_date(tmp_path, source):
+    output = tmp_path / "staged.h5"
+    work, calls = make("copy")
+    assert run_once({"seed": 1}, [source], [output], work(output)) == "ran"
+    assert run_once({"seed": 1}, [source], [output], work(output)) == "up to date"
+    assert calls == ["copy"] and stamp_path(output).is_file()
+
+
+def test_a_changed_setting_is_named(tmp_path, source):
+    output = tmp_path / "out.txt"
+    run_once({"train": {"max_steps": 30}}, [source], [output], make("a")[0](output))
+    assert why_stale({"train": {"max_steps": 40}}, [source], [output]) == (
+        "settings changed: train.max_steps 30 -> 40"
+    )
+
+
+def test_a_rewritten_source_file_is_noticed_even_with_its_old_size_and_mtime(tmp_path, source):
+    output = tmp_path / "out.txt"
+    run_once({}, [source], [output], make("a")[0](output))
+    stat = source.stat()
+    source.write_text("VOXELS")  # same size ...
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # ... and mtime put back
+    assert why_stale({}, [source], [output]) == "input changed: user/volume.h5"
+
+
+@pytest.mark.parametrize("fault", ["delete", "truncate", "rewrite"])
+def test_a_missing_or_changed_output_is_not_trusted(tmp_path, source, fault):
+    output = tmp_path / "out.txt"
+    run_once({}, [source], [output], make("result")[0](output))
+    if fault == "delete":
+        output.unlink()
+    elif fault == "truncate":
+        output.write_text("res")
+    else:
+        time.sleep(0.01)
+        output.write_text("RESULT")
+    reason = why_stale({}, [source], [output])
+    assert reason and reason.startswith("output missing" if fault == "delete" else "output changed")
+    work, calls = make("result")
+    assert run_once({}, [source], [output], work(output)) == "ran" and calls == ["result"]
+
+
+def test_a_task_killed_half_way_is_not_taken_for_done(tmp_path, source):
+    output = tmp_path / "out.txt"
+    run_once({"v": 1}, [source], [output], make("old")[0](output))
+
+    def dies() -> None:
+        output.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_once({"v": 2}, [source], [output], dies)
+    assert not stamp_path(output).exists()
+    assert why_stale({"v": 1}, [source], [output]) is not None  # not even for the old settings
+
+
+def test_a_rebuilt_output_with_the_same_content_digest_keeps_what_reads_it(tmp_path, source):
+    staged, result = tmp_path / "staged.h5", tmp_path / "result.txt"
+
+    def stage(content: str):
+        def run() -> str:
+            staged.write_text(content)
+            return f"digest of {content}"  # as staging returns the digest of what it copied
+
+        return run
+
+    run_once({}, [source], [staged], stage("v"))
+    run_once({}, [staged], [result], make("r")[0](result))
+    staged.unlink()
+    run_once({}, [source], [staged], stage("v"))
+    assert why_stale({}, [staged], [result]) is None  # same token: still valid
+    run_once({"other": 1}, [source], [staged], stage("w"))
+    assert why_stale({}, [staged], [result]) == "input changed: " + "/".join(staged.parts[-2:])
+
+
+def test_the_plan_reruns_exactly_what_follows_a_change(tmp_path, source):
+    staged, block, merged = (tmp_path / n for n in ("staged.h5", "block.npz", "merged.h5"))
+    tasks = [
+        Task("stage", "stage", {"seed": 1}, (source,), (staged,)),
+        Task("infer[0]", "infer", {"min_size": 20}, (staged,), (block,)),
+        Task("stitch", "stitch", {}, (block,), (merged,)),
+    ]
+    assert plan(tasks) == {
+        "stage": "not run yet",
+        "infer[0]": "after stage",
+        "stitch": "after infer",
+    }
+    for task in tasks:
+        run_once(task.settings, task.inputs, task.outputs, make(task.name)[0](task.outputs[0]))
+    assert set(plan(tasks).values()) == {None}
+
+    tasks[1] = Task("infer[0]", "infer", {"min_size": 200}, (staged,), (block,))
+    assert plan(tasks) == {
+        "stage": None,
+        "infer[0]": "settings changed: min_size 20 -> 200",
+        "stitch": "after infer",
+    }
+    # --stages stitch: a task left out is kept as it is, stale or not.
+    assert plan(tasks, runnable=lambda t: t.stage == "stitch") == {
+        "stage": None,
+        "infer[0]": None,
+        "stitch": None,
+    }
+
+
+def test_every_output_of_a_task_carries_its_stamp(tmp_path, source):
+    partitions, coordinates, training = (tmp_path / n for n in ("p.h5", "c.npz", "summary.json"))
+
+    def preprocess() -> None:
+        partitions.write_text("p")
+        coordinates.write_text("c")
+
+    run_once({}, [source], [partitions, coordinates], preprocess)
+    run_once({}, [coordinates], [training], make("t")[0](training))
+    moved = tmp_path / "moved"  # a run dir copied elsewhere keeps its tokens
+    moved.mkdir()
+    for path in (partitions, coordinates, training):
+        for name in (path, stamp_path(path)):
+            os.replace(name, moved / name.name)
+    assert why_stale({}, [moved / "c.npz"], [moved / "summary.json"]) is None
+
+
+def test_a_stamp_records_what_a_person_can_read(tmp_path, source):
+    output = tmp_path / "out.txt"
+    run_once({"inference": {"min_segment_size": 20}}, [source], [output], make("a")[0](output))
+    record = json.loads(stamp_path(output).read_text())
+    assert record["settings"] == {"inference": {"min_segment_size": 20}}
+    assert record["inputs"][0][0] == "user/volume.h5" and set(record) >= {
+        "identity",
+        "outputs",
+        "token",
+    }

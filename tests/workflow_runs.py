@@ -1,0 +1,65 @@
+"""Running `workflow.py` from tests: the command, a run's outputs, copies and variants of runs."""
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+ROOT = Path(__file__).parents[1]
+TINY = ROOT / "configs" / "tiny.toml"
+
+
+def workflow(*args: str, timeout: float = 900, expect: int = 0) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "workflow.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def tiny_variant(folder: Path, name: str, replacements: dict[str, str]) -> Path:
+    """configs/tiny.toml with some of its lines replaced (each key must be found)."""
+    text = TINY.read_text()
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = folder / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def copy_run(run_dir: Path, to: Path) -> Path:
+    """A copy of a finished run (mtimes kept, as a user's `cp -a`), to change without touching it."""
+    shutil.copytree(run_dir, to, symlinks=True)
+    return to
+
+
+def segmentation(run_dir: Path) -> np.ndarray:
+    with h5py.File(run_dir / "inference" / "segmentation.h5", "r") as f:
+        return f["segmentation"][...]
+
+
+def tries(run_dir: Path) -> dict[str, int]:
+    """Tries of each app in the last Parsl run of `run_dir`, from monitoring.db (app name: count)."""
+    with sqlite3.connect(run_dir / "monitoring.db") as db:
+        (run,) = db.execute(
+            "SELECT run_id FROM workflow ORDER BY time_began DESC LIMIT 1"
+        ).fetchone()
+        rows = db.execute(
+            "SELECT task_func_name, COUNT(*) FROM try WHERE run_id = ? GROUP BY task_func_name",
+            (run,),
+        )
+        return dict(rows.fetchall())
+
+
+def parsl_runs(run_dir: Path) -> int:
+    with sqlite3.connect(run_dir / "monitoring.db") as db:
+        return db.execute("SELECT COUNT(*) FROM workflow").fetchone()[0]
