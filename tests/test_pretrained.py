@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -440,18 +439,22 @@ def test_load_pretrained_weights_refuses_another_shape(tmp_path, fresh_checkpoin
 
 
 def test_pretrained_selection_feeds_the_inference_stage(tmp_path, fresh_checkpoint):
-    from pipeline.pretrained import write_pretrained_selection
+    from pipeline.pretrained import stage_pretrained_selection, write_pretrained_selection
     from pipeline.selection import chosen_checkpoint, selection_done
+    from pipeline.stamps import input_token
 
-    out = tmp_path / "model"
+    out, selection = tmp_path / "model", tmp_path / "selection.json"
     checkpoint = convert_checkpoint(fresh_checkpoint[1], out, FOV, DELTAS)
-    record = write_pretrained_selection(out, tmp_path / "selection.json")
-    assert selection_done(tmp_path / "selection.json") and record["criterion"] == "pretrained"
-    assert chosen_checkpoint(tmp_path / "selection.json") == checkpoint
-    # A resumed run writes it again: unchanged, the file (and the mtime the cache keys on) stays.
-    written = (tmp_path / "selection.json").stat().st_mtime_ns
-    time.sleep(0.01)
-    assert write_pretrained_selection(out, tmp_path / "selection.json") == record
-    assert (tmp_path / "selection.json").stat().st_mtime_ns == written
+    record = write_pretrained_selection(out, selection)
+    assert selection_done(selection) and record["criterion"] == "pretrained"
+    assert chosen_checkpoint(selection) == checkpoint
+    # As the workflow stages it: stamped, so a resume keeps it and the blocks that read it ...
+    assert stage_pretrained_selection(out, selection) == "ran"
+    token = input_token(selection)
+    assert stage_pretrained_selection(out, selection) == "up to date"
+    # ... until the model's weights change: then the inference token changes too.
+    data = next(out.rglob("*.data-*"))
+    data.write_bytes(data.read_bytes()[::-1])  # other weights, same size
+    assert stage_pretrained_selection(out, selection) == "ran" and input_token(selection) != token
     with pytest.raises(CheckpointError, match="not a converted model"):
         write_pretrained_selection(tmp_path / "absent", tmp_path / "other.json")

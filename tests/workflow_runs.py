@@ -54,7 +54,8 @@ def tries(run_dir: Path) -> dict[str, int]:
             "SELECT run_id FROM workflow ORDER BY time_began DESC LIMIT 1"
         ).fetchone()
         rows = db.execute(
-            "SELECT task_func_name, COUNT(*) FROM try WHERE run_id = ? GROUP BY task_func_name",
+            "SELECT t.task_func_name, COUNT(*) FROM try y JOIN task t "
+            "ON t.task_id = y.task_id AND t.run_id = y.run_id WHERE y.run_id = ? GROUP BY t.task_func_name",
             (run,),
         )
         return dict(rows.fetchall())
