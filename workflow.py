@@ -369,6 +369,13 @@ def run(args: argparse.Namespace) -> int:
     config = load_run_config(args.config)
     site = load_site(args.site)
     paths = RunPaths(Path(args.run_dir or ROOT / "data" / "runs" / config.name).resolve())
+    if args.resume and not args.dry_run:
+        if not paths.config.is_file():
+            raise FFNError(
+                f"--resume: {paths.root} holds no run (no config.json); leave out --resume to start one"
+            )
+        if args.config is None:  # the run's own settings, not the demo's
+            config = load_run_config(paths.config)
     if args.dry_run:
         print(describe_dag(config, paths, site))
         if paths.root.is_dir():
@@ -428,7 +435,9 @@ def _parser() -> argparse.ArgumentParser:
         "--site", default="local", help="local, theta, polaris, slurm, or a path to a site module"
     )
     parser.add_argument(
-        "--config", help="TOML of run settings (see configs/); default: the local demo"
+        "--config",
+        help="TOML of run settings (see configs/), over the local demo's; default: the demo, or "
+        "with --resume the run's own config.json",
     )
     parser.add_argument("--run-dir", help="default: data/runs/<name from the config>")
     parser.add_argument(

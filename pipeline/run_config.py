@@ -6,6 +6,7 @@ full FFN trains at about 3 FOV/s on a 2-core CPU) trained for minutes, four infe
 stage's own config class; this module only groups them.
 """
 
+import json
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -69,14 +70,34 @@ class RunConfig:
         return replace(self.partitions, margin_zyx=tuple(int(m) for m in margin))
 
 
+def _overlay(defaults: dict, values: dict) -> dict:
+    """`values` over `defaults`, table by table: a section changes only the keys it names."""
+    merged = dict(defaults)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+            merged[key] = _overlay(defaults[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def load_run_config(path: str | Path | None) -> RunConfig:
+    """The defaults above (the demo), overlaid with a TOML file's settings; or a run's saved
+    `config.json` (every setting resolved) as it is."""
     if path is None:
         return RunConfig()
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: file not found")
+    if path.suffix == ".json":
+        try:
+            return config_io.from_dict(RunConfig, json.loads(path.read_text()), str(path))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
     try:
         values = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
-    return config_io.from_dict(RunConfig, values, str(path))
+    return config_io.from_dict(
+        RunConfig, _overlay(config_io.to_dict(RunConfig()), values), str(path)
+    )

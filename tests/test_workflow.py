@@ -31,6 +31,12 @@ class TestLocalRun:
     def test_training_ran_two_horovod_ranks(self, tiny_run):
         assert '"world_size": 2' in (tiny_run / "train" / "train_summary.json").read_text()
 
+    def test_resume_without_config_uses_the_runs_own_settings(self, tiny_run):
+        saved = (tiny_run / "config.json").read_text()
+        done = workflow("--run-dir", str(tiny_run), "--resume")
+        assert "nothing to do: every task is up to date" in done.stdout  # not the demo's settings
+        assert (tiny_run / "config.json").read_text() == saved
+
     def test_rerun_without_resume_is_refused(self, tiny_run):
         done = subprocess.run(
             [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(tiny_run)],
@@ -52,3 +58,22 @@ def test_stages_left_out_must_have_their_outputs(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2
     assert "--stages leaves out 'stage', but 'train' needs its output" in done.stderr
+
+
+def test_resume_of_a_run_dir_that_holds_no_run_is_refused(tmp_path):
+    done = workflow(
+        "--config", str(TINY), "--run-dir", str(tmp_path / "typo"), "--resume", expect=2
+    )
+    assert "holds no run (no config.json)" in done.stderr
+    assert not (tmp_path / "typo").exists()  # nothing submitted, nothing written
+
+
+def test_a_config_section_changes_only_the_keys_it_names(tmp_path):
+    from pipeline.run_config import RunConfig, load_run_config
+
+    path = tmp_path / "steps.toml"
+    path.write_text("[train]\nmax_steps = 40\n")
+    config = load_run_config(path)
+    assert config.train.max_steps == 40
+    assert config.train.model == RunConfig().train.model  # the demo's model, not the library's
+    assert config.train.batch_size == RunConfig().train.batch_size
