@@ -15,7 +15,7 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
@@ -24,6 +24,7 @@ from pipeline.blocks import block_path, plan_blocks
 from pipeline.errors import FFNError
 from pipeline.run_config import RunConfig, load_run_config
 from pipeline.stamps import Task, plan
+from site_configs.base import SiteSpec
 
 ROOT = Path(__file__).resolve().parent
 STAGES = ("stage", "preprocess", "train", "select", "infer", "stitch", "evaluate", "export")
@@ -135,11 +136,11 @@ def _task(
     return Step(task, app, args, kwargs)
 
 
-def _training_steps(config: RunConfig, paths: RunPaths, site) -> list[Step]:
+def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Stage the training volume, preprocess, train, select."""
     from pipeline.staging import role_settings, source_files
 
-    launch = site.SITE.mpi_launch(config.train_nodes)
+    launch = site.mpi_launch()
     init_from = str(Path(config.train_init_from).resolve()) if config.train_init_from else ""
     scored_on = paths.eval_volume if _eval_has_labels(config) else paths.train_volume
     train_settings = {
@@ -161,7 +162,7 @@ def _training_steps(config: RunConfig, paths: RunPaths, site) -> list[Step]:
     ]  # fmt: skip
 
 
-def dag_steps(config: RunConfig, paths: RunPaths, site) -> list[Step]:
+def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Every task of the run in dependency order. With a pretrained model there is no training:
     run() writes its checkpoint as the selection."""
     from pipeline.staging import role_settings, source_files
@@ -248,7 +249,7 @@ def _eval_has_labels(config: RunConfig) -> bool:
     return config.data.synthetic or bool(config.data.eval_labels)
 
 
-def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
+def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
     from site_configs import describe
 
     blocks = plan_blocks(_eval_shape(config), config.blocks)
@@ -257,9 +258,9 @@ def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
             f"run {config.name} in {paths.root}: inference only with {config.pretrained_model}",
             f"  stage      -> {paths.eval_volume}",
             f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel",
-            "  stitch, evaluate (with labels), export, report", describe(site.SITE, paths.root),
+            "  stitch, evaluate (with labels), export, report", describe(site, paths.root),
         ])  # fmt: skip
-    launch = site.SITE.mpi_launch(config.train_nodes)
+    launch = site.mpi_launch()
     lines = [
         f"run {config.name} in {paths.root}",
         f"  stage      -> {paths.train_volume}, {paths.eval_volume}",
@@ -275,7 +276,7 @@ def describe_dag(config: RunConfig, paths: RunPaths, site) -> str:
         else "  evaluate   (no labels: skipped)",
         f"  export     -> {paths.precomputed}",
         f"  report     -> {paths.report}",
-        describe(site.SITE, paths.root),
+        describe(site, paths.root),
     ]
     return "\n".join(lines)
 
@@ -330,7 +331,9 @@ def _stop(signum: int, frame) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-def _execute(steps: list[Step], reasons: dict[str, str | None], site, paths: RunPaths) -> int:
+def _execute(
+    steps: list[Step], reasons: dict[str, str | None], site, spec: SiteSpec, paths: RunPaths
+) -> int:
     """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
     import parsl
 
@@ -339,7 +342,7 @@ def _execute(steps: list[Step], reasons: dict[str, str | None], site, paths: Run
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     dfk = None
     try:
-        dfk = parsl.load(site.make_config(paths.root))
+        dfk = parsl.load(site.make_config(paths.root, spec))
         futures = build_dag(steps, reasons)
         _watch(futures, paths)
     except Stopped as stop:
@@ -365,8 +368,11 @@ def _execute(steps: list[Step], reasons: dict[str, str | None], site, paths: Run
 
 def run(args: argparse.Namespace) -> int:
     from site_configs import load_site
+    from site_configs.base import sized_for_training
 
     config = load_run_config(args.config)
+    if args.train_nodes is not None:
+        config = replace(config, train_nodes=args.train_nodes)
     site = load_site(args.site)
     paths = RunPaths(Path(args.run_dir or ROOT / "data" / "runs" / config.name).resolve())
     if args.resume and not args.dry_run:
@@ -376,10 +382,11 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.config is None:  # the run's own settings, not the demo's
             config = load_run_config(paths.config)
+    spec = sized_for_training(site.SITE, config.train_nodes)  # one job = the nodes training uses
     if args.dry_run:
-        print(describe_dag(config, paths, site))
+        print(describe_dag(config, paths, spec))
         if paths.root.is_dir():
-            steps = dag_steps(config, paths, site)
+            steps = dag_steps(config, paths, spec)
             print(f"tasks in {paths.root}:", *describe_plan(steps, plan_run(steps)), sep="\n")
         return 0
     if (paths.root / "runinfo").exists() and not args.resume:
@@ -399,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
     config_io.save_json(paths.config, config)
     if not config.pretrained_model:
         config_io.save_json(paths.train_dir / "requested_config.json", config.train)
-    steps = dag_steps(config, paths, site)
+    steps = dag_steps(config, paths, spec)
     reasons = plan_run(steps, stages)
     _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
     for line in describe_plan(steps, reasons):
@@ -407,7 +414,7 @@ def run(args: argparse.Namespace) -> int:
     if all(r is None for r in reasons.values()):
         _say("nothing to do: every task is up to date")
     else:
-        status = _execute(steps, reasons, site, paths)
+        status = _execute(steps, reasons, site, spec, paths)
         if status:
             return status
     from pipeline.report import write_report
@@ -440,6 +447,11 @@ def _parser() -> argparse.ArgumentParser:
         "with --resume the run's own config.json",
     )
     parser.add_argument("--run-dir", help="default: data/runs/<name from the config>")
+    parser.add_argument(
+        "--train-nodes", type=int, metavar="N",
+        help="nodes the training uses, and so the size of its batch job (the config's train_nodes; "
+        "default: the site's nodes_per_block)",
+    )  # fmt: skip
     parser.add_argument(
         "--resume", action="store_true", help="reuse what an earlier run in --run-dir finished"
     )

@@ -45,7 +45,9 @@ class RunConfig:
         default_factory=lambda: PartitionConfig(samples_per_class=2000)
     )
     train: TrainConfig = field(default_factory=_demo_train)
-    train_nodes: int = 1  # nodes of the training task; ranks = nodes x the site's ranks_per_node
+    # Nodes of the training task, and so of its batch job; 0 = the site's job size
+    # (nodes_per_block). Ranks = nodes x the site's ranks_per_node.
+    train_nodes: int = 0
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     blocks: BlockConfig = field(default_factory=lambda: BlockConfig(block_shape_zyx=(64, 80, 80)))
@@ -60,8 +62,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"run name {self.name!r}: use letters, digits, '-' and '_'")
-        if self.train_nodes < 1:
-            raise ConfigError(f"train_nodes must be >= 1, got {self.train_nodes}")
+        if self.train_nodes < 0:
+            raise ConfigError(
+                f"train_nodes must be >= 0 (0: the site's job size), got {self.train_nodes}"
+            )
 
     def partitions_for_training(self) -> PartitionConfig:
         """Coordinates must leave room for the training canvas (FOV + moves) around them."""

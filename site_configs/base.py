@@ -9,6 +9,7 @@ executors from a `SiteSpec` and hands them to `build_config`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import shlex
 import shutil
@@ -306,6 +307,17 @@ class MPILaunch:
         """The full shell line: exports, launcher prefix, program (already shell-quoted)."""
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
         return f"{exports}{self.prefix} {program}"
+
+
+def sized_for_training(site: SiteSpec, train_nodes: int) -> SiteSpec:
+    """The site with training jobs of exactly the nodes the training uses (0: as it is), so the
+    nodes requested are the nodes used: a job of `train_nodes` x `mpi_tasks_per_block` nodes."""
+    if train_nodes == 0:
+        return site
+    try:
+        return dataclasses.replace(site, nodes_per_block=train_nodes * site.mpi_tasks_per_block)
+    except ConfigError as exc:
+        raise ConfigError(f"train_nodes {train_nodes}: {exc}") from None
 
 
 # -- shared pieces of every site's Config --

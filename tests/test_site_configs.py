@@ -129,6 +129,29 @@ def test_a_pipeline_error_is_not_retried_but_a_lost_worker_is():
     assert base.retry_cost(WorkerLost(1, "localhost"), {}) == 1
 
 
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("train_nodes", [0, 1, 2])
+def test_the_nodes_a_training_job_requests_are_the_nodes_it_uses(name, train_nodes, tmp_path):
+    import re
+
+    import workflow
+    from pipeline.run_config import RunConfig
+
+    module = load_site(name)
+    if name == "local" and train_nodes > 1:
+        with pytest.raises(ConfigError, match="train_nodes 2: .*one node"):
+            base.sized_for_training(module.SITE, train_nodes)
+        return
+    site = submittable(base.sized_for_training(module.SITE, train_nodes))
+    config = RunConfig(train_nodes=train_nodes)
+    plan = workflow.describe_dag(config, workflow.RunPaths(tmp_path), site)
+    used = int(re.search(r"train +\d+ rank\(s\) on (\d+) node", plan)[1])
+    assert f"training on {used} node(s)" in plan
+    requested = module.make_config(tmp_path / "run", site)
+    assert executors(requested)[MPI_LABEL].provider.nodes_per_block == used
+    assert used == (train_nodes or module.SITE.nodes_per_block)
+
+
 @pytest.mark.parametrize("name", ["polaris", "slurm", "theta"])
 def test_placeholder_account_is_refused_but_described(name, tmp_path):
     module = load_site(name)
