@@ -366,7 +366,20 @@ def _execute(
     return 0
 
 
+def _with_allocation(spec: SiteSpec, args: argparse.Namespace) -> SiteSpec:
+    """--account/--queue, else $FFN_ACCOUNT/$FFN_QUEUE, over the site module's values."""
+    import os
+
+    changes = {
+        name: value
+        for name in ("account", "queue")
+        if (value := getattr(args, name) or os.environ.get(f"FFN_{name.upper()}"))
+    }
+    return replace(spec, **changes) if changes else spec
+
+
 def run(args: argparse.Namespace) -> int:
+    from pipeline.staging import check_sources
     from site_configs import load_site
     from site_configs.base import sized_for_training
 
@@ -383,6 +396,8 @@ def run(args: argparse.Namespace) -> int:
         if args.config is None:  # the run's own settings, not the demo's
             config = load_run_config(paths.config)
     spec = sized_for_training(site.SITE, config.train_nodes)  # one job = the nodes training uses
+    spec = _with_allocation(spec, args)
+    check_sources(config.data, config.train.model.fov_shape_zyx)  # before a job is submitted
     if args.dry_run:
         print(describe_dag(config, paths, spec))
         if paths.root.is_dir():
@@ -447,6 +462,13 @@ def _parser() -> argparse.ArgumentParser:
         "with --resume the run's own config.json",
     )
     parser.add_argument("--run-dir", help="default: data/runs/<name from the config>")
+    parser.add_argument(
+        "--account",
+        help="allocation charged by batch jobs (default: $FFN_ACCOUNT, else the site's)",
+    )
+    parser.add_argument(
+        "--queue", help="batch queue or partition (default: $FFN_QUEUE, else the site's)"
+    )
     parser.add_argument(
         "--train-nodes", type=int, metavar="N",
         help="nodes the training uses, and so the size of its batch job (the config's train_nodes; "

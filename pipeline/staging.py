@@ -8,15 +8,16 @@ changing under it.
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.stamps import digest_arrays
 from pipeline.synthetic import PRESETS, generate
-from pipeline.volumes import VolumeSpec, read_raw, read_volume_pair, write_volumes
+from pipeline.volumes import VolumeSpec, read_raw, read_volume_pair, volume_shape, write_volumes
 
 STAGED_ATTR = "staged_from"
 
@@ -74,6 +75,22 @@ def source_files(data: DataConfig, role: str) -> list[Path]:
     """The user's files a role's volume is read from (none for synthetic data)."""
     specs = [role_settings(data, role).get(key, "") for key in ("raw", "labels")]
     return sorted({VolumeSpec.parse(spec).path for spec in specs if spec})
+
+
+def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
+    """Before any job is submitted: every user volume opens, names an existing 3-D dataset, raw
+    and labels agree in shape, and each is at least `min_shape_zyx` (the FOV). Reads no voxels."""
+    for role in ("train", "eval"):
+        settings = role_settings(data, role)
+        specs = [settings[key] for key in ("raw", "labels") if settings.get(key)]
+        shapes = {spec: volume_shape(spec) for spec in specs}
+        if len(set(shapes.values())) > 1:
+            raise VolumeShapeError(f"{role} volume: raw and labels differ in shape: {shapes}")
+        for spec, shape in shapes.items():
+            if any(s < m for s, m in zip(shape, min_shape_zyx, strict=True)):
+                raise VolumeShapeError(
+                    f"{spec}: shape {shape} (z, y, x) is smaller than the field of view {tuple(min_shape_zyx)}"
+                )
 
 
 def stage_role(path: str | Path, settings: dict) -> str:

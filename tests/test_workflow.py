@@ -77,3 +77,35 @@ def test_a_config_section_changes_only_the_keys_it_names(tmp_path):
     assert config.train.max_steps == 40
     assert config.train.model == RunConfig().train.model  # the demo's model, not the library's
     assert config.train.batch_size == RunConfig().train.batch_size
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [("labels", "no dataset 'labels'"), ("", "must look like path.h5:dataset")],
+)
+def test_dry_run_opens_every_input_before_anything_is_submitted(tmp_path, labels, message):
+    import h5py
+    import numpy as np
+
+    volume = tmp_path / "volume.h5"
+    with h5py.File(volume, "w") as f:
+        f["raw"] = np.zeros((32, 64, 64), np.uint8)
+    spec = f"{volume}:{labels}" if labels else str(volume)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[data]\ntrain_raw = "{volume}:raw"\ntrain_labels = "{spec}"\neval_raw = "{volume}:raw"\n'
+    )
+    done = workflow("--config", str(config), "--dry-run", expect=2)
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_account_and_queue_come_from_the_command_line_or_the_environment():
+    import os
+
+    env = os.environ | {"FFN_QUEUE": "prod"}
+    done = subprocess.run(
+        [sys.executable, "workflow.py", "--site", "polaris", "--dry-run", "--account", "abc123"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert "account: abc123" in done.stdout and "queue: prod" in done.stdout
+    assert "placeholder" not in done.stdout
