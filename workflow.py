@@ -4,6 +4,7 @@
     python workflow.py --site theta --config run.toml    # the same DAG on an HPC site
     python workflow.py --site local --resume             # skip what a previous run finished
     python workflow.py --site theta --dry-run            # print the DAG and the site, submit nothing
+    python workflow.py status --run-dir data/runs/demo   # what a run has done, where its logs are
     python workflow.py view --run-dir data/runs/demo     # open the result in Neuroglancer
 
 stage_volume(train), stage_volume(eval) -> preprocess -> train (MPI, N ranks) -> select_checkpoint
@@ -56,6 +57,7 @@ _LAYOUT = {
     "precomputed": "precomputed",
     "report": "report.md",
     "config": "config.json",
+    "site": "site.json",
 }
 
 
@@ -311,7 +313,7 @@ def _watch(futures: dict[str, object], paths: RunPaths) -> None:
 
 
 def _say(text: str) -> None:
-    print(f"[workflow] {text}", flush=True)
+    print(f"[workflow {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 def _last_train_line(log: Path) -> str:
@@ -419,10 +421,12 @@ def run(args: argparse.Namespace) -> int:
     check_stage_inputs(stages, paths.root)  # before any worker starts
     paths.root.mkdir(parents=True, exist_ok=True)
     config_io.save_json(paths.config, config)
+    config_io.save_json(paths.site, spec)  # for `status`, which has no --site
     if not config.pretrained_model:
         config_io.save_json(paths.train_dir / "requested_config.json", config.train)
     steps = dag_steps(config, paths, spec)
     reasons = plan_run(steps, stages)
+    _say(f"site {spec.name}, run dir {paths.root}, settings {args.config or paths.config}")
     _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
     for line in describe_plan(steps, reasons):
         _say(line)
@@ -439,6 +443,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def status(args: argparse.Namespace) -> int:
+    """What a run has done, from its stamps, monitoring.db and files; starts nothing."""
+    from pipeline.report import task_states
+    from pipeline.train_metrics import last_metrics
+
+    paths = RunPaths(Path(args.run_dir).resolve())
+    if not paths.config.is_file() or not paths.site.is_file():
+        raise FFNError(f"status: {paths.root} holds no run (no config.json / site.json)")
+    config = load_run_config(paths.config)
+    spec = config_io.load_json(SiteSpec, paths.site)
+    steps = dag_steps(config, paths, spec)
+    print(f"run {config.name} in {paths.root} (site {spec.name})")
+    print("stamps (what is done and valid now):", *describe_plan(steps, plan_run(steps)), sep="\n")
+    states = task_states(paths.root / "monitoring.db")
+    if states:
+        counts = {stage: {s: v.count(s) for s in set(v)} for stage, v in states.items()}
+        print(
+            "last Parsl run (monitoring.db):",
+            *(f"  {st:<10} {c}" for st, c in counts.items()),
+            sep="\n",
+        )
+    if (metrics := last_metrics(paths.train_dir / "metrics.csv")) is not None:
+        print(
+            f"training: step {metrics['step']:.0f}/{config.train.max_steps}, loss {metrics['loss']:.4f}, "
+            f"{metrics['fov_per_s']:.1f} FOV/s"
+        )
+    runs = sorted((paths.root / "runinfo").glob("[0-9][0-9][0-9]"))
+    latest = runs[-1] if runs else paths.root / "runinfo"
+    print(f"logs: {paths.train_log}, {latest / 'parsl.log'}, {latest / 'submit_scripts'}/")
+    return 0
+
+
 def view(args: argparse.Namespace) -> int:
     from pipeline.viewer import serve_forever
 
@@ -452,7 +488,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", nargs="?", default="run", choices=["run", "view"])
+    parser.add_argument("command", nargs="?", default="run", choices=["run", "status", "view"])
     parser.add_argument(
         "--site", default="local", help="local, theta, polaris, slurm, or a path to a site module"
     )
@@ -494,6 +530,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "status":
+            if not args.run_dir:
+                raise FFNError("status needs --run-dir")
+            return status(args)
         if args.command == "view":
             if not args.run_dir:
                 raise FFNError("view needs --run-dir")

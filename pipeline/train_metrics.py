@@ -25,6 +25,16 @@ CSV_COLUMNS = (
 )
 
 
+def last_metrics(path: str | Path) -> dict[str, float] | None:
+    """The last row of a training's metrics.csv, or None if it has none yet."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return None
+    return {k: float(v) for k, v in rows[-1].items() if v not in ("", None)} if rows else None
+
+
 def confusion_counts(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """tp, fp, fn, tn of the predicted object mask (p >= 0.5, i.e. logit >= 0) against labels > 0.5."""
     predicted, truth = logits >= 0, labels > 0.5

@@ -37,6 +37,11 @@ class TestLocalRun:
         assert "nothing to do: every task is up to date" in done.stdout  # not the demo's settings
         assert (tiny_run / "config.json").read_text() == saved
 
+    def test_status_says_what_is_done_and_where_the_logs_are(self, tiny_run):
+        done = workflow("status", "--run-dir", str(tiny_run))
+        assert "infer      4/4 up to date" in done.stdout and "training: step 30/30" in done.stdout
+        assert f"{tiny_run}/runinfo/000/parsl.log" in done.stdout
+
     def test_rerun_without_resume_is_refused(self, tiny_run):
         done = subprocess.run(
             [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(tiny_run)],
