@@ -25,7 +25,7 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.errors import CheckpointError, ConfigError, FFNError
+from pipeline.errors import CheckpointError, ConfigError, FFNError, first_line
 from pipeline.inference import (
     InferenceConfig,
     Predictor,
@@ -122,6 +122,32 @@ def fov_f1(
     return float(np.mean(scores))
 
 
+def _recorded_losses(metrics_csv: Path) -> dict[int, float]:
+    """The training loss logged at each step (metrics.csv), where there is one."""
+    from pipeline.train_metrics import read_metrics
+
+    if not metrics_csv.is_file():
+        return {}
+    metrics = read_metrics(metrics_csv)
+    return {
+        int(step): float(loss) for step, loss in zip(metrics["step"], metrics["loss"], strict=True)
+    }
+
+
+def _unusable(model, checkpoint: Path, losses: dict[int, float]) -> str | None:
+    """Why a checkpoint must not be selected (loaded into `model` otherwise), or None."""
+    loss = losses.get(checkpoint_step(checkpoint))
+    if loss is not None and not np.isfinite(loss):
+        return f"its recorded training loss is {loss}"
+    try:
+        load_weights(model, str(checkpoint))
+    except (CheckpointError, IndexError, OSError) as exc:  # IndexError: a truncated data file
+        return first_line(exc)
+    if not all(np.all(np.isfinite(w)) for w in model.get_weights()):
+        return "its weights are not all finite"
+    return None
+
+
 def _central_crop(shape: Sequence[int], crop: Sequence[int]) -> tuple[slice, ...]:
     size = [min(c, s) for c, s in zip(crop, shape, strict=True)]
     return tuple(slice((s - c) // 2, (s - c) // 2 + c) for s, c in zip(shape, size, strict=True))
@@ -143,9 +169,13 @@ def select_checkpoint(
     coords = held_out_coordinates(volume.labels, model_config, config.held_out_fovs, config.seed)
     model = build_model(model_config)
     predict = make_model_predictor(model)  # reads the model's variables: reloading updates it
-    rows = []
+    losses = _recorded_losses(Path(train_dir) / "metrics.csv")
+    rows, skipped = [], []
     for checkpoint in candidates:
-        load_weights(model, str(checkpoint))
+        if reason := _unusable(model, checkpoint, losses):
+            print(f"[select] skipping {checkpoint}: {reason}", flush=True)
+            skipped.append({"checkpoint": str(checkpoint), "reason": reason})
+            continue
         row = {
             "checkpoint": str(checkpoint),
             "step": checkpoint_step(checkpoint),
@@ -164,6 +194,12 @@ def select_checkpoint(
             segmentation, _ = segment(volume.raw[crop], predict, model_config, config.inference)
             row |= score_segmentation(segmentation, volume.labels[crop]).to_dict()
         rows.append(row)
+    if not rows:
+        raise CheckpointError(
+            f"{train_dir}: none of the last {len(candidates)} checkpoints can be used ("
+            + "; ".join(f"{Path(s['checkpoint']).name}: {s['reason']}" for s in skipped)
+            + ")"
+        )
     # Ties go to the later checkpoint.
     if config.criterion == "vi":
         best = min(rows, key=lambda r: (r["vi"], -r["step"]))
@@ -178,6 +214,7 @@ def select_checkpoint(
         "held_out_volume": volume.name,
         "held_out_fovs": len(coords),
         "candidates": rows,
+        "skipped": skipped,
         "config": config_io.to_dict(config),
     }
     output = Path(output) if output is not None else Path(train_dir) / SELECTION_FILE
@@ -205,9 +242,9 @@ def selection_done(
         return True
     config = config or SelectionConfig()
     current = [checkpoint_step(c) for c in list_checkpoints(train_dir)[-config.last_checkpoints :]]
-    return [row.get("step") for row in record.get("candidates", [])] == current and record.get(
-        "config"
-    ) == config_io.to_dict(config)
+    seen = [row.get("step") for row in record.get("candidates", [])]
+    seen += [checkpoint_step(row["checkpoint"]) for row in record.get("skipped", [])]
+    return sorted(seen) == current and record.get("config") == config_io.to_dict(config)
 
 
 def chosen_checkpoint(path: str | Path) -> Path:

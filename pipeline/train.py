@@ -26,10 +26,18 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.errors import CheckpointError, ConfigError, FFNError
+from pipeline.cli import one_line_errors
+from pipeline.errors import CheckpointError, ConfigError, TrainingDiverged
 from pipeline.lr_scaling import LR_POLICIES, scaled_learning_rate
 from pipeline.model import ModelConfig
-from pipeline.train_metrics import COUNT_NAMES, MetricsLog, confusion_counts, plot_curves, summarize
+from pipeline.train_metrics import (
+    COUNT_NAMES,
+    MetricsLog,
+    confusion_counts,
+    last_metrics,
+    plot_curves,
+    summarize,
+)
 from pipeline.training import BatchStream, ExampleConfig
 
 SUMMARY_FILE = "train_summary.json"
@@ -129,7 +137,10 @@ def _init_runtime(config: TrainConfig):
 
 
 def make_train_step(model, optimizer, grad_clip: float):
-    """One synchronous step: forward, loss, rank-averaged gradients, clip, Adam update."""
+    """One synchronous step: forward, loss, rank-averaged gradients, clip, Adam update. Returns
+    (logits, loss, finite): the update is applied only when every averaged gradient is finite,
+    a verdict every rank reaches alike, since a rank whose own loss is not finite makes its
+    gradients NaN and so everyone's average."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -140,24 +151,175 @@ def make_train_step(model, optimizer, grad_clip: float):
             loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
             )
-        grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-        grads = [tf.clip_by_value(g, -grad_clip, grad_clip) for g in grads]
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return logits, loss
+            # 1 when the loss is finite, NaN when not (an infinite loss can have finite gradients).
+            poison = tf.stop_gradient(tf.where(tf.math.is_finite(loss), 1.0, float("nan")))
+            checked = loss * tf.cast(poison, loss.dtype)
+        grads = hvd.DistributedGradientTape(tape).gradient(checked, model.trainable_variables)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+        def update():
+            clipped = [tf.clip_by_value(g, -grad_clip, grad_clip) for g in grads]
+            optimizer.apply_gradients(zip(clipped, model.trainable_variables, strict=True))
+            return tf.constant(True)
+
+        applied = tf.cond(finite, update, lambda: tf.constant(False))
+        return logits, loss, applied
 
     return train_step
 
 
+# Settings that change how long or how verbosely a run goes, not what it computes: a run that
+# changes only these goes on from the checkpoints of the earlier one.
+BOOKKEEPING = (
+    "max_steps",
+    "log_every_steps",
+    "checkpoint_every_steps",
+    "checkpoint_every_seconds",
+    "keep_checkpoints",
+    "intra_op_threads",
+    "inter_op_threads",
+    "horovod_cycle_time_ms",
+)
+# What an earlier run wrote into the train dir; set aside together when a run cannot go on from it.
+RUN_OUTPUTS = (
+    "checkpoints",
+    "metrics.csv",
+    "curves.png",
+    SUMMARY_FILE,
+    "tensorboard",
+    "config.json",
+)
+
+
+def _lineage_settings(config: TrainConfig, world_size: int, init_from: str) -> dict:
+    settings = {k: v for k, v in config_io.to_dict(config).items() if k not in BOOKKEEPING}
+    return settings | {"world_size": world_size, "init_from": init_from}
+
+
+def training_lineage(
+    config: TrainConfig, world_size: int, volume, coordinates: str | Path, init_from: str = ""
+) -> str:
+    """Digest of what the checkpoints of a run depend on: the settings that are not bookkeeping,
+    the world size, the training voxels and coordinates, the starting weights."""
+    from pipeline.stamps import digest, digest_arrays, digest_files
+
+    data = [
+        digest_arrays({"raw": volume.raw, "labels": volume.labels}),
+        digest_files([coordinates]),
+    ]
+    return digest([_lineage_settings(config, world_size, init_from), data])
+
+
+def _checkpoint_steps(train_dir: Path) -> list[int]:
+    return sorted(
+        int(p.name[5:-6])
+        for p in (train_dir / "checkpoints").glob("ckpt-*.index")
+        if p.name[5:-6].isdigit()
+    )
+
+
+def _why_not_go_on(train_dir: Path, lineage: str, settings: dict, max_steps: int) -> str | None:
+    """None when the train dir's checkpoints (if any) can be gone on from, else why not."""
+    steps = _checkpoint_steps(train_dir)
+    if not steps:
+        return None
+    try:
+        earlier = json.loads((train_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        earlier = {}
+    if earlier.get("lineage") != lineage:
+        before = earlier.get("lineage_settings", {})
+        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        what = f"settings changed: {', '.join(changed)}" if changed else "training data changed"
+        return (
+            what if earlier.get("lineage") else "made by an earlier version (no lineage recorded)"
+        )
+    if steps[-1] > max_steps:
+        return f"its latest checkpoint (step {steps[-1]}) is beyond max_steps {max_steps}"
+    return None
+
+
+def set_aside_earlier_run(train_dir: Path, reason: str) -> Path:
+    """Move an earlier run's outputs to train_dir/set_aside/<UTC time>/ (nothing is deleted)."""
+    folder = train_dir / "set_aside" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        if (train_dir / name).exists():
+            os.replace(train_dir / name, folder / name)
+    print(
+        f"[train] starting again: the earlier run cannot be gone on from ({reason}); its outputs are in {folder}",
+        flush=True,
+    )
+    return folder
+
+
 def _save_run_config(
-    train_dir: Path, inputs: TrainInputs, config: TrainConfig, world_size: int
+    train_dir: Path, inputs: TrainInputs, config: TrainConfig, world_size: int, lineage: str
 ) -> None:
     record = {
         "inputs": config_io.to_dict(inputs),
         "config": config_io.to_dict(config),
         "world_size": world_size,
+        "lineage": lineage,
+        "lineage_settings": _lineage_settings(config, world_size, inputs.init_from),
     }
     with atomic_path(train_dir / "config.json") as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _restore_newest_readable(
+    checkpoint, manager, checkpoint_dir: Path
+) -> tuple[str | None, list[str]]:
+    """Restore the newest checkpoint that can be read; returns it (None: there are none) and the
+    newer ones that could not be read, each named in one line. Every rank tries the same files
+    in the same order, so all reach the same one."""
+    import tensorflow as tf
+
+    from pipeline.errors import first_line
+
+    unreadable = []
+    for path in reversed(manager.checkpoints):
+        try:
+            checkpoint.restore(path).assert_existing_objects_matched()
+        except (AssertionError, ValueError) as exc:
+            raise CheckpointError(
+                f"{path}: does not match this model ({first_line(exc)})"
+            ) from None
+        except (IndexError, OSError, tf.errors.OpError) as exc:
+            print(
+                f"[train] {path}: cannot be read ({first_line(exc)}); trying the one before",
+                flush=True,
+            )
+            unreadable.append(path)
+            continue
+        return path, unreadable
+    if unreadable:
+        raise CheckpointError(
+            f"no readable checkpoint in {checkpoint_dir} ({', '.join(Path(p).name for p in unreadable)} "
+            "cannot be read); move them away to start the training again"
+        )
+    return None, []
+
+
+def _set_aside_unreadable(
+    manager, checkpoint_dir: Path, unreadable: list[str], restored: str
+) -> None:
+    """Move unreadable checkpoints to checkpoints/unreadable/ and drop them from the manager's
+    state file, so it neither lists nor later deletes them."""
+    import tensorflow as tf
+
+    folder = checkpoint_dir / "unreadable"
+    folder.mkdir(exist_ok=True)
+    for path in unreadable:
+        for file in Path(path).parent.glob(Path(path).name + ".*"):
+            os.replace(file, folder / file.name)
+    kept = [p for p in manager.checkpoints if p not in unreadable]
+    tf.compat.v1.train.update_checkpoint_state(
+        str(checkpoint_dir), restored, all_model_checkpoint_paths=kept
+    )
+    print(
+        f"[train] set aside in {folder}: {', '.join(Path(p).name for p in unreadable)}", flush=True
+    )
 
 
 def run_training(
@@ -169,6 +331,8 @@ def run_training(
 
     `on_step(step, model)` runs on every rank after every step (tests use it to compare weights).
     """
+    from horovod.tensorflow.functions import broadcast_object
+
     from pipeline.model import build_model
     from pipeline.partitions import load_coordinates
     from pipeline.volumes import read_volume_pair
@@ -177,12 +341,17 @@ def run_training(
     rank, size = hvd.rank(), hvd.size()
     train_dir = Path(inputs.train_dir)
     lead = rank == 0
-    if lead:
-        train_dir.mkdir(parents=True, exist_ok=True)
-        _save_run_config(train_dir, inputs, config, size)
 
     volume = read_volume_pair(inputs.raw, inputs.labels, min_shape_zyx=config.model.fov_shape_zyx)
     shard = load_coordinates(inputs.coordinates, rank=rank, size=size)
+    lineage = training_lineage(config, size, volume, inputs.coordinates, inputs.init_from)
+    if lead:
+        train_dir.mkdir(parents=True, exist_ok=True)
+        settings = _lineage_settings(config, size, inputs.init_from)
+        if reason := _why_not_go_on(train_dir, lineage, settings, config.max_steps):
+            set_aside_earlier_run(train_dir, reason)
+        _save_run_config(train_dir, inputs, config, size, lineage)
+    broadcast_object(None, root_rank=0)  # the other ranks look at checkpoints only after this
 
     model = build_model(config.model)
     optimizer = tf.keras.optimizers.Adam(learning_rate=config.learning_rate)
@@ -197,14 +366,11 @@ def run_training(
     manager = tf.train.CheckpointManager(
         checkpoint, str(train_dir / "checkpoints"), config.keep_checkpoints
     )
-    if manager.latest_checkpoint:
-        try:
-            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        except (AssertionError, ValueError) as exc:
-            raise CheckpointError(
-                f"{manager.latest_checkpoint}: does not match this model ({exc})"
-            ) from None
-    elif inputs.init_from:  # fine-tuning: weights only; step 0, fresh Adam state, warm-up again
+    checkpoint_dir = train_dir / "checkpoints"
+    restored, unreadable = _restore_newest_readable(checkpoint, manager, checkpoint_dir)
+    if (
+        not restored and inputs.init_from
+    ):  # fine-tuning: weights only; step 0, fresh Adam state, warm-up again
         from pipeline.pretrained import load_pretrained_weights
 
         used = load_pretrained_weights(model, inputs.init_from)
@@ -212,13 +378,16 @@ def run_training(
             print(f"[train] initialised weights from {used}", flush=True)
     # Rank 0's state wins everywhere: identical start, even if ranks saw different files.
     hvd.broadcast_variables(model.variables + optimizer.variables + [step], root_rank=0)
+    if lead and unreadable:  # every rank has read what it needed
+        _set_aside_unreadable(manager, checkpoint_dir, unreadable, restored)
+        manager = tf.train.CheckpointManager(
+            checkpoint, str(checkpoint_dir), config.keep_checkpoints
+        )
     resumed_from = int(step.numpy())
     cursors = examples_started.numpy()
     start_example = int(cursors[rank]) if len(cursors) == size else 0
     if lead and resumed_from:
-        print(
-            f"[train] resuming from {manager.latest_checkpoint} at step {resumed_from}", flush=True
-        )
+        print(f"[train] resuming from {restored} at step {resumed_from}", flush=True)
 
     stream = BatchStream(
         volume,
@@ -235,9 +404,21 @@ def run_training(
     counts = np.zeros(len(COUNT_NAMES))
     interval_start = last_save = time.monotonic()
     run_start = time.monotonic()
-    summary: dict = {}
+    # What the summary says when there is nothing left to train (resumed at max_steps).
+    summary: dict = {
+        "fov_per_s": 0.0,
+        **(last_metrics(train_dir / "metrics.csv") or {}),
+        "step": resumed_from,
+    }
 
     def save_checkpoint() -> None:
+        # Identical weights on every rank, so every rank stops here alike.
+        if not all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables):
+            raise TrainingDiverged(
+                f"step {int(step.numpy())}: weights are not finite at learning rate "
+                f"{optimizer.learning_rate.numpy():.3g}; no checkpoint written (last: "
+                f"{manager.latest_checkpoint or 'none'}); lower learning_rate"
+            )
         gathered = hvd.allgather(tf.constant([stream.examples_started], tf.int64)).numpy()
         examples_started.assign(gathered)
         if lead:
@@ -256,7 +437,13 @@ def run_training(
         )
         optimizer.learning_rate.assign(lr)
         images, seeds, labels = stream.next_batch()
-        logits, loss = train_step(images, seeds, labels)
+        logits, loss, applied = train_step(images, seeds, labels)
+        if not bool(applied):
+            raise TrainingDiverged(
+                f"step {current + 1}: the loss ({float(loss):.4g} on rank {rank}) or a gradient is not "
+                f"finite at learning rate {lr:.3g}; the update was not applied and no checkpoint was "
+                f"written from it (last: {manager.latest_checkpoint or 'none'}); lower learning_rate"
+            )
         logits = logits.numpy()
         stream.write_back(logits)
         counts += [float(loss), 1, *confusion_counts(logits, labels), len(images)]
@@ -348,22 +535,17 @@ def load_train_config(path: str | Path) -> TrainConfig:
     return config_io.from_dict(TrainConfig, values.get("config", values), str(path))
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        base = load_train_config(args.config) if args.config else TrainConfig()
-        config = config_io.from_arguments(TrainConfig, args, base)
-        inputs = TrainInputs(
-            args.raw, args.labels, args.coordinates, args.train_dir, args.init_from
-        )
-        summary = run_training(inputs, config)
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    base = load_train_config(args.config) if args.config else TrainConfig()
+    config = config_io.from_arguments(TrainConfig, args, base)
+    inputs = TrainInputs(args.raw, args.labels, args.coordinates, args.train_dir, args.init_from)
+    summary = run_training(inputs, config)
     if summary:
         print(
-            f"[train] done: step {summary['step']}, f1 {summary['f1']:.3f}, {summary['fov_per_s']:.1f} FOV/s"
+            f"[train] done: step {summary['step']}, f1 {summary.get('f1', float('nan')):.3f}, {summary['fov_per_s']:.1f} FOV/s"
         )
     return 0
 

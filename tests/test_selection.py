@@ -4,6 +4,7 @@ read back, and bad inputs are named."""
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 from test_inference import MODEL, bright_weights, hand_made_volume, make_checkpoint
 
@@ -121,3 +122,35 @@ def test_command_line_selects_and_reports(train_dir, tmp_path, capsys):
 def test_bad_selection_settings_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         SelectionConfig(**kwargs)
+
+
+def nan_weights(model) -> None:
+    bright_weights(model)
+    lom = model.get_layer("conv_lom")
+    kernel, bias = lom.get_weights()
+    lom.set_weights([kernel * np.nan, bias])
+
+
+def test_a_checkpoint_with_non_finite_weights_or_loss_is_never_selected(train_dir, capsys):
+    make_checkpoint(train_dir, 30, nan_weights)  # the newest, and NaN
+    (train_dir / "metrics.csv").write_text(  # training logged a NaN loss at step 20
+        "step,wall_s,loss,accuracy,precision,recall,f1,object_fraction,learning_rate,fov_per_s\n"
+        "20,1,nan,0,0,0,0,0,0.001,1\n"
+    )
+    record = select_checkpoint(train_dir, held_out(), dataclasses.replace(FAST, last_checkpoints=3))
+    assert record["step"] == 10 and [row["step"] for row in record["candidates"]] == [10]
+    reasons = {s["checkpoint"].rpartition("-")[2]: s["reason"] for s in record["skipped"]}
+    assert reasons == {
+        "20": "its recorded training loss is nan",
+        "30": "its weights are not all finite",
+    }
+    assert "skipping" in capsys.readouterr().out
+
+
+def test_no_usable_checkpoint_is_one_clear_error(tmp_path):
+    run = tmp_path / "run"
+    make_checkpoint(run, 5, nan_weights)
+    with pytest.raises(
+        CheckpointError, match="none of the last 1 checkpoints can be used .*ckpt-5: its weights"
+    ):
+        select_checkpoint(run, held_out(), FAST)

@@ -183,3 +183,72 @@ def test_fine_tuning_starts_from_given_weights_with_a_fresh_optimizer(training_d
 def test_a_bad_learning_rate_decay_is_refused(settings):
     with pytest.raises(ConfigError, match="lr_decay_every_steps must be >= 0 and lr_decay_factor"):
         TrainConfig(**settings)
+
+
+def run_cli(data: dict, train_dir: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        train_command(data, train_dir, *flags),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+SHORT = ("--log-every-steps", "2", "--checkpoint-every-steps", "4", "--deterministic")
+
+
+def test_a_diverging_training_stops_at_once_and_writes_no_checkpoint(training_data, tmp_path):
+    done = run_cli(training_data, tmp_path, "--learning-rate", "1e30", "--max-steps", "30", *SHORT)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "not finite at learning rate 1e+30" in errors[0], done.stderr[
+        -2000:
+    ]
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("checkpoints/ckpt-*"))  # nothing saved from a diverged state
+    assert not (tmp_path / "train_summary.json").exists()
+
+
+def test_an_unreadable_checkpoint_is_set_aside_and_the_one_before_used(training_data, tmp_path):
+    run = tmp_path / "run"
+    train(training_data, run, "--max-steps", "8", *SHORT)
+    data = next((run / "checkpoints").glob("ckpt-8.data-*"))
+    data.write_bytes(data.read_bytes()[:100])  # truncated, as by a full disk or a killed copy
+
+    resumed = train(training_data, run, "--max-steps", "12", *SHORT)
+
+    assert f"{run}/checkpoints/ckpt-8: cannot be read" in resumed.stdout
+    assert (
+        run / "checkpoints" / "unreadable" / data.name
+    ).stat().st_size == 100  # kept, not deleted
+    assert "resuming from" in resumed.stdout and "ckpt-4 at step 4" in resumed.stdout
+    fresh = train(training_data, tmp_path / "fresh", "--max-steps", "12", *SHORT)
+    assert "done: step 12" in fresh.stdout
+    np.testing.assert_array_equal(
+        read_metrics(run / "metrics.csv")["loss"],
+        read_metrics(tmp_path / "fresh" / "metrics.csv")["loss"],
+    )
+
+    for data in (run / "checkpoints").glob("ckpt-*.data-*"):  # now every checkpoint
+        data.write_bytes(data.read_bytes()[:100])
+    failed = run_cli(training_data, run, "--max-steps", "16", *SHORT)
+    assert failed.returncode == 2
+    assert "error: no readable checkpoint in" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_only_bookkeeping_changes_go_on_from_the_checkpoints(training_data, tmp_path):
+    train(training_data, tmp_path, "--max-steps", "4", *SHORT)
+    more = train(training_data, tmp_path, "--max-steps", "8", *SHORT)
+    assert "ckpt-4 at step 4" in more.stdout
+
+    other = train(training_data, tmp_path, "--max-steps", "8", "--learning-rate", "0.002", *SHORT)
+    assert (
+        "starting again: the earlier run cannot be gone on from (settings changed: learning_rate)"
+        in other.stdout
+    )
+    (earlier,) = (tmp_path / "set_aside").iterdir()
+    assert (earlier / "checkpoints" / "ckpt-8.index").is_file() and (
+        earlier / "metrics.csv"
+    ).is_file()
+    assert read_metrics(tmp_path / "metrics.csv")["step"].tolist() == [2, 4, 6, 8]  # from step 0
