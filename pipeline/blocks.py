@@ -42,6 +42,7 @@ from pipeline.inference import (
     segment,
 )
 from pipeline.model import ModelConfig
+from pipeline.volumes import reading
 
 BLOCK_FORMAT = 1
 
@@ -142,8 +143,11 @@ def segment_block(
     (`pipeline.inference.segment`), and a restarted task goes on from it.
     """
     record = _provenance(model, config, provenance)
+    source = f"{raw.file.filename}:{raw.name.lstrip('/')}" if hasattr(raw, "file") else "the image"
+    with reading(source):  # h5py names no file when a chunk cannot be read
+        region = np.asarray(raw[block.slices])
     labels, stats = segment(
-        np.asarray(raw[block.slices]),
+        region,
         predict,
         model,
         config,

@@ -23,6 +23,10 @@ class VolumeError(FFNError):
     """An input volume cannot be used."""
 
 
+class VolumeReadError(VolumeError):
+    """The file opens but its data cannot be read (a corrupted chunk, a truncated file)."""
+
+
 class VolumeFileMissing(VolumeError, FileNotFoundError):
     """The HDF5 file does not exist."""
 

@@ -35,10 +35,10 @@ from cloudvolume import CloudVolume
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_dir
+from pipeline.cli import one_line_errors
 from pipeline.errors import (
     ConfigError,
     EmptyLabelsError,
-    FFNError,
     PrecomputedError,
     VolumeDtypeError,
     VolumeShapeError,
@@ -408,21 +408,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        config = ExportConfig(
-            chunk_voxels=args.chunk_voxels,
-            num_scales=args.scales,
-            mesh_max_error_nm=args.mesh_max_error_nm,
-            gzip=args.gzip,
-        )
-        raw, voxel_size = read_raw(args.raw, args.voxel_size)
-        segmentation, _ = read_labels(args.segmentation, voxel_size)
-        result = export_precomputed(raw, segmentation, voxel_size, args.out, config, progress=True)
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = ExportConfig(
+        chunk_voxels=args.chunk_voxels,
+        num_scales=args.scales,
+        mesh_max_error_nm=args.mesh_max_error_nm,
+        gzip=args.gzip,
+    )
+    raw, voxel_size = read_raw(args.raw, args.voxel_size)
+    segmentation, _ = read_labels(args.segmentation, voxel_size)
+    result = export_precomputed(raw, segmentation, voxel_size, args.out, config, progress=True)
     print(
         f"[export] wrote {result.path}: {len(result.scales)} scales, {result.segment_count} "
         f"segments, {result.file_count} files, {result.seconds:.1f} s"

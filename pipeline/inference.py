@@ -54,10 +54,10 @@ from tqdm import tqdm
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
+from pipeline.cli import one_line_errors
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
-    FFNError,
     InferenceError,
     VolumeDtypeError,
     VolumeShapeError,
@@ -678,13 +678,10 @@ def _run(args: argparse.Namespace) -> dict:
     return summary
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        summary = _run(args)
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    summary = _run(args)
     stats = summary["inference"]
     print(
         f"wrote {args.output}: {stats['objects']} objects from {stats['fov_evaluations']} FOV "

@@ -30,10 +30,10 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_path
+from pipeline.cli import one_line_errors
 from pipeline.errors import (
     ConfigError,
     CoordinatesError,
-    FFNError,
     VolumeDtypeError,
     VolumeShapeError,
 )
@@ -521,13 +521,10 @@ def _run(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        _run(args)
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    _run(args)
     return 0
 
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_dir
-from pipeline.errors import CheckpointError, FFNError, first_line
+from pipeline.cli import one_line_errors
+from pipeline.errors import CheckpointError, first_line
 
 SCOPE = "seed_update"  # the reference code's variable scope of the network
 CHECKPOINT_NUMBER = 0  # the converted folder's one checkpoint: OUT/checkpoints/ckpt-0
@@ -423,21 +424,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        path = convert_checkpoint(
-            args.checkpoint,
-            args.out,
-            args.fov_zyx,
-            args.deltas_zyx,
-            args.image_mean,
-            args.image_stddev,
-            overwrite=args.overwrite,
-        )
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    path = convert_checkpoint(
+        args.checkpoint,
+        args.out,
+        args.fov_zyx,
+        args.deltas_zyx,
+        args.image_mean,
+        args.image_stddev,
+        overwrite=args.overwrite,
+    )
     source = json.loads((args.out / "config.json").read_text())["pretrained"]
     step = f", step {source['global_step']}" if source["global_step"] is not None else ""
     print(

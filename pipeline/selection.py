@@ -25,7 +25,8 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.errors import CheckpointError, ConfigError, FFNError, first_line
+from pipeline.cli import one_line_errors
+from pipeline.errors import CheckpointError, ConfigError, first_line
 from pipeline.inference import (
     InferenceConfig,
     Predictor,
@@ -291,18 +292,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        base = (
-            config_io.load_json(SelectionConfig, args.config) if args.config else SelectionConfig()
-        )
-        config = config_io.from_arguments(SelectionConfig, args, base)
-        volume = read_volume_pair(args.raw, args.labels, voxel_size_nm=args.voxel_size)
-        record = select_checkpoint(args.train_dir, volume, config, args.output)
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    base = config_io.load_json(SelectionConfig, args.config) if args.config else SelectionConfig()
+    config = config_io.from_arguments(SelectionConfig, args, base)
+    volume = read_volume_pair(args.raw, args.labels, voxel_size_nm=args.voxel_size)
+    record = select_checkpoint(args.train_dir, volume, config, args.output)
     for row in record["candidates"]:
         print(
             f"step {row['step']:>8}  fov_f1 {row['fov_f1']:.4f}"

@@ -20,7 +20,8 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,7 +29,8 @@ from typing import BinaryIO
 
 import neuroglancer
 
-from pipeline.errors import FFNError, PrecomputedError
+from pipeline.cli import one_line_errors
+from pipeline.errors import PrecomputedError
 from pipeline.export import (
     IMAGE_LAYER,
     PROPERTIES_DIR,
@@ -48,13 +50,24 @@ PROJECTION_ORIENTATION = (0.3, -0.25, -0.05, 0.92)
 
 
 class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with CORS headers; `name` falls back to `name.gz` sent gzip-encoded."""
+    """Static files; `name` falls back to `name.gz` sent gzip-encoded. Cross-origin reads are
+    allowed only to the origins in `server.allowed_origins` (the viewer's): any other web page
+    open in the user's browser must not read the volumes."""
+
+    def _allowed_origin(self) -> str | None:
+        origin = self.headers.get("Origin")
+        return origin if origin in self.server.allowed_origins else None
 
     def end_headers(self) -> None:
-        self.send_header("Access-Control-Allow-Origin", "*")
+        if origin := self._allowed_origin():
+            self.send_header("Access-Control-Allow-Origin", origin)
+        self.send_header("Vary", "Origin")
         super().end_headers()
 
     def do_OPTIONS(self) -> None:  # a CORS preflight
+        if self._allowed_origin() is None:
+            self.send_error(403, "origin not allowed")
+            return
         self.send_response(204)
         self.send_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
         self.send_header("Access-Control-Allow-Headers", "*")
@@ -77,13 +90,17 @@ class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
         """Silent: a viewer fetches hundreds of chunks, one log line each would bury the URL."""
 
 
-def start_data_server(folder: str | Path, port: int = 0) -> http.server.ThreadingHTTPServer:
-    """Serve `folder` on 127.0.0.1:`port` (0: any free port) from a background thread."""
+def start_data_server(
+    folder: str | Path, port: int = 0, allowed_origins: Iterable[str] = ()
+) -> http.server.ThreadingHTTPServer:
+    """Serve `folder` on 127.0.0.1:`port` (0: any free port) from a background thread, readable
+    across origins only from `allowed_origins` (`server.allowed_origins`, a set, can grow)."""
     handler = partial(PrecomputedRequestHandler, directory=str(folder))
     try:
         server = http.server.ThreadingHTTPServer((BIND_ADDRESS, port), handler)
     except OSError as exc:
         raise PrecomputedError(f"cannot serve on {BIND_ADDRESS}:{port} ({exc.strerror})") from None
+    server.allowed_origins = set(allowed_origins)
     threading.Thread(target=server.serve_forever, name="precomputed-http", daemon=True).start()
     return server
 
@@ -176,11 +193,21 @@ def start_viewer(
             state.projection_scale = PROJECTION_FIT * extent / finest
             state.projection_orientation = PROJECTION_ORIENTATION
         url = viewer.get_viewer_url()
+        server.allowed_origins |= viewer_origins(url)
     except Exception:
         server.shutdown()
         server.server_close()
         raise
     return ViewerHandle(url, data_url, viewer, server)
+
+
+def viewer_origins(viewer_url: str) -> set[str]:
+    """The origins a browser sends for the viewer at `viewer_url` (127.0.0.1 is also localhost)."""
+    parts = urllib.parse.urlsplit(viewer_url)
+    origins = {f"{parts.scheme}://{parts.netloc}"}
+    if parts.hostname in ("127.0.0.1", "localhost"):
+        origins |= {f"{parts.scheme}://{host}:{parts.port}" for host in ("127.0.0.1", "localhost")}
+    return origins
 
 
 def serve_forever(
@@ -219,13 +246,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        serve_forever(args.precomputed, args.port, args.segments, args.viewer_port)
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    serve_forever(args.precomputed, args.port, args.segments, args.viewer_port)
     return 0
 
 

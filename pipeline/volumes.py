@@ -23,8 +23,10 @@ from pipeline.errors import (
     NonFiniteError,
     VolumeDtypeError,
     VolumeFileMissing,
+    VolumeReadError,
     VolumeShapeError,
     VoxelSizeError,
+    first_line,
 )
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
@@ -93,8 +95,18 @@ def _checked_dataset(spec: VolumeSpec) -> Iterator[h5py.Dataset]:
         yield dataset
 
 
+@contextlib.contextmanager
+def reading(where: object) -> Iterator[None]:
+    """h5py's read errors (a corrupted chunk, a truncated file: OSError without a file name) as
+    one line that names the volume."""
+    try:
+        yield
+    except OSError as exc:
+        raise VolumeReadError(f"{where}: cannot read its data ({first_line(exc)})") from None
+
+
 def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
-    with _checked_dataset(spec) as dataset:
+    with _checked_dataset(spec) as dataset, reading(spec):
         voxel_size = dataset.attrs.get(VOXEL_SIZE_ATTR)
         return dataset[...], None if voxel_size is None else _check_voxel_size(voxel_size, spec)
 

@@ -254,3 +254,44 @@ def test_cli_exports_from_hdf5(volume, tmp_path, capsys):
     assert np.array_equal(read_layer(out, "segmentation"), segmentation)
     assert export.main([*argv[:2], "--segmentation", f"{h5}:nope", "--out", str(out)]) == 2
     assert "no dataset 'nope'" in capsys.readouterr().err
+
+
+def _tmpfs_command(size: str, folder, command: str) -> list[str]:
+    """`command` with a tmpfs of `size` mounted on `folder`, in a mount namespace of its own."""
+    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+            f"mount -t tmpfs -o size={size} tmpfs {folder} && {command}"]  # fmt: skip
+
+
+def _can_mount_tmpfs(tmp_path) -> bool:
+    import subprocess
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    done = subprocess.run(_tmpfs_command("16k", probe, "true"), capture_output=True)
+    return done.returncode == 0
+
+
+def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_path):
+    import subprocess
+    import sys
+
+    if not shutil.which("unshare") or not _can_mount_tmpfs(tmp_path):
+        pytest.skip("cannot mount a small tmpfs here (needs unshare and user or mount namespaces)")
+    raw, labels = volume
+    write_volumes(tmp_path / "in.h5", {"raw": raw, "segmentation": labels}, VOXEL)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    export_cli = (
+        f"{sys.executable} -m pipeline.export --raw {tmp_path}/in.h5:raw "
+        f"--segmentation {tmp_path}/in.h5:segmentation --out {disk}/out"
+    )
+    # The tmpfs lives as long as the namespace: list what the failed export left, from inside.
+    done = subprocess.run(
+        _tmpfs_command("48k", disk, f"{export_cli}; echo exit=$?; ls -A {disk}"),
+        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=300,
+    )  # fmt: skip
+    assert "exit=1" in done.stdout, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr  # (and the progress bar)
+    assert "No space left on device" in errors[0] or "errno = 28" in errors[0]
+    assert done.stdout.strip().endswith("exit=1")  # the disk holds nothing: no export, no temporary

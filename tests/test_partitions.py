@@ -382,7 +382,7 @@ def test_cli_reports_errors_in_one_line(tmp_path, capsys):
             ),
         ]
     )
-    assert code == 1
+    assert code == 2  # a pipeline error (pipeline.cli)
     assert (
         capsys.readouterr()
         .err.strip()

@@ -7,6 +7,7 @@ import json
 import shutil
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -35,17 +36,20 @@ def precomputed(volume, tmp_path_factory):
     return out
 
 
+VIEWER_ORIGIN = "http://127.0.0.1:8765"
+
+
 @pytest.fixture
 def data_server(precomputed):
-    server = viewer.start_data_server(precomputed)
+    server = viewer.start_data_server(precomputed, allowed_origins=[VIEWER_ORIGIN])
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
 
 
-def fetch(url, method="GET"):
+def fetch(url, method="GET", origin=VIEWER_ORIGIN):
     """(status, headers, body) of one request; HTTP errors are answers too."""
-    request = urllib.request.Request(url, method=method, headers={"Origin": "http://elsewhere"})
+    request = urllib.request.Request(url, method=method, headers={"Origin": origin})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.headers, response.read()
@@ -53,17 +57,26 @@ def fetch(url, method="GET"):
         return error.code, error.headers, error.read()
 
 
-def test_data_server_sends_info_files_with_cors_headers(precomputed, data_server):
+def test_data_server_lets_the_viewer_read_across_origins(precomputed, data_server):
     status, headers, body = fetch(f"{data_server}/segmentation/info")
     assert status == 200
-    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Access-Control-Allow-Origin"] == VIEWER_ORIGIN and headers["Vary"] == "Origin"
     assert json.loads(body) == json.loads((precomputed / "segmentation" / "info").read_text())
     status, headers, _ = fetch(f"{data_server}/image/info", method="OPTIONS")
     assert status == 204
-    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Access-Control-Allow-Origin"] == VIEWER_ORIGIN
     status, headers, _ = fetch(f"{data_server}/image/no-such-chunk")
     assert status == 404
-    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Access-Control-Allow-Origin"] == VIEWER_ORIGIN
+
+
+def test_data_server_lets_no_other_web_page_read_the_volumes(data_server):
+    status, headers, _ = fetch(f"{data_server}/segmentation/info", origin="http://evil.example")
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers  # the browser blocks it
+    status, headers, _ = fetch(
+        f"{data_server}/image/info", method="OPTIONS", origin="http://evil.example"
+    )
+    assert status == 403 and "Access-Control-Allow-Origin" not in headers
 
 
 def test_data_server_sends_gz_files_under_their_plain_name(volume, tmp_path):
@@ -93,8 +106,11 @@ def test_viewer_shows_both_layers_from_the_data_server(precomputed):
         assert 0 < len(segments) <= viewer.DEFAULT_SEGMENT_COUNT
         assert list(state.dimensions.names) == ["x", "y", "z"]
         assert list(state.position) == [32, 32, 16]
-        status, _, _ = fetch(f"{handle.data_url}/segmentation/mesh/info")
-        assert status == 200
+        page = urllib.parse.urlsplit(handle.url)
+        status, headers, _ = fetch(
+            f"{handle.data_url}/segmentation/mesh/info", origin=f"http://{page.netloc}"
+        )
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == f"http://{page.netloc}"
     with viewer.start_viewer(precomputed, segments=[1, 2]) as handle:
         assert sorted(handle.viewer.state.layers["segmentation"].segments) == [1, 2]
 

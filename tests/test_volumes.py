@@ -14,7 +14,7 @@ from pipeline.errors import (
     VolumeShapeError,
     VoxelSizeError,
 )
-from pipeline.volumes import VolumeSpec, read_volume_pair, write_volumes
+from pipeline.volumes import VolumeSpec, read_raw, read_volume_pair, write_volumes
 
 VOXEL = (20.0, 10.0, 10.0)
 
@@ -246,3 +246,39 @@ def test_volume_shape_reads_no_voxels_but_checks_as_reading_does(tmp_path):
         volumes.volume_shape(f"{path}:labels")
     with pytest.raises(VolumeShapeError, match="expected a 3-D"):
         volumes.volume_shape(f"{path}:flat")
+
+
+def test_a_corrupted_chunk_is_named_by_file_and_dataset(tmp_path):
+    import h5py
+
+    from pipeline.blocks import Block, segment_block
+    from pipeline.errors import VolumeReadError
+    from pipeline.inference import InferenceConfig
+    from pipeline.model import ModelConfig
+
+    path = tmp_path / "volume.h5"
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f.create_dataset(
+            "raw",
+            data=rng.integers(0, 255, (16, 32, 32), np.uint8),
+            chunks=(8, 16, 16),
+            compression="gzip",
+        )
+        f["raw"].attrs["voxel_size_nm"] = (20.0, 10.0, 10.0)
+        chunk = f["raw"].id.get_chunk_info(0)
+    with open(path, "r+b") as f:  # a valid HDF5 file with one chunk's compressed bytes overwritten
+        f.seek(chunk.byte_offset)
+        f.write(b"\xff" * min(64, chunk.size))
+
+    with pytest.raises(VolumeReadError) as caught:
+        read_raw(f"{path}:raw")
+    message = str(caught.value)
+    assert message.startswith(f"{path}:raw: cannot read its data (") and "\n" not in message
+    with (
+        h5py.File(path, "r") as f,
+        pytest.raises(VolumeReadError, match=f"{path}:raw: cannot read"),
+    ):
+        segment_block(
+            f["raw"], Block((0, 0, 0), (16, 32, 32)), None, ModelConfig(), InferenceConfig()
+        )
