@@ -292,6 +292,7 @@ def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_p
     )  # fmt: skip
     assert "exit=1" in done.stdout, done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr  # (and the progress bar)
+    # One error line and no traceback (stderr also holds the progress bar).
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "No space left on device" in errors[0] or "errno = 28" in errors[0]
     assert done.stdout.strip().endswith("exit=1")  # the disk holds nothing: no export, no temporary
