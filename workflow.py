@@ -11,6 +11,8 @@ stage_volume(train), stage_volume(eval) -> preprocess -> train (MPI, N ranks) ->
 -> infer_block x B (parallel) -> stitch -> evaluate, export -> report.md
 """
 
+from __future__ import annotations
+
 import argparse
 import shlex
 import signal
@@ -18,14 +20,16 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
-from pipeline.blocks import block_path, plan_blocks
 from pipeline.errors import FFNError
-from pipeline.run_config import RunConfig, load_run_config
 from pipeline.stamps import Task, plan
-from site_configs.base import SiteSpec
+
+if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
+    from pipeline.run_config import RunConfig
+    from site_configs.base import SiteSpec
 
 ROOT = Path(__file__).resolve().parent
 STAGES = ("stage", "preprocess", "train", "select", "infer", "stitch", "evaluate", "export")
@@ -167,6 +171,7 @@ def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[
 def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Every task of the run in dependency order. With a pretrained model there is no training:
     run() writes its checkpoint as the selection."""
+    from pipeline.blocks import block_path, plan_blocks
     from pipeline.staging import role_settings, source_files
 
     steps = [
@@ -252,6 +257,7 @@ def _eval_has_labels(config: RunConfig) -> bool:
 
 
 def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
+    from pipeline.blocks import plan_blocks
     from site_configs import describe
 
     blocks = plan_blocks(_eval_shape(config), config.blocks)
@@ -381,6 +387,7 @@ def _with_allocation(spec: SiteSpec, args: argparse.Namespace) -> SiteSpec:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.run_config import load_run_config
     from pipeline.staging import check_sources
     from site_configs import load_site
     from site_configs.base import sized_for_training
@@ -446,7 +453,9 @@ def run(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     """What a run has done, from its stamps, monitoring.db and files; starts nothing."""
     from pipeline.report import task_states
+    from pipeline.run_config import load_run_config
     from pipeline.train_metrics import last_metrics
+    from site_configs.base import SiteSpec
 
     paths = RunPaths(Path(args.run_dir).resolve())
     if not paths.config.is_file() or not paths.site.is_file():

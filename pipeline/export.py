@@ -31,7 +31,6 @@ from pathlib import Path
 import fastremap
 import numpy as np
 import tinybrain
-from cloudvolume import CloudVolume
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_dir
@@ -211,6 +210,8 @@ def _write_layer(
     call): the volume is in memory anyway, and igneous's tasks build a scale only from whole
     chunks of it, so they silently leave out the last scales of small volumes.
     """
+    from cloudvolume import CloudVolume
+
     segmentation = layer == SEGMENTATION_LAYER
     url = _layer_url(folder, layer)
     compress = "gzip" if config.gzip else False
@@ -278,6 +279,8 @@ def _mesh(folder: Path, config: ExportConfig) -> None:
 
 def _write_segment_properties(folder: Path, segmentation: np.ndarray) -> int:
     """Record every segment's voxel count; returns the number of segments."""
+    from cloudvolume import CloudVolume
+
     ids, counts = fastremap.unique(segmentation, return_counts=True)
     ids, counts = ids[ids != 0], counts[ids != 0]
     properties = {

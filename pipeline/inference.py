@@ -45,9 +45,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 from scipy import ndimage
 from skimage.feature import peak_local_max
 from tqdm import tqdm
@@ -64,6 +64,9 @@ from pipeline.errors import (
 )
 from pipeline.model import ModelConfig, logit, normalize_image
 from pipeline.movement import scored_move_offsets
+
+if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network runs
+    import tensorflow as tf
 
 ZYX = tuple[int, int, int]
 Predictor = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -562,8 +565,10 @@ def segment(
 # The network as a predictor
 
 
-def make_model_predictor(model: tf.keras.Model) -> Predictor:
+def make_model_predictor(model: "tf.keras.Model") -> Predictor:
     """Wrap a Keras FFN model (inference mode, one traced graph for every batch size)."""
+    import tensorflow as tf
+
     spec = tf.TensorSpec((None, *model.inputs[0].shape[1:]), tf.float32)
 
     @tf.function(input_signature=[spec, spec], autograph=False)  # no Python control flow

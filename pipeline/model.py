@@ -8,12 +8,17 @@ Layer names follow the authors' TF1 variable scopes (`conv0_a`, `conv1_a`, ..., 
 released checkpoint maps onto this model one variable to one layer.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 
 from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network is built
+    import tensorflow as tf
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 
@@ -64,11 +69,15 @@ def forward_flops_per_fov(config: ModelConfig) -> float:
 
 
 def _kernel_init() -> tf.keras.initializers.Initializer:
+    import tensorflow as tf
+
     # One instance per layer: a shared instance would give every layer the same weights.
     return tf.keras.initializers.TruncatedNormal(stddev=0.01)
 
 
 def build_model(config: ModelConfig) -> tf.keras.Model:
+    import tensorflow as tf
+
     """Build the residual conv stack; returns a Keras model mapping (image, seed) to new logits."""
     dtype = "mixed_bfloat16" if config.precision == "mixed_bfloat16" else "float32"
 
@@ -119,6 +128,8 @@ def logit(p: float) -> float:
 def load_weights(model: tf.keras.Model, checkpoint: str) -> tf.keras.Model:
     """Restore `model`'s weights from a training checkpoint (`.../checkpoints/ckpt-N`), ignoring
     the optimizer state; a checkpoint of another shape raises CheckpointError."""
+    import tensorflow as tf
+
     from pipeline.errors import CheckpointError, first_line
 
     if not tf.io.gfile.exists(f"{checkpoint}.index"):
