@@ -15,9 +15,10 @@ Every Config has the same two executors, so apps can name them on any site:
     "mpi" (MPI_LABEL)  multi-rank tasks: Horovod training
     "cpu" (CPU_LABEL)  single-process tasks: staging, preprocessing, inference blocks, evaluation
 
-and the same shared parts (base.build_config): Parsl's run dir `<run_dir>/runinfo`, task-exit
-checkpoints reloaded from every earlier run there (apps declared with `cache=True` are not
-rerun), and monitoring into `sqlite:///<run_dir>/monitoring.db`.
+and the same shared parts (base.build_config): Parsl's run dir `<run_dir>/runinfo`, retries with
+`retry_cost` (a pipeline error is not retried), and monitoring into
+`sqlite:///<run_dir>/monitoring.db`. What is done is decided by stamps (pipeline.stamps), not by
+Parsl's app cache; `base.shutdown(dfk)` cancels the blocks so no worker outlives the workflow.
 
 The launcher contract for the training app, the same code on every site:
 

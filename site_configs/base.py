@@ -1,6 +1,6 @@
 """What every site shares: the `SiteSpec` settings, the MPI launch contract for the training app,
 `describe()` for `--dry-run`, and the one helper that turns executors into a Parsl `Config` with the
-same run dir, memoizer (task-exit checkpoints) and monitoring database on every site.
+same run dir, retry rule and monitoring database on every site, and `shutdown()` of a run's workers.
 
 A site module (`site_configs/local.py`, ...) only says how its scheduler gets nodes: it builds two
 executors from a `SiteSpec` and hands them to `build_config`.
@@ -352,7 +352,7 @@ def runinfo_dir(run_dir: str | Path) -> Path:
 
 
 def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecutor]) -> Config:
-    """The one place the run dir, memoizer and monitoring are set, for every site."""
+    """The one place the run dir, retries and monitoring are set, for every site."""
     runinfo = runinfo_dir(run_dir)
     monitoring = None
     if site.monitoring:
