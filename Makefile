@@ -1,6 +1,10 @@
 # The two commands a user needs (README): `make demo` runs the workflow on this machine,
 # `make test` runs lint + tests. Both create or reuse .venv first (tools/setup_env.sh).
 VENV ?= .venv
+# Set-up flavours (tools/setup_env.sh): MPI=wheel|system, GPU=0|1, DRY_RUN=1 to only print the plan.
+MPI ?= wheel
+GPU ?= 0
+DRY_RUN ?= 0
 BIN := $(CURDIR)/$(VENV)/bin
 # The venv's bin/ first on PATH: mpiexec (mpich wheel), horovodrun and Parsl's interchange live there.
 RUN := PATH="$(BIN):$$PATH"
@@ -8,7 +12,7 @@ RUN := PATH="$(BIN):$$PATH"
 .PHONY: demo test env lint format lock clean-venv
 
 env:
-	@VENV=$(VENV) bash tools/setup_env.sh
+	@VENV=$(VENV) MPI=$(MPI) GPU=$(GPU) DRY_RUN=$(DRY_RUN) bash tools/setup_env.sh
 
 demo: env
 	$(RUN) python workflow.py --site local $(ARGS)

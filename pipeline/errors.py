@@ -82,6 +82,10 @@ class TrainingDiverged(FFNError, ArithmeticError):
     """The loss or a gradient became NaN or infinite; no checkpoint is written from that state."""
 
 
+class LaunchError(FFNError):
+    """The ranks were not started as one job, or not one per device."""
+
+
 class StageFailed(FFNError):
     """A stage's program (the training launch line) exited with an error. `retryable` is False
     when the program itself reported a pipeline error (exit code 2: bad input or settings, a

@@ -6,9 +6,10 @@
     "cpu": HighThroughputExecutor on PBSProProvider(MpiExecLauncher): a worker pool per node.
 
 Before submitting: set `account` (and `queue` for runs bigger than debug allows), and create the
-venv on a file system the compute nodes mount (home, eagle): `worker_init` activates it there.
-The project pins tensorflow-cpu, so the A100s are requested but idle; a GPU build of TensorFlow
-would use one GPU per rank (4 ranks per node) and `available_accelerators=4` in the "cpu" pool.
+venv on a file system the compute nodes mount (home, eagle) with the site's MPI and the GPU build,
+after the same module loads as `worker_init`:  `make env MPI=system GPU=1` (README, "On an HPC
+machine"). Each training rank takes the A100 of its local rank (pipeline.devices); each worker of
+the "cpu" pool gets one A100 of its own (CUDA_VISIBLE_DEVICES), for inference.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ SITE = SiteSpec(
     queue="debug",  # debug (<= 2 nodes, 1 h), debug-scaling (<= 10 nodes), prod, preemptable
     account="YOUR_ALLOCATION",  # your ALCF project: make_config refuses to submit with this
     scheduler_options="#PBS -l filesystems=home:eagle",  # file systems the job needs mounted
-    worker_init="module use /soft/modulefiles; module load conda",  # Python 3.11 the venv uses
+    # The Python 3.11 the venv was made with, and Cray MPICH: Horovod was built against it
+    # (make env MPI=system), so its PALS mpiexec starts the ranks as one world.
+    worker_init="module use /soft/modulefiles; module load conda; module load cray-mpich",
     venv=None,  # the venv running the workflow (on home/eagle, seen by the compute nodes)
     retries=1,  # a training killed at walltime resumes from its checkpoint on the retry
     max_idletime=120.0,  # give idle nodes back after 2 minutes
@@ -89,6 +92,8 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 label=base.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
                 cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
+                # One A100 per worker (CUDA_VISIBLE_DEVICES): inference blocks run on the GPUs.
+                available_accelerators=site.gpus_per_node or None,
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
                 interchange_launch_cmd=base.INTERCHANGE_CMD,
                 provider=PBSProProvider(

@@ -41,7 +41,9 @@ SITE = SiteSpec(
     queue="YOUR_PARTITION",  # partition; None on Perlmutter (use the qos line above instead)
     account="YOUR_ALLOCATION",  # your allocation: make_config refuses to submit with this
     scheduler_options="",  # extra #SBATCH lines (constraint, qos, ...)
-    worker_init="",  # e.g. "module load python" for the Python the venv was made with
+    # e.g. "module load python openmpi": the venv's Python, and the MPI Horovod was built
+    # against (make env MPI=system), so srun starts the ranks as one world
+    worker_init="",
     venv=None,  # the venv running the workflow (on a file system the compute nodes mount)
     retries=1,  # a training killed at walltime resumes from its checkpoint on the retry
     max_idletime=120.0,  # give idle nodes back after 2 minutes

@@ -478,7 +478,7 @@ def run_ranks(launch, program: str, out: Path):
 def run_two_tasks(config, site: SiteSpec, out: Path, describe_failure) -> list[str]:
     """Load the config, run 6*7 on the "cpu" pool and a 2-rank task on the "mpi" pool through
     the site's launch contract, clean up; returns the ranks' output lines."""
-    launch = site.mpi_launch(1)
+    launch = site.mpi_launch()  # the plan's node count: nodes_per_block / mpi_tasks_per_block
     with parsl.load(config):
         answer = product(6, 7)
         done = run_ranks(launch, MPI_RANK_PROGRAM, out)
@@ -523,7 +523,8 @@ def test_polaris_submits_through_pbs_pro(tmp_path, fake_scheduler, leftovers):
     assert len(qsubs) == 2  # one job per pool
     assert all(q[:4] == ["-q", "debug", "-A", "test_account"] for q in qsubs)
     script = Path(qsubs[0][-1]).read_text()
-    assert "#PBS -l select=1:ncpus=4:ngpus=4" in script
+    assert "#PBS -l select=1:ncpus=4:ngpus=4" in script  # the nodes the plan's training uses
+    assert site.mpi_launch().num_nodes == 1
     assert "#PBS -l filesystems=home:eagle" in script
     # The cpu pool's worker pool went through PALS mpiexec, one per node, bound by depth;
     # the training ranks through $PARSL_MPI_PREFIX with the site's binding options.
@@ -551,9 +552,10 @@ def test_theta_submits_through_cobalt_with_aprun(tmp_path, fake_scheduler, lefto
     assert lines == ["rank 0 of 2 threads 1", "rank 1 of 2 threads 1"]
     qsubs = cobalt.calls("qsub")
     assert len(qsubs) == 2
-    for argv in qsubs:
+    for argv in qsubs:  # -n: the nodes the plan's training uses
         assert argv[:8] == ["-n", "1", "-t", "60", "-q", "debug-cache-quad", "-A", "test_account"]
         assert os.access(argv[-1], os.X_OK)  # Cobalt runs the script itself
+    assert site.mpi_launch().num_nodes == 1
     apruns = [" ".join(c) for c in cobalt.calls("aprun")]
     # The cpu pool's worker pool on the compute node, and the training task's own aprun.
     assert any(c.startswith("-n 1 -N 1 -d 2 -j 1 --cc depth /bin/bash") for c in apruns)
@@ -580,6 +582,7 @@ def test_slurm_submits_through_sbatch_with_srun(tmp_path, fake_scheduler, leftov
     script = Path(sched.calls("sbatch")[0][-1]).read_text()
     assert "#SBATCH --partition=test_queue" in script
     assert "#SBATCH --account=test_account" in script
+    assert "#SBATCH --nodes=1" in script and site.mpi_launch().num_nodes == 1  # asked = used
     sruns = [" ".join(c) for c in sched.calls("srun")]
     assert any(c.startswith("--ntasks 1 -l --cpus-per-task=2 --cpu-bind=cores bash") for c in sruns)
     assert any(

@@ -1,0 +1,45 @@
+"""Where each Horovod rank runs: one rank per GPU, pinned by its local rank; and a check that the
+ranks the launcher started are one world.
+
+On a GPU node the site starts as many ranks per node as the node has GPUs (Polaris: 4); rank r
+of a node takes GPU r and lets TensorFlow allocate its memory as it goes, so the ranks of a node
+do not fight over the first GPU. Without GPUs nothing is bound. The batch per rank stays the
+same, so the global batch and the learning rate (pipeline.lr_scaling) scale with the ranks.
+"""
+
+from pipeline.errors import ConfigError, LaunchError
+
+
+def gpu_for_rank(local_rank: int, gpus_on_node: int) -> int | None:
+    """The GPU (index among the node's visible GPUs) of the rank with this local rank; None
+    when the node has none."""
+    if gpus_on_node == 0:
+        return None
+    if not 0 <= local_rank < gpus_on_node:
+        raise ConfigError(
+            f"local rank {local_rank} has no GPU of its own: the node shows {gpus_on_node}; "
+            "start one rank per GPU (the site's ranks_per_node)"
+        )
+    return local_rank
+
+
+def bind_to_gpu(tf, local_rank: int) -> str:
+    """Make this rank's GPU the only one TensorFlow sees (before its first op); returns what was
+    done, for the log."""
+    gpus = tf.config.list_physical_devices("GPU")
+    index = gpu_for_rank(local_rank, len(gpus))
+    if index is None:
+        return "no GPU: the CPU"
+    tf.config.set_visible_devices(gpus[index], "GPU")
+    tf.config.experimental.set_memory_growth(gpus[index], True)
+    return f"GPU {index} of {len(gpus)}"
+
+
+def check_world_size(actual: int, expected: int | None) -> None:
+    """Ranks started as separate 1-rank jobs (an MPI that Horovod was not built against) each
+    see a world of 1 and would train alone without an error: stop them at once."""
+    if expected is not None and actual != expected:
+        raise LaunchError(
+            f"Horovod sees {actual} rank(s) but the launch started {expected}: the ranks are not one "
+            "MPI job (is Horovod built against this launcher's MPI? make env MPI=system on an HPC site)"
+        )
