@@ -86,6 +86,7 @@ def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
         "--raw", f"{paths.train_volume}:raw", "--labels", f"{paths.train_volume}:labels",
         "--coordinates", str(paths.coordinates), "--train-dir", str(paths.train_dir),
         "--config", str(train_config), "--intra-op-threads", str(launch.threads_per_rank),
+        "--expected-ranks", str(launch.num_ranks),
     ]  # fmt: skip
     if config.train_init_from:
         program += ["--init-from", str(Path(config.train_init_from).resolve())]
@@ -256,6 +257,21 @@ def _eval_has_labels(config: RunConfig) -> bool:
     return config.data.synthetic or bool(config.data.eval_labels)
 
 
+def describe_training(config: RunConfig, ranks: int) -> str:
+    """The model and what a step costs, so a wrong model is seen before the first step."""
+    from pipeline.model import forward_flops_per_fov, weight_count
+
+    model, batch = config.train.model, config.train.batch_size
+    fov = "x".join(map(str, model.fov_shape_zyx))
+    # Training costs about 3 forward passes per FOV (forward, input and weight gradients).
+    gflop = 3 * forward_flops_per_fov(model) * batch * ranks / 1e9
+    return (
+        f"model: depth {model.depth}, {model.features} features, FOV {fov} (z, y, x), "
+        f"{weight_count(model.depth, model.features):,} weights; batch {batch} per rank x {ranks} "
+        f"rank(s); about {gflop:.1f} GFLOP per step, {config.train.max_steps} steps"
+    )
+
+
 def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
     from pipeline.blocks import plan_blocks
     from site_configs import describe
@@ -275,6 +291,7 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
         f"  preprocess -> {paths.coordinates}",
         f"  train      {launch.num_ranks} rank(s) on {launch.num_nodes} node(s), "
         f"{config.train.max_steps} steps -> {paths.train_dir}",
+        f"             {describe_training(config, launch.num_ranks)}",
         f"             $ {training_command(config, paths, launch)}",
         f"  select     -> {paths.selection}",
         f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel -> {paths.blocks_dir}",
@@ -434,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
     steps = dag_steps(config, paths, spec)
     reasons = plan_run(steps, stages)
     _say(f"site {spec.name}, run dir {paths.root}, settings {args.config or paths.config}")
+    if not config.pretrained_model:
+        _say(describe_training(config, spec.mpi_launch().num_ranks))
     _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
     for line in describe_plan(steps, reasons):
         _say(line)

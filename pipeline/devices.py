@@ -29,7 +29,7 @@ def bind_to_gpu(tf, local_rank: int) -> str:
     gpus = tf.config.list_physical_devices("GPU")
     index = gpu_for_rank(local_rank, len(gpus))
     if index is None:
-        return "no GPU: the CPU"
+        return "the CPU (no GPU)"
     tf.config.set_visible_devices(gpus[index], "GPU")
     tf.config.experimental.set_memory_growth(gpus[index], True)
     return f"GPU {index} of {len(gpus)}"

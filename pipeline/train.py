@@ -119,15 +119,22 @@ def training_complete(train_dir: str | Path, max_steps: int) -> bool:
     return path.is_file() and json.loads(path.read_text()).get("step", -1) >= max_steps
 
 
-def _init_runtime(config: TrainConfig):
-    """Thread pools must be set before TensorFlow runs its first op; Horovod before the model."""
+def _init_runtime(config: TrainConfig, expected_ranks: int | None = None):
+    """Thread pools and the rank's GPU must be set before TensorFlow runs its first op; Horovod
+    before the model. Ranks that are not one world stop here."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
+
+    from pipeline.devices import bind_to_gpu, check_world_size
 
     tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     os.environ["HOROVOD_CYCLE_TIME"] = str(config.horovod_cycle_time_ms)  # read by hvd.init
     hvd.init()
+    check_world_size(hvd.size(), expected_ranks)
+    device = bind_to_gpu(tf, hvd.local_rank())
+    if hvd.rank() == 0:
+        print(f"[train] {hvd.size()} rank(s); rank 0 on {device}", flush=True)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     tf.keras.utils.set_random_seed(config.seed)
@@ -326,8 +333,10 @@ def run_training(
     inputs: TrainInputs,
     config: TrainConfig,
     on_step: Callable[[int, object], None] | None = None,
+    expected_ranks: int | None = None,
 ) -> dict:
     """Train until `config.max_steps` (resuming if checkpoints exist); returns the final summary.
+    `expected_ranks`: the world size the launch asked for (checked at start).
 
     `on_step(step, model)` runs on every rank after every step (tests use it to compare weights).
     """
@@ -337,7 +346,7 @@ def run_training(
     from pipeline.partitions import load_coordinates
     from pipeline.volumes import read_volume_pair
 
-    hvd, tf = _init_runtime(config)
+    hvd, tf = _init_runtime(config, expected_ranks)
     rank, size = hvd.rank(), hvd.size()
     train_dir = Path(inputs.train_dir)
     lead = rank == 0
@@ -521,6 +530,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--init-from", default="", help="fine-tune from these weights (ignored on resume)"
     )
+    parser.add_argument(
+        "--expected-ranks",
+        type=int,
+        help="the ranks the launch line starts; stop if Horovod sees others",
+    )
     config_io.add_arguments(parser, TrainConfig)
     return parser
 
@@ -542,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     base = load_train_config(args.config) if args.config else TrainConfig()
     config = config_io.from_arguments(TrainConfig, args, base)
     inputs = TrainInputs(args.raw, args.labels, args.coordinates, args.train_dir, args.init_from)
-    summary = run_training(inputs, config)
+    summary = run_training(inputs, config, expected_ranks=args.expected_ranks)
     if summary:
         print(
             f"[train] done: step {summary['step']}, f1 {summary.get('f1', float('nan')):.3f}, {summary['fov_per_s']:.1f} FOV/s"

@@ -35,7 +35,7 @@ def test_four_ranks_of_a_polaris_node_take_one_a100_each(local_rank):
 
 def test_without_gpus_nothing_is_bound():
     devices = FakeDevices(gpus=0)
-    assert bind_to_gpu(SimpleNamespace(config=devices), 1) == "no GPU: the CPU"
+    assert bind_to_gpu(SimpleNamespace(config=devices), 1) == "the CPU (no GPU)"
     assert devices.visible is None and gpu_for_rank(3, 0) is None
 
 

@@ -252,3 +252,12 @@ def test_only_bookkeeping_changes_go_on_from_the_checkpoints(training_data, tmp_
         earlier / "metrics.csv"
     ).is_file()
     assert read_metrics(tmp_path / "metrics.csv")["step"].tolist() == [2, 4, 6, 8]  # from step 0
+
+
+def test_ranks_that_are_not_one_world_stop_at_once(training_data, tmp_path):
+    # One process told that the launch started two: what a wheel-built MPICH under srun or aprun
+    # does, each rank alone in a world of one.
+    done = run_cli(training_data, tmp_path, "--expected-ranks", "2", "--max-steps", "2")
+    assert done.returncode == 2
+    assert "error: Horovod sees 1 rank(s) but the launch started 2" in done.stderr
+    assert not (tmp_path / "checkpoints").exists()

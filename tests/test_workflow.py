@@ -82,6 +82,12 @@ def test_a_config_section_changes_only_the_keys_it_names(tmp_path):
     assert config.train.max_steps == 40
     assert config.train.model == RunConfig().train.model  # the demo's model, not the library's
     assert config.train.batch_size == RunConfig().train.batch_size
+    # ... and the run says which model it trains before the first step (the dry run too).
+    done = workflow("--config", str(path), "--dry-run")
+    assert (
+        "model: depth 5, 16 features, FOV 17x33x33 (z, y, x), 63,249 weights; batch 2 per rank"
+        in done.stdout
+    )
 
 
 @pytest.mark.parametrize(
