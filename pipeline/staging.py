@@ -14,10 +14,10 @@ from pathlib import Path
 
 import h5py
 
-from pipeline.errors import ConfigError, VolumeShapeError
+from pipeline.errors import ConfigError, VolumeShapeError, VoxelSizeError
 from pipeline.stamps import digest_arrays
 from pipeline.synthetic import PRESETS, generate
-from pipeline.volumes import VolumeSpec, read_raw, read_volume_pair, volume_shape, write_volumes
+from pipeline.volumes import VolumeSpec, read_header, read_raw, read_volume_pair, write_volumes
 
 STAGED_ATTR = "staged_from"
 
@@ -78,18 +78,29 @@ def source_files(data: DataConfig, role: str) -> list[Path]:
 
 
 def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
-    """Before any job is submitted: every user volume opens, names an existing 3-D dataset, raw
-    and labels agree in shape, and each is at least `min_shape_zyx` (the FOV). Reads no voxels."""
+    """Before any job is submitted: every user volume opens, names an existing 3-D dataset of an
+    accepted dtype with a voxel size, raw and labels agree in shape and voxel size, and each is at
+    least `min_shape_zyx` (the FOV). Reads no voxels."""
     for role in ("train", "eval"):
         settings = role_settings(data, role)
-        specs = [settings[key] for key in ("raw", "labels") if settings.get(key)]
-        shapes = {spec: volume_shape(spec) for spec in specs}
-        if len(set(shapes.values())) > 1:
+        headers = [
+            read_header(settings[key], data.voxel_size_nm, labels=key == "labels")
+            for key in ("raw", "labels")
+            if settings.get(key)
+        ]
+        if len({h.shape for h in headers}) > 1:
+            shapes = {str(h.spec): h.shape for h in headers}
             raise VolumeShapeError(f"{role} volume: raw and labels differ in shape: {shapes}")
-        for spec, shape in shapes.items():
-            if any(s < m for s, m in zip(shape, min_shape_zyx, strict=True)):
+        if len({h.voxel_size_nm for h in headers}) > 1:
+            sizes = {str(h.spec): h.voxel_size_nm for h in headers}
+            raise VoxelSizeError(
+                f"{role} volume: raw and labels differ in voxel size (nm): {sizes}"
+            )
+        for header in headers:
+            if any(s < m for s, m in zip(header.shape, min_shape_zyx, strict=True)):
                 raise VolumeShapeError(
-                    f"{spec}: shape {shape} (z, y, x) is smaller than the field of view {tuple(min_shape_zyx)}"
+                    f"{header.spec}: shape {header.shape} (z, y, x) is smaller than the field of view "
+                    f"{tuple(min_shape_zyx)}"
                 )
 
 

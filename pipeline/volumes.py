@@ -111,6 +111,36 @@ def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
         return dataset[...], None if voxel_size is None else _check_voxel_size(voxel_size, spec)
 
 
+@dataclass(frozen=True)
+class VolumeHeader:
+    """What a volume's metadata says, read without its voxels."""
+
+    spec: VolumeSpec
+    shape: ZYX
+    dtype: np.dtype
+    voxel_size_nm: VoxelSize
+
+
+def read_header(
+    spec: "str | VolumeSpec", voxel_size_nm: Sequence[float] | None = None, labels: bool = False
+) -> VolumeHeader:
+    """Open a volume and check what can be checked without reading voxels: file, dataset, 3-D,
+    dtype kind (raw uint8 or float, labels integer or float) and voxel size; the same one-line
+    errors as reading it."""
+    spec = VolumeSpec.parse(spec)
+    with _checked_dataset(spec) as dataset:
+        shape, dtype = tuple(int(n) for n in dataset.shape), dataset.dtype
+        stored = dataset.attrs.get(VOXEL_SIZE_ATTR)
+    kinds = "iuf" if labels else "f"
+    if dtype != np.uint8 and dtype.kind not in kinds:
+        wanted = "an integer type" if labels else "uint8"
+        raise VolumeDtypeError(
+            f"{spec}: {'labels' if labels else 'raw image'} must be {wanted}, got {dtype}"
+        )
+    stored = None if stored is None else _check_voxel_size(stored, spec)
+    return VolumeHeader(spec, shape, dtype, _resolve_voxel_size(spec, stored, voxel_size_nm))
+
+
 def volume_shape(spec: "str | VolumeSpec") -> ZYX:
     """The (z, y, x) shape of a volume, without reading its voxels; the same checks as reading."""
     with _checked_dataset(VolumeSpec.parse(spec)) as dataset:

@@ -65,7 +65,7 @@ def test_resuming_a_finished_run_starts_nothing_and_says_so(tiny_run):
     assert "nothing to do: every task is up to date" in out
     assert "infer      4/4 up to date" in out
     assert parsl_runs(tiny_run) == runs  # no Parsl run, no worker: the stamps decided
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 10
 
 
 class TestChangedSettings:

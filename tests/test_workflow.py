@@ -91,16 +91,25 @@ def test_a_config_section_changes_only_the_keys_it_names(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "labels, message",
-    [("labels", "no dataset 'labels'"), ("", "must look like path.h5:dataset")],
+    "raw_dtype, voxel_size, labels, message",
+    [
+        ("uint8", True, "labels", "no dataset 'labels'"),
+        ("uint8", True, "", "must look like path.h5:dataset"),
+        ("int16", True, "raw", "raw image must be uint8, got int16"),
+        ("uint8", False, "raw", "no 'voxel_size_nm' attribute"),
+    ],
 )
-def test_dry_run_opens_every_input_before_anything_is_submitted(tmp_path, labels, message):
+def test_dry_run_opens_every_input_before_anything_is_submitted(
+    tmp_path, raw_dtype, voxel_size, labels, message
+):
     import h5py
     import numpy as np
 
     volume = tmp_path / "volume.h5"
     with h5py.File(volume, "w") as f:
-        f["raw"] = np.zeros((32, 64, 64), np.uint8)
+        f["raw"] = np.zeros((32, 64, 64), raw_dtype)
+        if voxel_size:
+            f["raw"].attrs["voxel_size_nm"] = (20.0, 10.0, 10.0)
     spec = f"{volume}:{labels}" if labels else str(volume)
     config = tmp_path / "run.toml"
     config.write_text(
@@ -120,3 +129,23 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
     )  # fmt: skip
     assert "account: abc123" in done.stdout and "queue: prod" in done.stdout
     assert "placeholder" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["workflow.py"],
+        ["-m", "pipeline.train"],
+        ["-m", "pipeline.inference"],
+        ["-m", "pipeline.export"],
+    ],
+)
+def test_help_comes_in_under_two_seconds(command):
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, *command, "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "usage:" in done.stdout
+    assert time.monotonic() - started < 2.0  # TensorFlow and Parsl are imported only when used
