@@ -30,6 +30,9 @@ from pipeline.errors import (
 )
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
+# Where real files keep the voxel size (z, y, x) in nm, in the order they are looked for: this
+# project's attribute, then CREMI's (and many HDF5 stacks') `resolution`.
+VOXEL_SIZE_ATTRS = (VOXEL_SIZE_ATTR, "resolution")
 ZYX = tuple[int, int, int]
 VoxelSize = tuple[float, float, float]
 
@@ -107,8 +110,7 @@ def reading(where: object) -> Iterator[None]:
 
 def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
     with _checked_dataset(spec) as dataset, reading(spec):
-        voxel_size = dataset.attrs.get(VOXEL_SIZE_ATTR)
-        return dataset[...], None if voxel_size is None else _check_voxel_size(voxel_size, spec)
+        return dataset[...], _stored_voxel_size(dataset, spec)
 
 
 @dataclass(frozen=True)
@@ -130,14 +132,13 @@ def read_header(
     spec = VolumeSpec.parse(spec)
     with _checked_dataset(spec) as dataset:
         shape, dtype = tuple(int(n) for n in dataset.shape), dataset.dtype
-        stored = dataset.attrs.get(VOXEL_SIZE_ATTR)
+        stored = _stored_voxel_size(dataset, spec)
     kinds = "iuf" if labels else "f"
     if dtype != np.uint8 and dtype.kind not in kinds:
         wanted = "an integer type" if labels else "uint8"
         raise VolumeDtypeError(
             f"{spec}: {'labels' if labels else 'raw image'} must be {wanted}, got {dtype}"
         )
-    stored = None if stored is None else _check_voxel_size(stored, spec)
     return VolumeHeader(spec, shape, dtype, _resolve_voxel_size(spec, stored, voxel_size_nm))
 
 
@@ -145,6 +146,13 @@ def volume_shape(spec: "str | VolumeSpec") -> ZYX:
     """The (z, y, x) shape of a volume, without reading its voxels; the same checks as reading."""
     with _checked_dataset(VolumeSpec.parse(spec)) as dataset:
         return tuple(int(n) for n in dataset.shape)
+
+
+def _stored_voxel_size(dataset: h5py.Dataset, spec: VolumeSpec) -> VoxelSize | None:
+    for name in VOXEL_SIZE_ATTRS:
+        if name in dataset.attrs:
+            return _check_voxel_size(dataset.attrs[name], f"{spec} (attribute {name!r})")
+    return None
 
 
 def _check_voxel_size(value: Sequence[float], where: object) -> VoxelSize:
@@ -212,7 +220,8 @@ def _resolve_voxel_size(
         return given
     if stored is None:
         raise VoxelSizeError(
-            f"{spec}: no '{VOXEL_SIZE_ATTR}' attribute; give the voxel size (z, y, x) in nm explicitly"
+            f"{spec}: no voxel size (looked for the attributes {', '.join(map(repr, VOXEL_SIZE_ATTRS))}); "
+            "give the voxel size (z, y, x) in nm explicitly"
         )
     return stored
 

@@ -168,9 +168,27 @@ class TestValidation:
         raw, labels = small_pair()
         path = write_raw_h5(tmp_path / "v.h5", {"raw": raw, "labels": labels}, voxel_size=None)
         with pytest.raises(
-            VoxelSizeError, match="no 'voxel_size_nm' attribute; give the voxel size"
+            VoxelSizeError,
+            match="no voxel size \\(looked for the attributes 'voxel_size_nm', 'resolution'\\); give",
         ):
             read_volume_pair(f"{path}:raw", f"{path}:labels")
+
+    def test_a_cremi_file_gives_its_voxel_size_as_resolution(self, tmp_path):
+        """CREMI's layout: groups, and the voxel size (z, y, x) as `resolution` on each dataset."""
+        import h5py
+
+        raw, labels = small_pair()
+        path = tmp_path / "sample.h5"
+        with h5py.File(path, "w") as f:
+            f["volumes/raw"], f["volumes/labels/neuron_ids"] = raw, labels
+            for name in ("volumes/raw", "volumes/labels/neuron_ids"):
+                f[name].attrs["resolution"] = (40.0, 4.0, 4.0)
+        volume = read_volume_pair(f"{path}:volumes/raw", f"{path}:volumes/labels/neuron_ids")
+        assert volume.voxel_size_nm == (40.0, 4.0, 4.0)
+        with h5py.File(path, "a") as f:
+            f["volumes/labels/neuron_ids"].attrs["resolution"] = (40.0, 8.0, 8.0)
+        with pytest.raises(VoxelSizeError, match="differ"):
+            read_volume_pair(f"{path}:volumes/raw", f"{path}:volumes/labels/neuron_ids")
 
     @pytest.mark.parametrize("bad", [(0, 10, 10), (10, 10), (np.nan, 1, 1)])
     def test_voxel_size_invalid(self, tmp_path, bad):

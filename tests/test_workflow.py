@@ -96,7 +96,12 @@ def test_a_config_section_changes_only_the_keys_it_names(tmp_path):
         ("uint8", True, "labels", "no dataset 'labels'"),
         ("uint8", True, "", "must look like path.h5:dataset"),
         ("int16", True, "raw", "raw image must be uint8, got int16"),
-        ("uint8", False, "raw", "no 'voxel_size_nm' attribute"),
+        (
+            "uint8",
+            False,
+            "raw",
+            "no voxel size (looked for the attributes 'voxel_size_nm', 'resolution')",
+        ),
     ],
 )
 def test_dry_run_opens_every_input_before_anything_is_submitted(
