@@ -48,6 +48,7 @@ class RunPaths:
 _LAYOUT = {
     "train_volume": "staged/train.h5",
     "eval_volume": "staged/eval.h5",
+    "select_volume": "staged/select.h5",
     "partitions": "preprocess/partitions.h5",
     "coordinates": "preprocess/coordinates.npz",
     "train_dir": "train",
@@ -74,6 +75,10 @@ def _eval_shape(config: RunConfig) -> tuple[int, int, int]:
             .with_geometry(config.data.synthetic_shape_zyx)
             .shape_zyx
         )
+    if config.data.eval_roi:
+        from pipeline.roi import Roi
+
+        return Roi.parse(config.data.eval_roi).shape
     from pipeline.volumes import volume_shape
 
     return volume_shape(config.data.eval_raw)
@@ -144,19 +149,24 @@ def _task(
 
 
 def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
-    """Stage the training volume, preprocess, train, select."""
+    """Stage the training (and selection) volume, preprocess, train, select."""
     from pipeline.staging import role_settings, source_files
 
     launch = site.mpi_launch()
     init_from = str(Path(config.train_init_from).resolve()) if config.train_init_from else ""
-    scored_on = paths.eval_volume if _eval_has_labels(config) else paths.train_volume
+    # Never the scored volume: a part of its own, else the training volume.
+    scored_on = paths.select_volume if config.data.has_select_part else paths.train_volume
     train_settings = {
         "train": config_io.to_dict(config.train),
         "ranks": launch.num_ranks,
         "init_from": init_from,
     }
     partitions = {"partitions": config_io.to_dict(config.partitions_for_training())}
-    return [
+    select_part = [
+        _task("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
+              [paths.select_volume], "stage.stage_volume"),
+    ] if config.data.has_select_part else []  # fmt: skip
+    return select_part + [
         _task("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
               [paths.train_volume], "stage.stage_volume"),
         _task("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
@@ -293,7 +303,8 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
         f"{config.train.max_steps} steps -> {paths.train_dir}",
         f"             {describe_training(config, launch.num_ranks)}",
         f"             $ {training_command(config, paths, launch)}",
-        f"  select     -> {paths.selection}",
+        f"  select     on {paths.select_volume if config.data.has_select_part else paths.train_volume}"
+        f" -> {paths.selection}",
         f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel -> {paths.blocks_dir}",
         f"  stitch     -> {paths.segmentation}",
         f"  evaluate   -> {paths.evaluation}"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import h5py
 
-from pipeline.errors import ConfigError, VolumeShapeError, VoxelSizeError
+from pipeline.errors import ConfigError, EmptyLabelsError, VolumeShapeError, VoxelSizeError
+from pipeline.roi import Roi, check_apart, check_roi
 from pipeline.stamps import digest_arrays
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import VolumeSpec, read_header, read_raw, read_volume_pair, write_volumes
@@ -24,16 +25,27 @@ STAGED_ATTR = "staged_from"
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The volumes of a run. With no files given, the synthetic preset is used for both."""
+    """The volumes of a run: training, checkpoint selection, evaluation. With no files given,
+    three volumes of the synthetic preset (three seeds)."""
 
     synthetic_preset: str = "default"
     synthetic_shape_zyx: tuple[int, int, int] | None = None  # the preset's tissue in another box
     train_seed: int = 0
     eval_seed: int = 1
+    select_seed: int = 2
     train_raw: str = ""  # path.h5:dataset of your training image ...
     train_labels: str = ""  # ... and its ground truth
     eval_raw: str = ""  # the volume to segment; without eval_labels it is segmented, not scored
     eval_labels: str = ""
+    # Selection scores checkpoints on a labeled part of its own: these files, or without them
+    # select_roi of the training file; with neither, on the training volume.
+    select_raw: str = ""
+    select_labels: str = ""
+    # Parts of the files, "z0:z1, y0:y1, x0:x1" (voxels, stop excluded); "" = the whole volume.
+    # Parts of one file must not overlap.
+    train_roi: str = ""
+    select_roi: str = ""
+    eval_roi: str = ""
     voxel_size_nm: tuple[float, float, float] | None = None  # only for files without the attribute
 
     def __post_init__(self) -> None:
@@ -45,17 +57,50 @@ class DataConfig:
             raise ConfigError("give both train_raw and train_labels, or neither")
         if self.eval_labels and not self.eval_raw:
             raise ConfigError("eval_labels given without eval_raw")
+        if bool(self.select_raw) != bool(self.select_labels):
+            raise ConfigError("give both select_raw and select_labels, or neither")
+        if self.synthetic and (self.select_raw or any(self.rois.values())):
+            raise ConfigError(
+                "select_raw and the ROIs are parts of your files: give train_raw and eval_raw too"
+            )
+        if self.select_roi and not (self.select_raw or self.train_raw):
+            raise ConfigError("select_roi is a part of select_raw, or of train_raw")
+        for name, text in self.rois.items():
+            if text:
+                Roi.parse(text, name)
+
+    @property
+    def rois(self) -> dict[str, str]:
+        return {
+            "train_roi": self.train_roi,
+            "select_roi": self.select_roi,
+            "eval_roi": self.eval_roi,
+        }
+
+    @property
+    def has_select_part(self) -> bool:
+        """Whether selection has a volume of its own (else it scores on the training volume)."""
+        return self.synthetic or bool(self.select_raw or self.select_roi)
 
     @property
     def synthetic(self) -> bool:
         return not self.train_raw and not self.eval_raw
 
 
+ROLES = ("train", "select", "eval")
+
+
+def _role_files(data: DataConfig, role: str) -> tuple[str, str]:
+    if role == "select" and not data.select_raw:  # a part of the training file
+        return data.train_raw, data.train_labels
+    return getattr(data, f"{role}_raw"), getattr(data, f"{role}_labels")
+
+
 def role_settings(data: DataConfig, role: str) -> dict:
-    """The settings staging one role's volume depends on ("train" or "eval"): another role's
-    change must not re-stage this one."""
+    """The settings staging one role's volume depends on ("train", "select" or "eval"): another
+    role's change must not re-stage this one."""
     if data.synthetic:
-        seed = data.train_seed if role == "train" else data.eval_seed
+        seed = getattr(data, f"{role}_seed")
         shape = data.synthetic_shape_zyx
         return {
             "role": role,
@@ -63,12 +108,10 @@ def role_settings(data: DataConfig, role: str) -> dict:
             "seed": seed,
             "shape_zyx": shape,
         }
-    raw, labels = (
-        (data.train_raw, data.train_labels)
-        if role == "train"
-        else (data.eval_raw, data.eval_labels)
-    )
-    return {"role": role, "raw": raw, "labels": labels, "voxel_size_nm": data.voxel_size_nm}
+    raw, labels = _role_files(data, role)
+    roi = getattr(data, f"{role}_roi")
+    settings = {"role": role, "raw": raw, "labels": labels, "voxel_size_nm": data.voxel_size_nm}
+    return settings | ({"roi": str(Roi.parse(roi))} if roi else {})
 
 
 def source_files(data: DataConfig, role: str) -> list[Path]:
@@ -79,14 +122,22 @@ def source_files(data: DataConfig, role: str) -> list[Path]:
 
 def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
     """Before any job is submitted: every user volume opens, names an existing 3-D dataset of an
-    accepted dtype with a voxel size, raw and labels agree in shape and voxel size, and each is at
-    least `min_shape_zyx` (the FOV). Reads no voxels."""
-    for role in ("train", "eval"):
-        settings = role_settings(data, role)
+    accepted dtype with a voxel size, raw and labels agree in shape and voxel size, each part
+    (ROI) lies inside its volume and is at least `min_shape_zyx` (the FOV), and the parts of one
+    file do not overlap. Reads no voxels."""
+    parts_of: dict[Path, dict[str, Roi]] = {}
+    for role in ROLES:
+        if data.synthetic or (role == "select" and not data.has_select_part):
+            continue
+        raw, labels = _role_files(data, role)
+        if not raw:
+            if role == "eval":
+                raise ConfigError("no volume to segment: give eval_raw")
+            continue  # inference only: no training or selection volume
         headers = [
-            read_header(settings[key], data.voxel_size_nm, labels=key == "labels")
-            for key in ("raw", "labels")
-            if settings.get(key)
+            read_header(spec, data.voxel_size_nm, labels=key == "labels")
+            for key, spec in (("raw", raw), ("labels", labels))
+            if spec
         ]
         if len({h.shape for h in headers}) > 1:
             shapes = {str(h.spec): h.shape for h in headers}
@@ -96,12 +147,13 @@ def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
             raise VoxelSizeError(
                 f"{role} volume: raw and labels differ in voxel size (nm): {sizes}"
             )
-        for header in headers:
-            if any(s < m for s, m in zip(header.shape, min_shape_zyx, strict=True)):
-                raise VolumeShapeError(
-                    f"{header.spec}: shape {header.shape} (z, y, x) is smaller than the field of view "
-                    f"{tuple(min_shape_zyx)}"
-                )
+        shape, roi_text = headers[0].shape, getattr(data, f"{role}_roi")
+        part = Roi.parse(roi_text, f"{role}_roi") if roi_text else Roi.whole(shape)
+        where = f"{role}_roi" if roi_text else str(headers[0].spec)
+        check_roi(part, shape, min_shape_zyx, where)
+        parts_of.setdefault(headers[0].spec.path.resolve(), {})[f"{role} part"] = part
+    for parts in parts_of.values():
+        check_apart(parts)
 
 
 def stage_role(path: str | Path, settings: dict) -> str:
@@ -110,7 +162,13 @@ def stage_role(path: str | Path, settings: dict) -> str:
     if "synthetic_preset" in settings:
         preset, seed, shape = (settings[k] for k in ("synthetic_preset", "seed", "shape_zyx"))
         return stage_synthetic(path, preset, seed, tuple(shape) if shape else None)
-    return stage_files(path, settings["raw"], settings["labels"], settings["voxel_size_nm"])
+    return stage_files(
+        path,
+        settings["raw"],
+        settings["labels"],
+        settings["voxel_size_nm"],
+        settings.get("roi", ""),
+    )
 
 
 def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) -> str:
@@ -124,16 +182,26 @@ def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) ->
     return digest_arrays(arrays, [float(v) for v in config.voxel_size_nm])
 
 
-def stage_files(path: str | Path, raw_spec: str, labels_spec: str = "", voxel_size_nm=None) -> str:
-    """Validate the user's volume(s) and copy them in; labels are optional (then nothing is scored).
-    Returns the digest of the content read."""
+def stage_files(
+    path: str | Path, raw_spec: str, labels_spec: str = "", voxel_size_nm=None, roi: str = ""
+) -> str:
+    """Validate the user's volume(s) and copy them, or their `roi`, in; labels are optional
+    (then nothing is scored). Returns the digest of the content read."""
     if labels_spec:
         volume = read_volume_pair(raw_spec, labels_spec, voxel_size_nm=voxel_size_nm)
         arrays, voxel_size = {"raw": volume.raw, "labels": volume.labels}, volume.voxel_size_nm
     else:
         raw, voxel_size = read_raw(raw_spec, voxel_size_nm)
         arrays = {"raw": raw}
-    provenance = json.dumps({"raw": str(VolumeSpec.parse(raw_spec)), "labels": labels_spec})
+    if roi:
+        part = Roi.parse(roi)
+        check_roi(part, arrays["raw"].shape, (1, 1, 1), f"{raw_spec}: ROI")
+        arrays = {name: array[part.slices] for name, array in arrays.items()}
+        if "labels" in arrays and not arrays["labels"].any():
+            raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
+    provenance = json.dumps(
+        {"raw": str(VolumeSpec.parse(raw_spec)), "labels": labels_spec, "roi": roi}
+    )
     write_volumes(path, arrays, voxel_size, {STAGED_ATTR: provenance})
     return digest_arrays(arrays, [float(v) for v in voxel_size])
 

@@ -117,12 +117,15 @@ class TestChangedInputFile:
     @pytest.fixture(scope="class")
     def legs(self, tiny_run, tmp_path_factory):
         folder = tmp_path_factory.mktemp("files")
-        train_file, eval_file = folder / "train.h5", folder / "eval.h5"
+        train_file, select_file, eval_file = (
+            folder / f"{n}.h5" for n in ("train", "select", "eval")
+        )
         shutil.copyfile(tiny_run / "staged" / "train.h5", train_file)
+        shutil.copyfile(tiny_run / "staged" / "select.h5", select_file)
         shutil.copyfile(tiny_run / "staged" / "train.h5", eval_file)  # the wrong volume, at first
-        files = (
-            f'[data]\ntrain_raw = "{train_file}:raw"\ntrain_labels = "{train_file}:labels"\n'
-            f'eval_raw = "{eval_file}:raw"\neval_labels = "{eval_file}:labels"\n'
+        files = "[data]\n" + "".join(
+            f'{role}_raw = "{path}:raw"\n{role}_labels = "{path}:labels"\n'
+            for role, path in (("train", train_file), ("select", select_file), ("eval", eval_file))
         )
         config = tiny_variant(
             folder, "files", {"[data]\nsynthetic_shape_zyx = [32, 64, 64]\n": files}
@@ -151,9 +154,9 @@ class TestChangedInputFile:
 
     def test_a_rewritten_input_file_reruns_what_reads_it(self, legs, tiny_run):
         out = legs["rewritten"]
-        assert "stage      1/2 up to date; runs: stage[eval]: input changed: " in out
-        assert "train      1/1 up to date" in out
-        assert legs["rewritten_ran"] == {"stage", "select", "infer", "stitch", "evaluate", "export"}
+        assert "stage      2/3 up to date; runs: stage[eval]: input changed: " in out
+        assert "train      1/1 up to date" in out and "select     1/1 up to date" in out
+        assert legs["rewritten_ran"] == {"stage", "infer", "stitch", "evaluate", "export"}
         assert_same_result(legs["run_dir"], tiny_run)
 
 
@@ -260,7 +263,7 @@ def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
     assert processes_of(run_dir, process.pid) == []  # no worker, no rank left computing
 
     out = resume(run_dir, TINY)
-    assert "stage      2/2 up to date" in out and "train      0/1 up to date" in out
+    assert "stage      3/3 up to date" in out and "train      0/1 up to date" in out
     assert_same_result(run_dir, tiny_run)
 
 

@@ -1,0 +1,89 @@
+"""Regions of interest: one file split into training, selection and evaluation parts.
+
+An ROI is written as in the config, z, y, x, each `start:stop` in voxels (stop excluded, as a
+Python slice): `"0:90, 0:250, 0:250"`. "" is the whole volume.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.errors import ConfigError, VolumeShapeError
+
+ZYX = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Roi:
+    start: ZYX
+    stop: ZYX
+
+    @classmethod
+    def parse(cls, text: str, name: str = "roi") -> "Roi":
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            bounds = [tuple(int(v) for v in p.split(":")) for p in parts]
+        except ValueError:
+            bounds = []
+        if len(bounds) != 3 or any(len(b) != 2 or not 0 <= b[0] < b[1] for b in bounds):
+            raise ConfigError(
+                f'{name} {text!r}: write it as "z0:z1, y0:y1, x0:x1" with 0 <= start < stop'
+            )
+        return cls(tuple(b[0] for b in bounds), tuple(b[1] for b in bounds))
+
+    @classmethod
+    def whole(cls, shape: Sequence[int]) -> "Roi":
+        return cls((0, 0, 0), tuple(int(s) for s in shape))
+
+    @property
+    def shape(self) -> ZYX:
+        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        return tuple(slice(a, b) for a, b in zip(self.start, self.stop, strict=True))
+
+    def overlaps(self, other: "Roi") -> bool:
+        return all(
+            a0 < b1 and b0 < a1
+            for a0, a1, b0, b1 in zip(self.start, self.stop, other.start, other.stop, strict=True)
+        )
+
+    def grown(self, margin: Sequence[int], shape: Sequence[int]) -> "Roi":
+        """This ROI with `margin` voxels more on every side, as far as the volume goes."""
+        start = tuple(max(0, a - m) for a, m in zip(self.start, margin, strict=True))
+        stop = tuple(min(s, b + m) for b, m, s in zip(self.stop, margin, shape, strict=True))
+        return Roi(start, stop)
+
+    def relative_to(self, outer: "Roi") -> "Roi":
+        return Roi(
+            *(
+                tuple(p - o for p, o in zip(ps, outer.start, strict=True))
+                for ps in (self.start, self.stop)
+            )
+        )
+
+    def __str__(self) -> str:
+        return ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True))
+
+
+def check_roi(roi: Roi, shape: Sequence[int], min_shape: Sequence[int], where: str) -> None:
+    """The ROI lies inside a volume of `shape` and is at least `min_shape` (the FOV)."""
+    if any(b > s for b, s in zip(roi.stop, shape, strict=True)):
+        raise VolumeShapeError(
+            f"{where} {roi} (z, y, x) reaches outside the volume of shape {tuple(shape)}"
+        )
+    if any(n < m for n, m in zip(roi.shape, min_shape, strict=True)):
+        raise VolumeShapeError(
+            f"{where} {roi} is {roi.shape} (z, y, x), smaller than the field of view {tuple(min_shape)}"
+        )
+
+
+def check_apart(parts: dict[str, Roi]) -> None:
+    """Parts of one file must not share a voxel (a scored voxel seen in training flatters it)."""
+    names = sorted(parts)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if parts[a].overlaps(parts[b]):
+                raise ConfigError(
+                    f"{a} {parts[a]} and {b} {parts[b]} overlap; parts of one file must not share voxels"
+                )

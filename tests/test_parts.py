@@ -1,0 +1,124 @@
+"""One real file split into training, selection and evaluation parts (ROIs): the CREMI layout as
+it comes, parts checked before anything runs, and each part staged alone. The file is a 32 x 64 x 64
+cut of the FlyEM medulla volume (tests/data/README.md)."""
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from pipeline.errors import ConfigError, VolumeShapeError, VoxelSizeError
+from pipeline.roi import Roi
+from pipeline.staging import DataConfig, check_sources, role_settings, stage_role
+
+CUT = Path(__file__).parent / "data" / "flyem_medulla_cut.h5"
+RAW, LABELS = f"{CUT}:volumes/raw", f"{CUT}:volumes/labels/neuron_ids"
+FOV = (9, 17, 17)
+PARTS = {
+    "train_roi": "0:32, 0:64, 0:40",
+    "select_roi": "0:32, 0:32, 40:64",
+    "eval_roi": "0:32, 32:64, 40:64",
+}
+
+
+def one_file(**changes: str) -> DataConfig:
+    files = {"train_raw": RAW, "train_labels": LABELS, "eval_raw": RAW, "eval_labels": LABELS}
+    return DataConfig(**(files | PARTS | changes))
+
+
+def test_an_roi_reads_as_python_slices_in_z_y_x():
+    roi = Roi.parse("0:32, 32:64, 40:64")
+    assert roi.shape == (32, 32, 24) and roi.slices == (slice(0, 32), slice(32, 64), slice(40, 64))
+    assert roi.overlaps(Roi.parse("31:40, 0:33, 0:41")) and not roi.overlaps(
+        Roi.parse("0:32, 0:32, 40:64")
+    )
+    assert roi.grown((8, 8, 8), (32, 64, 64)) == Roi.parse(
+        "0:32, 24:64, 32:64"
+    )  # as far as the volume goes
+
+
+@pytest.mark.parametrize(
+    "text", ["0:32, 0:64", "0:32, 0:64, 40", "5:5, 0:64, 0:64", "a:b, 0:1, 0:1"]
+)
+def test_a_malformed_roi_is_one_clear_error(text):
+    with pytest.raises(ConfigError, match='write it as "z0:z1, y0:y1, x0:x1"'):
+        one_file(eval_roi=text)
+
+
+def test_the_parts_of_a_real_cremi_file_pass_the_checks_and_stage_alone(tmp_path):
+    data = one_file()
+    check_sources(data, FOV)
+    with h5py.File(CUT) as f:
+        raw, labels = f["volumes/raw"][...], f["volumes/labels/neuron_ids"][...]
+    for role in ("train", "select", "eval"):
+        stage_role(tmp_path / f"{role}.h5", role_settings(data, role))
+        part = Roi.parse(PARTS[f"{role}_roi"])
+        with h5py.File(tmp_path / f"{role}.h5") as f:
+            np.testing.assert_array_equal(f["raw"][...], raw[part.slices])
+            np.testing.assert_array_equal(f["labels"][...], labels[part.slices])
+            assert tuple(f["raw"].attrs["voxel_size_nm"]) == (10.0, 10.0, 10.0)  # from `resolution`
+
+
+@pytest.mark.parametrize(
+    "changes, error, message",
+    [
+        (
+            {"select_roi": "0:32, 0:40, 30:64"},
+            ConfigError,
+            "overlap; parts of one file must not share voxels",
+        ),
+        (
+            {"eval_roi": "0:32, 32:70, 40:64"},
+            VolumeShapeError,
+            "reaches outside the volume of shape (32, 64, 64)",
+        ),
+        (
+            {"eval_roi": "0:8, 32:64, 40:64"},
+            VolumeShapeError,
+            "smaller than the field of view (9, 17, 17)",
+        ),
+    ],
+)
+def test_bad_parts_are_refused_before_anything_runs(changes, error, message):
+    with pytest.raises(error) as caught:
+        check_sources(one_file(**changes), FOV)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_raw_and_labels_that_disagree_on_the_voxel_size_are_refused(tmp_path):
+    copy = tmp_path / "cut.h5"
+    shutil.copyfile(CUT, copy)
+    with h5py.File(copy, "a") as f:
+        f["volumes/labels/neuron_ids"].attrs["resolution"] = (10.0, 8.0, 8.0)
+    raw, labels = f"{copy}:volumes/raw", f"{copy}:volumes/labels/neuron_ids"
+    with pytest.raises(VoxelSizeError, match="differ"):
+        check_sources(
+            one_file(train_raw=raw, train_labels=labels, eval_raw=raw, eval_labels=labels), FOV
+        )
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_real_data_path_runs_end_to_end_on_the_parts_of_one_file(tmp_path):
+    import json
+
+    from workflow_runs import tiny_variant, workflow
+
+    parts = "".join(f'{name} = "{roi}"\n' for name, roi in PARTS.items())
+    files = f'train_raw = "{RAW}"\ntrain_labels = "{LABELS}"\neval_raw = "{RAW}"\neval_labels = "{LABELS}"\n'
+    config = tiny_variant(
+        tmp_path, "flyem", {"synthetic_shape_zyx = [32, 64, 64]\n": files + parts}
+    )
+    run_dir = tmp_path / "run"
+    workflow("--config", str(config), "--run-dir", str(run_dir))
+
+    for role in ("train", "select", "eval"):
+        with h5py.File(run_dir / "staged" / f"{role}.h5") as f:
+            assert f["raw"].shape == Roi.parse(PARTS[f"{role}_roi"]).shape
+    selection = json.loads((run_dir / "selection.json").read_text())
+    assert selection["held_out_volume"] == "select"  # never the scored part
+    scores = json.loads((run_dir / "evaluation.json").read_text())
+    assert scores["ffn"]["voxels"] == 32 * 32 * 24 and scores["watershed"]["voxels"] == 32 * 32 * 24
+    assert (run_dir / "precomputed" / "export.json").is_file()
