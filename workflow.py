@@ -75,13 +75,27 @@ def _eval_shape(config: RunConfig) -> tuple[int, int, int]:
             .with_geometry(config.data.synthetic_shape_zyx)
             .shape_zyx
         )
+    from pipeline.volumes import volume_shape
+
+    shape = volume_shape(config.data.eval_raw)
     if config.data.eval_roi:
         from pipeline.roi import Roi
 
-        return Roi.parse(config.data.eval_roi).shape
-    from pipeline.volumes import volume_shape
+        return Roi.parse(config.data.eval_roi).grown(_eval_context(config), shape).shape
+    return shape
 
-    return volume_shape(config.data.eval_raw)
+
+def _eval_context(config: RunConfig) -> tuple[int, int, int]:
+    """Voxels segmented around an evaluated ROI: the inference model's FOV radius, so a FOV can
+    be centred on the ROI's faces."""
+    if config.pretrained_model:
+        from pipeline.inference import checkpoint_model_config
+        from pipeline.pretrained import converted_checkpoint
+
+        fov = checkpoint_model_config(converted_checkpoint(config.pretrained_model)).fov_shape_zyx
+    else:
+        fov = config.train.model.fov_shape_zyx
+    return tuple(int(f) // 2 for f in fov)
 
 
 def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
@@ -186,7 +200,7 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     from pipeline.staging import role_settings, source_files
 
     steps = [
-        _task("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
+        _task("stage[eval]", role_settings(config.data, "eval", _eval_context(config)), source_files(config.data, "eval"),
               [paths.eval_volume], "stage.stage_volume"),
     ]  # fmt: skip
     if not config.pretrained_model:

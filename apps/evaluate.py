@@ -12,6 +12,7 @@ def evaluate(settings: dict, inputs=(), outputs=()):
     from pipeline.config import from_dict
     from pipeline.evaluation import evaluate_volume
     from pipeline.metrics import WatershedConfig
+    from pipeline.staging import scored_part
     from pipeline.stamps import run_once
 
     volume, segmentation = (f.filepath for f in inputs)
@@ -20,7 +21,7 @@ def evaluate(settings: dict, inputs=(), outputs=()):
     def work() -> None:
         evaluate_volume(
             f"{volume}:raw", f"{volume}:labels", f"{segmentation}:segmentation",
-            from_dict(WatershedConfig, settings["watershed"]), output,
+            from_dict(WatershedConfig, settings["watershed"]), output, scored_part(volume),
         )  # fmt: skip
 
     return run_once(settings, [volume, segmentation], [output], work)

@@ -21,6 +21,7 @@ from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import VolumeSpec, read_header, read_raw, read_volume_pair, write_volumes
 
 STAGED_ATTR = "staged_from"
+SCORED_ATTR = "scored_roi"  # z0:z1, y0:y1, x0:x1 within the staged volume
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,11 @@ def _role_files(data: DataConfig, role: str) -> tuple[str, str]:
     return getattr(data, f"{role}_raw"), getattr(data, f"{role}_labels")
 
 
-def role_settings(data: DataConfig, role: str) -> dict:
+def role_settings(data: DataConfig, role: str, context_zyx: Sequence[int] = (0, 0, 0)) -> dict:
     """The settings staging one role's volume depends on ("train", "select" or "eval"): another
-    role's change must not re-stage this one."""
+    role's change must not re-stage this one. An evaluated ROI is staged with `context_zyx`
+    voxels around it (where the volume has them) and scored inside only, so objects at its faces
+    can be seeded and followed."""
     if data.synthetic:
         seed = getattr(data, f"{role}_seed")
         shape = data.synthetic_shape_zyx
@@ -111,7 +114,10 @@ def role_settings(data: DataConfig, role: str) -> dict:
     raw, labels = _role_files(data, role)
     roi = getattr(data, f"{role}_roi")
     settings = {"role": role, "raw": raw, "labels": labels, "voxel_size_nm": data.voxel_size_nm}
-    return settings | ({"roi": str(Roi.parse(roi))} if roi else {})
+    if not roi:
+        return settings
+    context = [int(c) for c in context_zyx] if role == "eval" else [0, 0, 0]
+    return settings | {"roi": str(Roi.parse(roi)), "context_zyx": context}
 
 
 def source_files(data: DataConfig, role: str) -> list[Path]:
@@ -168,6 +174,7 @@ def stage_role(path: str | Path, settings: dict) -> str:
         settings["labels"],
         settings["voxel_size_nm"],
         settings.get("roi", ""),
+        settings.get("context_zyx", (0, 0, 0)),
     )
 
 
@@ -183,27 +190,50 @@ def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) ->
 
 
 def stage_files(
-    path: str | Path, raw_spec: str, labels_spec: str = "", voxel_size_nm=None, roi: str = ""
+    path: str | Path,
+    raw_spec: str,
+    labels_spec: str = "",
+    voxel_size_nm=None,
+    roi: str = "",
+    context_zyx: Sequence[int] = (0, 0, 0),
 ) -> str:
-    """Validate the user's volume(s) and copy them, or their `roi`, in; labels are optional
-    (then nothing is scored). Returns the digest of the content read."""
+    """Validate the user's volume(s) and copy them, or their `roi` with `context_zyx` around it,
+    in; labels are optional (then nothing is scored). The scored part within the staged volume
+    is its attribute `scored_roi`. Returns the digest of the content read."""
     if labels_spec:
         volume = read_volume_pair(raw_spec, labels_spec, voxel_size_nm=voxel_size_nm)
         arrays, voxel_size = {"raw": volume.raw, "labels": volume.labels}, volume.voxel_size_nm
     else:
         raw, voxel_size = read_raw(raw_spec, voxel_size_nm)
         arrays = {"raw": raw}
-    if roi:
-        part = Roi.parse(roi)
-        check_roi(part, arrays["raw"].shape, (1, 1, 1), f"{raw_spec}: ROI")
-        arrays = {name: array[part.slices] for name, array in arrays.items()}
-        if "labels" in arrays and not arrays["labels"].any():
-            raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
+    shape = arrays["raw"].shape
+    part = Roi.parse(roi) if roi else Roi.whole(shape)
+    check_roi(part, shape, (1, 1, 1), f"{raw_spec}: ROI")
+    staged = part.grown(context_zyx, shape)
+    arrays = {name: array[staged.slices] for name, array in arrays.items()}
+    if "labels" in arrays and not arrays["labels"][part.relative_to(staged).slices].any():
+        raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
     provenance = json.dumps(
-        {"raw": str(VolumeSpec.parse(raw_spec)), "labels": labels_spec, "roi": roi}
+        {
+            "raw": str(VolumeSpec.parse(raw_spec)),
+            "labels": labels_spec,
+            "roi": roi,
+            "staged": str(staged),
+        }
     )
-    write_volumes(path, arrays, voxel_size, {STAGED_ATTR: provenance})
-    return digest_arrays(arrays, [float(v) for v in voxel_size])
+    attrs, described = {STAGED_ATTR: provenance}, [float(v) for v in voxel_size]
+    if roi:  # the digest of a whole volume is the same, staged from a file or generated
+        attrs[SCORED_ATTR] = str(part.relative_to(staged))
+        described = [described, attrs[SCORED_ATTR]]
+    write_volumes(path, arrays, voxel_size, attrs)
+    return digest_arrays(arrays, described)
+
+
+def scored_part(path: str | Path) -> Roi | None:
+    """The part of a staged volume that is scored (None: all of it)."""
+    with h5py.File(path, "r") as f:
+        text = f.attrs.get(SCORED_ATTR)
+    return Roi.parse(str(text)) if text else None
 
 
 def has_labels(path: str | Path) -> bool:

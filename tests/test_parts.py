@@ -61,6 +61,20 @@ def test_the_parts_of_a_real_cremi_file_pass_the_checks_and_stage_alone(tmp_path
             assert tuple(f["raw"].attrs["voxel_size_nm"]) == (10.0, 10.0, 10.0)  # from `resolution`
 
 
+def test_an_evaluated_part_is_staged_with_context_and_scored_inside(tmp_path):
+    from pipeline.staging import scored_part
+
+    stage_role(tmp_path / "eval.h5", role_settings(one_file(), "eval", context_zyx=(4, 8, 8)))
+    with h5py.File(CUT) as f, h5py.File(tmp_path / "eval.h5") as staged:
+        # 0:32, 32:64, 40:64 grown by (4, 8, 8) as far as the file goes: 0:32, 24:64, 32:64.
+        np.testing.assert_array_equal(staged["raw"][...], f["volumes/raw"][0:32, 24:64, 32:64])
+    assert scored_part(tmp_path / "eval.h5") == Roi.parse("0:32, 8:40, 8:32")
+    stage_role(tmp_path / "train.h5", role_settings(one_file(), "train", context_zyx=(4, 8, 8)))
+    assert scored_part(tmp_path / "train.h5") == Roi.parse(
+        "0:32, 0:64, 0:40"
+    )  # no context: not scored
+
+
 @pytest.mark.parametrize(
     "changes, error, message",
     [
@@ -114,11 +128,15 @@ def test_the_real_data_path_runs_end_to_end_on_the_parts_of_one_file(tmp_path):
     run_dir = tmp_path / "run"
     workflow("--config", str(config), "--run-dir", str(run_dir))
 
-    for role in ("train", "select", "eval"):
+    for role in ("train", "select"):
         with h5py.File(run_dir / "staged" / f"{role}.h5") as f:
             assert f["raw"].shape == Roi.parse(PARTS[f"{role}_roi"]).shape
+    with h5py.File(run_dir / "staged" / "eval.h5") as f:  # with a FOV radius (4, 8, 8) around it
+        assert f["raw"].shape == (32, 40, 32)
     selection = json.loads((run_dir / "selection.json").read_text())
     assert selection["held_out_volume"] == "select"  # never the scored part
     scores = json.loads((run_dir / "evaluation.json").read_text())
+    # Segmented with context, scored inside the part only.
+    assert scores["scored_roi"] == "0:32, 8:40, 8:32"
     assert scores["ffn"]["voxels"] == 32 * 32 * 24 and scores["watershed"]["voxels"] == 32 * 32 * 24
     assert (run_dir / "precomputed" / "export.json").is_file()
