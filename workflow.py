@@ -14,6 +14,7 @@ stage_volume(train), stage_volume(eval) -> preprocess -> train (MPI, N ranks) ->
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import signal
 import sys
@@ -331,9 +332,34 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
     return "\n".join(lines)
 
 
-def _watch(futures: dict[str, object], paths: RunPaths) -> None:
-    """Print each task's start and end, and training progress, until every task is done."""
+def describe_progress(name: str, record: dict) -> str:
+    """One line on a running block (its progress file, pipeline.blocks.block_progress_path)."""
+    eta = record.get("eta_s")
+    left = f", about {eta / 60:.0f} min left in this seed pass" if eta is not None else ""
+    return (
+        f"{name} {record['block']}: {record['objects']} objects, {record['fov_evaluations']:,} FOV "
+        f"evaluations, {record['fov_per_s']:.1f} FOV/s, {record['seed_share']:.0%} of the seeds "
+        f"tried{left}"
+    )
+
+
+def _progress_of(path: Path, seen: dict[str, int]) -> dict | None:
+    """A block's progress record, if it is new since the last look."""
+    try:
+        mtime = path.stat().st_mtime_ns
+        if seen.get(str(path)) == mtime:
+            return None
+        seen[str(path)] = mtime
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _watch(futures: dict[str, object], paths: RunPaths, progress_files: dict[str, Path]) -> None:
+    """Print each task's start and end, training progress and each running block's progress
+    (every minute), until every task is done."""
     reported: dict[str, str] = {}
+    progress_seen: dict[str, int] = {}
     # The log is appended to by every run: show only lines this run adds.
     last_train_line, started = _last_train_line(paths.train_log), time.monotonic()
     while True:
@@ -355,6 +381,10 @@ def _watch(futures: dict[str, object], paths: RunPaths) -> None:
         if line and line != last_train_line:
             _say(f"         {line}")
             last_train_line = line
+        for name, path in progress_files.items():
+            if name in futures and reported.get(name) in ("launched", "running"):
+                if record := _progress_of(path, progress_seen):
+                    _say(f"         {describe_progress(name, record)}")
         if all(f.done() for f in futures.values()):
             return
         time.sleep(1)
@@ -393,8 +423,15 @@ def _execute(
     dfk = None
     try:
         dfk = parsl.load(site.make_config(paths.root, spec))
+        from pipeline.blocks import block_progress_path
+
         futures = build_dag(steps, reasons)
-        _watch(futures, paths)
+        progress = {
+            s.task.name: block_progress_path(s.task.outputs[0])
+            for s in steps
+            if s.task.stage == "infer"
+        }
+        _watch(futures, paths, progress)
     except Stopped as stop:
         _say(f"stopped by {stop}: workers shut down; go on later with --resume")
         return 128 + getattr(signal, str(stop)).value

@@ -13,7 +13,13 @@ def infer_block(settings: dict, inputs=(), outputs=()):
 
     import h5py
 
-    from pipeline.blocks import Block, block_state_path, segment_block, write_block_result
+    from pipeline.blocks import (
+        Block,
+        block_progress_path,
+        block_state_path,
+        segment_block,
+        write_block_result,
+    )
     from pipeline.config import from_dict
     from pipeline.inference import (
         InferenceConfig,
@@ -36,7 +42,7 @@ def infer_block(settings: dict, inputs=(), outputs=()):
             result = segment_block(
                 f["raw"], block, predictor_from_checkpoint(checkpoint, model), model,
                 from_dict(InferenceConfig, settings["inference"]), provenance,
-                block_state_path(Path(output).parent, block),
+                block_state_path(Path(output).parent, block), block_progress_path(output),
             )  # fmt: skip
         write_block_result(output, result)
         return digest_arrays({"labels": result.labels})

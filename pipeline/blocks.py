@@ -23,6 +23,7 @@ import zipfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import fastremap
@@ -135,12 +136,16 @@ def segment_block(
     config: InferenceConfig,
     provenance: dict | None = None,
     state_path: str | Path | None = None,
+    progress_path: str | Path | None = None,
+    progress_every_s: float = 60.0,
 ) -> BlockResult:
     """Segment the `block` of `raw` (any array that slices, e.g. an h5py dataset) on its own.
 
     `provenance` (e.g. the checkpoint) is stored with the result so a restart with other settings
     is noticed. With `state_path` a long block checkpoints its progress there
-    (`pipeline.inference.segment`), and a restarted task goes on from it.
+    (`pipeline.inference.segment`), and a restarted task goes on from it. With `progress_path`
+    the block reports where it stands there every `progress_every_s` (JSON, written atomically;
+    the workflow prints it) and removes it when done.
     """
     record = _provenance(model, config, provenance)
     source = f"{raw.file.filename}:{raw.name.lstrip('/')}" if hasattr(raw, "file") else "the image"
@@ -153,8 +158,25 @@ def segment_block(
         config,
         checkpoint_path=state_path,
         checkpoint_key=json.dumps(record, sort_keys=True),
+        on_progress=None
+        if progress_path is None
+        else partial(_write_progress, progress_path, block),
+        progress_every_s=progress_every_s,
     )
+    if progress_path is not None:
+        Path(progress_path).unlink(missing_ok=True)
     return BlockResult(block, labels, stats, record)
+
+
+def _write_progress(path: str | Path, block: Block, record: dict) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({"block": block.name, **record}))
+
+
+def block_progress_path(result_path: str | Path) -> Path:
+    """Where a running block reports its progress (beside its result)."""
+    result_path = Path(result_path)
+    return result_path.with_name(result_path.stem + ".progress.json")
 
 
 def _provenance(model: ModelConfig, config: InferenceConfig, extra: dict | None) -> dict:

@@ -264,6 +264,7 @@ class _Canvas:
         self.segment_logit = np.float32(logit(config.segment_threshold))
         self.pad_logit = np.float32(logit(config.pad_probability))
         self.counts: Counter[str] = Counter()
+        self.after_batch: Callable[[], None] | None = None  # e.g. a progress report
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -311,6 +312,8 @@ class _Canvas:
             raise InferenceError("predictor returned NaN or infinite logits")
         self.counts["batches"] += 1
         self.counts["fov_evaluations"] += len(batch)
+        if self.after_batch is not None:
+            self.after_batch()
         return logits[..., 0].astype(np.float32, copy=False)
 
     # -- one object --------------------------------------------------------------------------
@@ -484,6 +487,25 @@ def _load_state(path: Path, canvas: "_Canvas", fingerprint: str) -> _SeedLoop:
     return loop
 
 
+def progress_record(counts: Counter, loop: "_SeedLoop", seconds: float) -> dict:
+    """Where a segmentation stands: objects, FOV evaluations and their rate, the share of this
+    seed pass's seeds tried, and a rough time left for the pass (later passes may add seeds)."""
+    pending = len(loop.pending or [])
+    tried = len(loop.tried)
+    share = tried / (tried + pending) if tried + pending else 0.0
+    fovs = counts["fov_evaluations"]
+    return {
+        "objects": counts["objects"],
+        "fov_evaluations": fovs,
+        "fov_per_s": fovs / seconds if seconds > 0 else 0.0,
+        "seeds_tried": tried,
+        "seeds_pending": pending,
+        "seed_share": share,
+        "seconds": seconds,
+        "eta_s": seconds * (1 - share) / share if share > 0 else None,
+    }
+
+
 def segment(
     raw: np.ndarray,
     predict: Predictor,
@@ -494,6 +516,8 @@ def segment(
     checkpoint_path: str | Path | None = None,
     checkpoint_every_s: float = 600.0,
     checkpoint_key: str = "",
+    on_progress: Callable[[dict], None] | None = None,
+    progress_every_s: float = 60.0,
 ) -> tuple[np.ndarray, InferenceStats]:
     """Flood-fill segmentation of one (z, y, x) uint8 volume: (uint64 ids 1..N, 0 = none; stats).
 
@@ -503,6 +527,8 @@ def segment(
     result as one uninterrupted run (FFN's inference checkpoints, for jobs longer than a batch
     job's wall time); the file is removed when the segmentation is complete. A checkpoint of
     another image, model shape, settings or `checkpoint_key` (name the weights there) is refused.
+    `on_progress(record)` is called every `progress_every_s` seconds, between two network calls
+    (one object can take an hour), with `progress_record`'s fields.
     """
     _check_raw(raw, model)
     config = config or InferenceConfig()
@@ -514,7 +540,16 @@ def segment(
     loop = _SeedLoop()
     if state_path is not None and state_path.is_file():
         loop = _load_state(state_path, canvas, fingerprint)
-    last_save = time.perf_counter()
+    last_save = last_report = time.perf_counter()
+
+    def report_if_due() -> None:
+        nonlocal last_report
+        now = time.perf_counter()
+        if on_progress is not None and now - last_report >= progress_every_s:
+            last_report = now
+            on_progress(progress_record(canvas.counts, loop, loop.seconds + now - started))
+
+    canvas.after_batch = report_if_due
 
     def save_if_due() -> None:
         nonlocal last_save

@@ -205,3 +205,28 @@ def test_blocks_that_do_not_tile_the_volume_are_refused():
 def test_bad_block_settings_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         BlockConfig(**kwargs)
+
+
+def test_a_running_block_reports_its_progress_and_clears_it_when_done(tmp_path):
+    import json
+
+    from pipeline.blocks import block_progress_path
+
+    raw, _ = hand_made_volume()
+    block = plan_blocks(raw.shape, BLOCKS)[0]
+    progress = block_progress_path(block_path(tmp_path, block))
+    seen = []
+
+    def watched_predictor(images, seeds):  # what the workflow would read, call by call
+        if progress.is_file():
+            seen.append(json.loads(progress.read_text()))
+        return stand_in_predictor(images, seeds)
+
+    result = segment_block(
+        raw, block, watched_predictor, MODEL, CONFIG, progress_path=progress, progress_every_s=0
+    )
+    assert seen and seen[0]["block"] == block.name
+    assert [r["fov_evaluations"] for r in seen] == sorted(r["fov_evaluations"] for r in seen)
+    assert 0 < seen[-1]["seed_share"] <= 1 and seen[-1]["fov_per_s"] > 0
+    assert seen[-1]["objects"] <= result.stats.objects
+    assert not progress.exists()  # done: nothing stale left for the next run to print

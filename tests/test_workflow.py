@@ -154,3 +154,14 @@ def test_help_comes_in_under_two_seconds(command):
     )
     assert done.returncode == 0 and "usage:" in done.stdout
     assert time.monotonic() - started < 2.0  # TensorFlow and Parsl are imported only when used
+
+
+def test_a_running_blocks_progress_reads_as_one_line():
+    import workflow as cli
+
+    record = {"block": "block_0_0_0", "objects": 12, "fov_evaluations": 3456, "fov_per_s": 1.29,
+              "seed_share": 0.4, "eta_s": 1500.0}  # fmt: skip
+    assert cli.describe_progress("infer[0]", record) == (
+        "infer[0] block_0_0_0: 12 objects, 3,456 FOV evaluations, 1.3 FOV/s, 40% of the seeds "
+        "tried, about 25 min left in this seed pass"
+    )
