@@ -101,18 +101,21 @@ def test_killed_run_resumes_from_its_last_checkpoint(training_data, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    checkpoint = tmp_path / "checkpoints" / "ckpt-12.index"
+    # A save is complete once the manager's state file names it (index and data come first).
+    state = tmp_path / "checkpoints" / "checkpoint"
+
+    def saved() -> str:
+        return state.read_text() if state.is_file() else ""
+
     deadline = time.monotonic() + 300
-    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+    while '"ckpt-12"' not in saved() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not (tmp_path / "train_summary.json").exists()
     before = read_metrics(tmp_path / "metrics.csv")
-    last_checkpoint = max(
-        int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").glob("ckpt-*.index")
-    )
+    last_checkpoint = int(saved().splitlines()[0].rpartition("-")[2].strip('"'))
     assert 12 <= last_checkpoint < 40
 
     resumed = train(training_data, tmp_path, *flags)
