@@ -512,7 +512,10 @@ def run(args: argparse.Namespace) -> int:
         config_io.save_json(paths.train_dir / "requested_config.json", config.train)
     steps = dag_steps(config, paths, spec)
     reasons = plan_run(steps, stages)
-    _say(f"site {spec.name}, run dir {paths.root}, settings {args.config or paths.config}")
+    source = args.config or (
+        f"the run's own {paths.config.name}" if args.resume else "the demo's defaults"
+    )
+    _say(f"site {spec.name}, run dir {paths.root}, settings: {source}")
     if not config.pretrained_model:
         _say(describe_training(config, spec.mpi_launch().num_ranks))
     _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
