@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError, VolumeShapeError
-
-ZYX = tuple[int, int, int]
+from pipeline.volumes import ZYX
 
 
 @dataclass(frozen=True)
 class Roi:
+    """A box of voxels, [start, stop) along z, y, x."""
+
     start: ZYX
     stop: ZYX
 
