@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.errors import BlockResultError, ConfigError, VolumeShapeError
+from pipeline.errors import BlockResultError, ConfigError, VolumeShapeError, first_line
 from pipeline.inference import (
     ZYX,
     InferenceConfig,
@@ -228,7 +228,7 @@ def read_block_result(path: str | Path, block: Block | None = None) -> BlockResu
         with np.load(path, allow_pickle=False) as data:
             found = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise BlockResultError(f"{path}: not a readable block result ({exc})") from None
+        raise BlockResultError(f"{path}: not a readable block result ({first_line(exc)})") from None
     required = ("format_version", "start", "stop", "labels", "stats", "provenance")
     if missing := [k for k in required if k not in found]:
         raise BlockResultError(f"{path}: not a block result (missing {', '.join(missing)})")

@@ -24,7 +24,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,6 +321,18 @@ def _write_manifest(folder: Path, summary: dict) -> int:
     return len(files)
 
 
+@contextlib.contextmanager
+def _naming(folder: Path) -> Iterator[None]:
+    """An OS error that names no file (a full disk, seen by a library's write) names `folder`, so
+    its one line says which disk."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(folder)) from exc
+
+
 def export_precomputed(
     raw: np.ndarray,
     segmentation: np.ndarray,
@@ -340,6 +352,7 @@ def export_precomputed(
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
     with (
+        _naming(out_dir),
         atomic_dir(out_dir) as tmp,
         tqdm(total=4, desc="export", unit="step", disable=not progress) as bar,
     ):

@@ -2,14 +2,15 @@
 
 Two servers, both on 127.0.0.1 only:
   * the data server, a small `http.server` subclass: the export folder, read-only, with CORS
-    headers (the Neuroglancer client has another origin); a `*.gz` file written with
-    `ExportConfig(gzip=True)` is served under its plain name with `Content-Encoding: gzip`, as
-    Neuroglancer asks for the plain name;
+    headers for the Neuroglancer client's origin only (no other web page open in the browser
+    may read the volumes); a `*.gz` file written with `ExportConfig(gzip=True)` is served under
+    its plain name with `Content-Encoding: gzip`, as Neuroglancer asks for the plain name;
   * the `neuroglancer` package's server: the Neuroglancer client (bundled, so it works offline)
     and the viewer state.
 
 To view from another machine (an HPC login node), fix both ports and tunnel them:
-`ssh -L 8000:127.0.0.1:8000 -L 8001:127.0.0.1:8001 host`, then open the printed URL locally.
+`ssh -L 8000:127.0.0.1:8000 -L 8001:127.0.0.1:8001 host` (the same port numbers on both ends:
+the data server answers the viewer's origin, which includes its port), then open the printed URL.
 
 CLI: `python -m pipeline.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]`.
 """
@@ -94,13 +95,13 @@ def start_data_server(
     folder: str | Path, port: int = 0, allowed_origins: Iterable[str] = ()
 ) -> http.server.ThreadingHTTPServer:
     """Serve `folder` on 127.0.0.1:`port` (0: any free port) from a background thread, readable
-    across origins only from `allowed_origins` (`server.allowed_origins`, a set, can grow)."""
+    across origins only from `allowed_origins` (e.g. `viewer_origins(url)`)."""
     handler = partial(PrecomputedRequestHandler, directory=str(folder))
     try:
         server = http.server.ThreadingHTTPServer((BIND_ADDRESS, port), handler)
     except OSError as exc:
         raise PrecomputedError(f"cannot serve on {BIND_ADDRESS}:{port} ({exc.strerror})") from None
-    server.allowed_origins = set(allowed_origins)
+    server.allowed_origins = frozenset(allowed_origins)
     threading.Thread(target=server.serve_forever, name="precomputed-http", daemon=True).start()
     return server
 
@@ -166,39 +167,45 @@ def start_viewer(
         else _check_segments(folder, segments)
     )
     full_resolution = _read_json(folder / IMAGE_LAYER / "info")["scales"][0]
-    resolution_xyz, size_xyz = full_resolution["resolution"], full_resolution["size"]
-
-    server = start_data_server(folder, port)
-    data_url = f"http://{BIND_ADDRESS}:{server.server_address[1]}"
     neuroglancer.set_server_bind_address(BIND_ADDRESS, bind_port=viewer_port)
+    viewer = neuroglancer.Viewer()  # starts Neuroglancer's server: its page may read the data
     try:
-        viewer = neuroglancer.Viewer()
-        with viewer.txn() as state:
-            # Precomputed sizes are (x, y, z), and so are Neuroglancer's coordinates.
-            state.dimensions = neuroglancer.CoordinateSpace(
-                names=["x", "y", "z"], units="nm", scales=resolution_xyz
-            )
-            state.position = [s / 2 for s in size_xyz]
-            state.layers[IMAGE_LAYER] = neuroglancer.ImageLayer(
-                source=f"precomputed://{data_url}/{IMAGE_LAYER}"
-            )
-            state.layers[SEGMENTATION_LAYER] = neuroglancer.SegmentationLayer(
-                source=f"precomputed://{data_url}/{SEGMENTATION_LAYER}", segments=segments
-            )
-            state.layout = "xy-3d"
-            # Zoom in units of the finest voxel (the scales above); fit the volume's x-y extent.
-            extent = max(n * r for n, r in zip(size_xyz[:2], resolution_xyz[:2], strict=True))
-            finest = min(resolution_xyz)
-            state.cross_section_scale = extent / finest / SLICE_FIT_PIXELS
-            state.projection_scale = PROJECTION_FIT * extent / finest
-            state.projection_orientation = PROJECTION_ORIENTATION
         url = viewer.get_viewer_url()
-        server.allowed_origins |= viewer_origins(url)
-    except Exception:
-        server.shutdown()
-        server.server_close()
+        server = start_data_server(folder, port, viewer_origins(url))
+    except BaseException:
+        neuroglancer.stop()
         raise
-    return ViewerHandle(url, data_url, viewer, server)
+    handle = ViewerHandle(url, f"http://{BIND_ADDRESS}:{server.server_address[1]}", viewer, server)
+    try:
+        _show(viewer, handle.data_url, segments, full_resolution)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _show(viewer: neuroglancer.Viewer, data_url: str, segments: list[int], scale: dict) -> None:
+    """Both layers from `data_url`, `segments` selected, the whole volume in view."""
+    # Precomputed sizes are (x, y, z), and so are Neuroglancer's coordinates.
+    resolution_xyz, size_xyz = scale["resolution"], scale["size"]
+    with viewer.txn() as state:
+        state.dimensions = neuroglancer.CoordinateSpace(
+            names=["x", "y", "z"], units="nm", scales=resolution_xyz
+        )
+        state.position = [s / 2 for s in size_xyz]
+        state.layers[IMAGE_LAYER] = neuroglancer.ImageLayer(
+            source=f"precomputed://{data_url}/{IMAGE_LAYER}"
+        )
+        state.layers[SEGMENTATION_LAYER] = neuroglancer.SegmentationLayer(
+            source=f"precomputed://{data_url}/{SEGMENTATION_LAYER}", segments=segments
+        )
+        state.layout = "xy-3d"
+        # Zoom in units of the finest voxel (the scales above); fit the volume's x-y extent.
+        extent = max(n * r for n, r in zip(size_xyz[:2], resolution_xyz[:2], strict=True))
+        finest = min(resolution_xyz)
+        state.cross_section_scale = extent / finest / SLICE_FIT_PIXELS
+        state.projection_scale = PROJECTION_FIT * extent / finest
+        state.projection_orientation = PROJECTION_ORIENTATION
 
 
 def viewer_origins(viewer_url: str) -> set[str]:

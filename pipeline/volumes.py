@@ -74,14 +74,17 @@ class LabeledVolume:
 @contextlib.contextmanager
 def _checked_dataset(spec: VolumeSpec) -> Iterator[h5py.Dataset]:
     """The 3-D dataset `spec` names, open; one-line errors for a missing or unreadable file, a
-    missing dataset and a dataset that is not 3-D."""
+    missing dataset, a dataset that is not 3-D and, in the caller's block too, data or metadata
+    that cannot be read."""
     if not spec.path.is_file():
         raise VolumeFileMissing(f"{spec.path}: file not found")
     try:
         f = h5py.File(spec.path, "r")
     except OSError as exc:
-        raise VolumeFileMissing(f"{spec.path}: not a readable HDF5 file ({exc})") from None
-    with f:
+        raise VolumeFileMissing(
+            f"{spec.path}: not a readable HDF5 file ({first_line(exc)})"
+        ) from None
+    with f, reading(spec):
         if spec.dataset not in f or not isinstance(f[spec.dataset], h5py.Dataset):
             found = []
             f.visititems(
@@ -109,7 +112,7 @@ def reading(where: object) -> Iterator[None]:
 
 
 def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
-    with _checked_dataset(spec) as dataset, reading(spec):
+    with _checked_dataset(spec) as dataset:
         return dataset[...], _stored_voxel_size(dataset, spec)
 
 

@@ -146,6 +146,27 @@ def test_unreadable_block_files_are_named(tmp_path):
         read_block_result(path)
 
 
+def test_a_block_file_with_corrupted_bytes_is_named_in_one_line(tmp_path):
+    import struct
+    import zipfile
+
+    raw, _ = hand_made_volume()
+    block = plan_blocks(raw.shape, BLOCKS)[0]
+    result = segment_block(raw, block, stand_in_predictor, MODEL, CONFIG)
+    path = write_block_result(block_path(tmp_path, block), result)
+    with zipfile.ZipFile(path) as archive:
+        member = archive.getinfo("labels.npy")
+    with open(path, "r+b") as f:  # a valid zip whose labels' compressed bytes are overwritten
+        f.seek(member.header_offset + 26)  # the local header's name and extra field lengths
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+        f.seek(name_length + extra_length, 1)
+        f.write(b"\xff" * min(16, member.compress_size))
+    with pytest.raises(BlockResultError) as caught:
+        read_block_result(path, block)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not a readable block result (") and "\n" not in message
+
+
 def _result(start, stop, labels) -> BlockResult:
     return BlockResult(Block(start, stop), np.asarray(labels, np.uint32), InferenceStats(), {})
 

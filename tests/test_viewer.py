@@ -111,6 +111,9 @@ def test_viewer_shows_both_layers_from_the_data_server(precomputed):
             f"{handle.data_url}/segmentation/mesh/info", origin=f"http://{page.netloc}"
         )
         assert status == 200 and headers["Access-Control-Allow-Origin"] == f"http://{page.netloc}"
+        # Another local web app (a notebook server, say) is another origin.
+        _, headers, _ = fetch(f"{handle.data_url}/image/info", origin="http://127.0.0.1:1")
+        assert "Access-Control-Allow-Origin" not in headers
     with viewer.start_viewer(precomputed, segments=[1, 2]) as handle:
         assert sorted(handle.viewer.state.layers["segmentation"].segments) == [1, 2]
 
