@@ -27,6 +27,7 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         predictor_from_checkpoint,
     )
     from pipeline.selection import chosen_checkpoint
+    from pipeline.staging import scored_part
     from pipeline.stamps import digest_arrays, input_token, run_once
 
     volume, selection = (f.filepath for f in inputs)
@@ -43,6 +44,7 @@ def infer_block(settings: dict, inputs=(), outputs=()):
                 f["raw"], block, predictor_from_checkpoint(checkpoint, model), model,
                 from_dict(InferenceConfig, settings["inference"]), provenance,
                 block_state_path(Path(output).parent, block), block_progress_path(output),
+                scored=scored_part(volume),
             )  # fmt: skip
         write_block_result(output, result)
         return digest_arrays({"labels": result.labels})

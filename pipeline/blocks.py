@@ -43,6 +43,7 @@ from pipeline.inference import (
     segment,
 )
 from pipeline.model import ModelConfig
+from pipeline.roi import Roi
 from pipeline.volumes import reading
 
 BLOCK_FORMAT = 1
@@ -138,6 +139,7 @@ def segment_block(
     state_path: str | Path | None = None,
     progress_path: str | Path | None = None,
     progress_every_s: float = 60.0,
+    scored: Roi | None = None,
 ) -> BlockResult:
     """Segment the `block` of `raw` (any array that slices, e.g. an h5py dataset) on its own.
 
@@ -145,14 +147,18 @@ def segment_block(
     is noticed. With `state_path` a long block checkpoints its progress there
     (`pipeline.inference.segment`), and a restarted task goes on from it. With `progress_path`
     the block reports where it stands there every `progress_every_s` (JSON, written atomically;
-    the workflow prints it) and removes it when done.
+    the workflow prints it) and removes it when done. `scored`: the part of `raw` that counts,
+    the rest being context around it (`InferenceConfig.reflect_faces` pads only what lacks it).
     """
     record = _provenance(model, config, provenance)
     source = f"{raw.file.filename}:{raw.name.lstrip('/')}" if hasattr(raw, "file") else "the image"
     with reading(source):  # h5py names no file when a chunk cannot be read
         region = np.asarray(raw[block.slices])
+    padding = (
+        face_padding(block, raw.shape, model, scored) if config.reflect_faces else ((0, 0),) * 3
+    )
     labels, stats = segment(
-        region,
+        np.pad(region, padding, mode="reflect"),
         predict,
         model,
         config,
@@ -165,7 +171,33 @@ def segment_block(
     )
     if progress_path is not None:
         Path(progress_path).unlink(missing_ok=True)
+    if padding != ((0, 0),) * 3:
+        core = tuple(
+            slice(before, before + n) for (before, _), n in zip(padding, block.shape, strict=True)
+        )
+        kept, _ = fastremap.renumber(labels[core], preserve_zero=True)
+        labels = kept.astype(labels.dtype, copy=False)
+        stats = dataclasses.replace(
+            stats, voxels=int(labels.size), segmented_voxels=int(np.count_nonzero(labels))
+        )
     return BlockResult(block, labels, stats, record)
+
+
+def face_padding(
+    block: Block, volume_shape: Sequence[int], model: ModelConfig, scored: Roi | None = None
+) -> tuple[tuple[int, int], ...]:
+    """(before, after) voxels of reflection per axis: where `block` meets a face of the volume,
+    half a FOV less the context the volume has beyond its `scored` part there; none inside."""
+    scored = scored or Roi.whole(volume_shape)
+    return tuple(
+        (
+            max(0, radius - scored.start[axis]) if block.start[axis] == 0 else 0,
+            max(0, radius - (size - scored.stop[axis])) if block.stop[axis] == size else 0,
+        )
+        for axis, (size, radius) in enumerate(
+            zip(volume_shape, [s // 2 for s in model.fov_shape_zyx], strict=True)
+        )
+    )
 
 
 def _write_progress(path: str | Path, block: Block, record: dict) -> None:

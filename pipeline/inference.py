@@ -93,6 +93,10 @@ class InferenceConfig:
     # Off, later FOVs may fill holes that a FOV's unsure faces left, at the price of more merges
     # (BENCHMARKS.md compares both).
     keep_background: bool = True
+    # Pad the volume's own faces by reflection, half a FOV wide, so objects there are seeded and
+    # followed up to the face: FFN as published leaves that shell unsegmented (no FOV can be
+    # centred in it). Faces inside the volume (a block's, a part's) take real context instead.
+    reflect_faces: bool = False
     consistency_min_iou: float = 0.5  # ... keep the intersection if the masks agree this well
     # Seed policy (FFN's PolicyPeaks): edges where the gradient of the smoothed image beats its
     # neighbourhood's mean; seeds at local maxima of the distance to the nearest edge.

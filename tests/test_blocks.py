@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from test_inference import (
     CONFIG,
+    MEMBRANE_GREY,
     MODEL,
+    OBJECT_GREYS,
     assert_same_segmentation,
     bright_weights,
     hand_made_volume,
@@ -19,6 +21,7 @@ from pipeline.blocks import (
     BlockResult,
     block_done,
     block_path,
+    face_padding,
     plan_blocks,
     read_block_result,
     segment_block,
@@ -29,6 +32,7 @@ from pipeline.blocks import (
 from pipeline.errors import BlockResultError, ConfigError
 from pipeline.inference import InferenceStats, make_model_predictor
 from pipeline.model import build_model
+from pipeline.roi import Roi
 
 BLOCKS = BlockConfig(block_shape_zyx=(16, 24, 24), overlap_zyx=(0, 8, 8))
 
@@ -251,3 +255,29 @@ def test_a_running_block_reports_its_progress_and_clears_it_when_done(tmp_path):
     assert 0 < seen[-1]["seed_share"] <= 1 and seen[-1]["fov_per_s"] > 0
     assert seen[-1]["objects"] <= result.stats.objects
     assert not progress.exists()  # done: nothing stale left for the next run to print
+
+
+def test_reflected_faces_let_objects_in_the_volumes_shell_be_segmented(tmp_path):
+    raw, labels = hand_made_volume()
+    # A slab 3 voxels thick on the x = 0 face: no FOV (9 wide) can be centred in it.
+    labels[:, :, :3], labels[:, :, 3] = 4, 0
+    raw = np.array([MEMBRANE_GREY, *OBJECT_GREYS, 120], np.uint8)[labels]
+    whole = BlockConfig(block_shape_zyx=raw.shape, overlap_zyx=(0, 0, 0))
+    plain, _ = segment_blockwise(raw, stand_in_predictor, MODEL, CONFIG, whole, tmp_path / "a")
+    assert not plain[labels == 4].any()  # FFN as published leaves the shell empty
+    reflecting = dataclasses.replace(CONFIG, reflect_faces=True)
+    padded, summary = segment_blockwise(
+        raw, stand_in_predictor, MODEL, reflecting, whole, tmp_path / "b"
+    )
+    assert_same_segmentation(padded, labels)
+    assert summary["inference"]["voxels"] == raw.size  # stats count the volume, not the padding
+
+
+def test_only_the_volumes_own_faces_are_padded():
+    blocks = plan_blocks((16, 40, 40), BLOCKS)
+    first, last = blocks[0], blocks[-1]
+    assert face_padding(first, (16, 40, 40), MODEL) == ((2, 2), (4, 0), (4, 0))
+    assert face_padding(last, (16, 40, 40), MODEL) == ((2, 2), (0, 4), (0, 4))
+    # A scored part with context around it: only what the context lacks is reflected.
+    part = Roi((2, 3, 10), (16, 40, 40))
+    assert face_padding(first, (16, 40, 40), MODEL, part) == ((0, 2), (1, 0), (0, 0))

@@ -1,0 +1,199 @@
+"""Real EM: every method on the same evaluated part of the FlyEM medulla file, in one table.
+
+Run by hand (not a test), from the repository root:
+
+    PATH=.venv/bin:$PATH python bench/segment_real.py [--no-runs]
+
+Runs (or, finished, reuses: a finished run's resume takes seconds) the three workflow runs
+  configs/flyem.toml          FFN trained here from scratch (train / select / eval parts of one file)
+  configs/flyem_fib25.toml    the FFN authors' FIB-25 weights, inference only
+  configs/flyem_finetune.toml the FIB-25 weights fine-tuned on the training part
+then the baselines on the staged parts of the first run:
+  * a seeded watershed over a random-forest boundary map (pipeline.boundary_watershed) learned
+    on the training part, its parameters tuned by VI on the selection part;
+  * the workflow's own watershed (distance transform of FFN's edge map, defaults untuned), as the
+    evaluation stage scores it;
+and the authors' reference segmentation (../shared/data/flyem_medulla_google_ffn_fib25.h5),
+cut to the same part. All are scored on the evaluated part only (its context excluded).
+Prints a Markdown table and writes everything to --output (JSON).
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.atomic import atomic_path  # noqa: E402
+from pipeline.boundary_watershed import (  # noqa: E402
+    BoundaryForestConfig,
+    boundary_probability,
+    train_boundary_forest,
+    tune_watershed,
+    watershed_segmentation,
+)
+from pipeline.metrics import score_segmentation  # noqa: E402
+from pipeline.report import stage_wall_times  # noqa: E402
+from pipeline.roi import Roi  # noqa: E402
+from pipeline.run_config import load_run_config  # noqa: E402
+from pipeline.staging import scored_part  # noqa: E402
+
+CONFIGS = {
+    "FFN trained here": "configs/flyem.toml",
+    "FIB-25 weights": "configs/flyem_fib25.toml",
+    "FIB-25 fine-tuned": "configs/flyem_finetune.toml",
+}
+FIB25_CHECKPOINT = ROOT.parent / "shared/models/google-ffn-fib25/model.ckpt-27465036"
+REFERENCE = ROOT.parent / "shared/data/flyem_medulla_google_ffn_fib25.h5:segmentation"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--no-runs", action="store_true", help="only read finished runs, start none")
+    add("--runs-dir", type=Path, default=ROOT / "data" / "runs")
+    add("--output", type=Path, default=ROOT / "data" / "bench" / "segment_real.json")
+    return parser
+
+
+def _run_workflow(config: str) -> None:
+    if "fib25" in config or "finetune" in config:
+        model = ROOT / "data" / "models" / "fib25"
+        if not (model / "config.json").is_file():
+            subprocess.run(
+                [sys.executable, "-m", "pipeline.pretrained", "--checkpoint",
+                 str(FIB25_CHECKPOINT), "--out", str(model)],
+                cwd=ROOT, check=True,
+            )  # fmt: skip
+    subprocess.run(
+        [sys.executable, "workflow.py", "--site", "local", "--config", config], cwd=ROOT, check=True
+    )
+
+
+def _ffn_row(run_dir: Path) -> dict:
+    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    stitched = json.loads((run_dir / "inference" / "stitch.json").read_text())
+    times = stage_wall_times(run_dir / "monitoring.db")
+    return {
+        "scores": evaluation["ffn"],
+        "fov_evaluations": sum(b["fov_evaluations"] for b in stitched["blocks"]),
+        "train_s": times.get("train"),
+        "select_s": times.get("select"),
+        "infer_s": times.get("infer"),
+    }
+
+
+def _read(path: Path, name: str) -> np.ndarray:
+    with h5py.File(path, "r") as f:
+        return f[name][...]
+
+
+def _forest_watershed(staged: Path) -> dict:
+    """Learn on the training part, tune on the selection part, segment the evaluated part."""
+    config = BoundaryForestConfig()
+    started = time.perf_counter()
+    forest = train_boundary_forest(
+        _read(staged / "train.h5", "raw"), _read(staged / "train.h5", "labels"), config
+    )
+    trained = time.perf_counter()
+    select_probability = boundary_probability(forest, _read(staged / "select.h5", "raw"), config)
+    params, trials = tune_watershed(select_probability, _read(staged / "select.h5", "labels"))
+    tuned = time.perf_counter()
+    probability = boundary_probability(forest, _read(staged / "eval.h5", "raw"), config)
+    segmentation = watershed_segmentation(probability, params)
+    done = time.perf_counter()
+    part = scored_part(staged / "eval.h5").slices
+    truth = _read(staged / "eval.h5", "labels")[part]
+    return {
+        "scores": score_segmentation(segmentation[part], truth).to_dict(),
+        "params": params.__dict__,
+        "tuning_trials": trials,
+        "train_s": trained - started,
+        "select_s": tuned - trained,
+        "infer_s": done - tuned,
+    }
+
+
+def _reference(eval_roi: str, staged_eval: Path) -> dict:
+    path, dataset = str(REFERENCE).rsplit(":", 1)
+    roi = Roi.parse(eval_roi)
+    with h5py.File(path, "r") as f:
+        reference = f[dataset][roi.slices]
+    part = scored_part(staged_eval).slices
+    truth = _read(staged_eval, "labels")[part]
+    return {"scores": score_segmentation(reference.astype(np.uint64), truth).to_dict()}
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value / 60:.1f} min"
+
+
+def table(rows: dict[str, dict]) -> str:
+    lines = [
+        "| method | VI split / merge / total | adapted Rand error | unsegmented | segments "
+        "| FOV evaluations | training | selection / tuning | inference |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        s = row["scores"]
+        fovs = row.get("fov_evaluations")
+        lines.append(
+            f"| {name} | {s['vi_split']:.2f} / {s['vi_merge']:.2f} / **{s['vi']:.2f}** "
+            f"| {s['adapted_rand_error']:.3f} | {100 * s['unsegmented_fraction']:.1f} % "
+            f"| {s['segments']} | {'–' if fovs is None else f'{fovs:,}'} "
+            f"| {_seconds(row.get('train_s'))} | {_seconds(row.get('select_s'))} "
+            f"| {_seconds(row.get('infer_s'))} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    os.chdir(ROOT)
+    if not args.no_runs:
+        for config in CONFIGS.values():
+            _run_workflow(config)
+    rows = {}
+    for name, config in CONFIGS.items():
+        run_dir = args.runs_dir / load_run_config(config).name
+        if (run_dir / "evaluation.json").is_file():
+            rows[name] = _ffn_row(run_dir)
+        else:
+            print(f"{name}: no finished run in {run_dir}, left out", file=sys.stderr)
+    scratch = load_run_config(CONFIGS["FFN trained here"])
+    staged = args.runs_dir / scratch.name / "staged"
+    rows["watershed on a random-forest boundary map (tuned on the selection part)"] = (
+        _forest_watershed(staged)
+    )
+    evaluation = json.loads((args.runs_dir / scratch.name / "evaluation.json").read_text())
+    rows["watershed on the image's edge distance (workflow's, untuned)"] = {
+        "scores": evaluation["watershed"],
+        "infer_s": evaluation["watershed_seconds"],
+    }
+    rows["authors' FIB-25 segmentation (reference, made on the whole file)"] = _reference(
+        scratch.data.eval_roi, staged / "eval.h5"
+    )
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "eval_roi": scratch.data.eval_roi,
+        "rows": rows,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(args.output) as tmp:
+        tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    print(table(rows))
+    print(f"\n{result['machine']}; all times wall-clock on it; written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

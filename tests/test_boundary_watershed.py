@@ -1,0 +1,76 @@
+"""The real-EM baseline: a random-forest boundary map learned on one part of the FlyEM cut,
+a watershed tuned on a second, applied to a third (tests/data/README.md)."""
+
+import h5py
+import numpy as np
+import pytest
+from test_parts import CUT
+
+from pipeline.boundary_watershed import (
+    BoundaryForestConfig,
+    WatershedParams,
+    boundary_probability,
+    boundary_targets,
+    train_boundary_forest,
+    tune_watershed,
+    watershed_segmentation,
+)
+from pipeline.errors import ConfigError, EmptyLabelsError
+from pipeline.metrics import score_segmentation
+
+SMALL = BoundaryForestConfig(sigma_max=4.0, num_sigma=3, samples_per_class=3000, trees=16)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    with h5py.File(CUT) as f:
+        raw, labels = f["volumes/raw"][...], f["volumes/labels/neuron_ids"][...]
+    # train: x < 32; select: y < 32, x >= 32; eval: y >= 32, x >= 32
+    return (
+        (raw[:, :, :32], labels[:, :, :32]),
+        (raw[:, :32, 32:], labels[:, :32, 32:]),
+        (raw[:, 32:, 32:], labels[:, 32:, 32:]),
+    )
+
+
+def test_the_forest_finds_boundaries_in_a_part_it_did_not_learn_from(parts):
+    (train_raw, train_labels), _, (eval_raw, eval_labels) = parts
+    forest = train_boundary_forest(train_raw, train_labels, SMALL)
+    probability = boundary_probability(forest, eval_raw, SMALL)
+    assert probability.shape == eval_raw.shape and probability.dtype == np.float32
+    boundary = boundary_targets(eval_labels)
+    # Real membranes, unseen: far more boundary-like than the bodies' insides.
+    assert probability[boundary].mean() > probability[~boundary].mean() + 0.3
+
+
+def test_the_watershed_tuned_on_one_part_beats_untuned_settings_on_another(parts):
+    (train_raw, train_labels), (select_raw, select_labels), (eval_raw, eval_labels) = parts
+    forest = train_boundary_forest(train_raw, train_labels, SMALL)
+    grid = {
+        "smoothing_sigma": (0.0, 1.0),
+        "marker_threshold": (0.05, 0.3, 0.7),
+        "min_marker_voxels": (20,),
+    }
+    params, trials = tune_watershed(
+        boundary_probability(forest, select_raw, SMALL), select_labels, grid
+    )
+    assert len(trials) == 6 and min(t["vi"] for t in trials) == next(
+        t["vi"] for t in trials if WatershedParams(**{k: t[k] for k in grid}) == params
+    )
+    probability = boundary_probability(forest, eval_raw, SMALL)
+    segmentation = watershed_segmentation(probability, params)
+    assert segmentation.min() >= 1  # every voxel assigned
+    tuned = score_segmentation(segmentation, eval_labels).vi
+    worst = max(trials, key=lambda t: t["vi"])
+    untuned = WatershedParams(**{k: worst[k] for k in grid})
+    assert tuned < score_segmentation(watershed_segmentation(probability, untuned), eval_labels).vi
+
+
+def test_bad_training_input_is_one_clear_error(parts):
+    (raw, labels), _, _ = parts
+    with pytest.raises(EmptyLabelsError, match="all 0"):
+        train_boundary_forest(raw, np.zeros_like(labels), SMALL)
+    with pytest.raises(ConfigError, match="differ in shape"):
+        train_boundary_forest(raw, labels[:, :, :-1], SMALL)
+    with pytest.raises(ConfigError, match="marker_threshold"):
+        WatershedParams(marker_threshold=1.5)
