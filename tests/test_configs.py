@@ -1,0 +1,38 @@
+"""The example configs in configs/: each one loads, and the real-data ones name parts that pass
+the checks a run makes before it starts (skipped where ../shared/data is not beside the repo)."""
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.pretrained import FIB25_FOV_ZYX
+from pipeline.run_config import load_run_config
+from pipeline.staging import check_sources
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_example_config_loads(path):
+    config = load_run_config(path)
+    assert config.name and not config.data.voxel_size_nm  # voxel sizes come from the files
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if p.name.startswith("flyem")], ids=lambda p: p.name
+)
+def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, monkeypatch):
+    if not (ROOT.parent / "shared" / "data" / "flyem_medulla.h5").is_file():
+        pytest.skip("../shared/data/flyem_medulla.h5 is not here")
+    monkeypatch.chdir(ROOT)  # the configs name the file relative to the repository
+    config = load_run_config(path)
+    fov = FIB25_FOV_ZYX if config.pretrained_model else config.train.model.fov_shape_zyx
+    check_sources(config.data, fov)
+    assert config.inference.reflect_faces
+
+
+def test_the_flyem_runs_score_the_same_part_of_the_same_file():
+    flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
+    assert len(flyem) == 3
+    assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in flyem}) == 1
