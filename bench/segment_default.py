@@ -44,7 +44,8 @@ from pipeline.partitions import (
 )
 from pipeline.selection import CRITERIA, SelectionConfig, select_checkpoint, selection_done
 from pipeline.synthetic import PRESETS, generate
-from pipeline.train import TrainConfig, TrainInputs, run_training, training_complete
+from pipeline.train import TrainInputs, run_training, training_complete
+from pipeline.train_config import TrainConfig
 from pipeline.training import ExampleConfig, canvas_radius
 from pipeline.volumes import read_volume_pair, write_volumes
 

@@ -30,15 +30,12 @@ being stopped (google-research/ffn's `checkpoint_interval`).
 The network is any `Predictor`: `predict(images, seeds) -> logits`, all (batch, z, y, x, 1)
 float32. `make_model_predictor` wraps a Keras model; tests pass plain functions.
 
-CLI: `python -m pipeline.inference --raw vol.h5:raw --checkpoint CKPT --output seg.h5
-[--block-shape-zyx Z Y X --overlap-zyx Z Y X --blocks-dir DIR]`.
+Command line: `pipeline.inference_cli`.
 """
 
-import argparse
 import dataclasses
 import hashlib
 import json
-import sys
 import time
 import zipfile
 from collections import Counter
@@ -54,7 +51,6 @@ from tqdm import tqdm
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.cli import one_line_errors
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
@@ -623,7 +619,7 @@ def make_model_predictor(model: "tf.keras.Model") -> Predictor:
 def checkpoint_model_config(checkpoint: str | Path) -> ModelConfig:
     """The model settings of a training checkpoint (`TRAIN_DIR/checkpoints/ckpt-N`), from the
     training run's `TRAIN_DIR/config.json`."""
-    from pipeline.train import load_train_config
+    from pipeline.train_config import load_train_config
 
     config_path = Path(checkpoint).parent.parent / "config.json"
     if not config_path.is_file():
@@ -639,100 +635,3 @@ def predictor_from_checkpoint(
 
     model = model or checkpoint_model_config(checkpoint)
     return make_model_predictor(load_weights(build_model(model), str(checkpoint)))
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def _parser() -> argparse.ArgumentParser:
-    from pipeline.blocks import BlockConfig  # pipeline.blocks builds on this module
-
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.inference",
-        description="Segment a volume with a trained FFN, whole or in overlapping blocks.",
-    )
-    add = parser.add_argument
-    add("--raw", required=True, metavar="PATH.h5:DATASET", help="image volume, (z, y, x) uint8")
-    add(
-        "--checkpoint",
-        required=True,
-        help="TRAIN_DIR/checkpoints/ckpt-N, or a selection.json from pipeline.selection",
-    )
-    add(
-        "--output",
-        required=True,
-        type=Path,
-        metavar="PATH.h5",
-        help=f"segmentation, written as dataset '{SEGMENTATION_DATASET}'",
-    )
-    add("--config", help="JSON file of InferenceConfig settings; flags override it")
-    add(
-        "--precision",
-        choices=("float32", "mixed_bfloat16"),
-        help="run the network in this precision (default: the training run's)",
-    )
-    add(
-        "--blocks-dir",
-        type=Path,
-        help="with --block-shape-zyx: per-block results, so a restarted run skips finished "
-        "blocks (default: OUTPUT's name + '.blocks')",
-    )
-    add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
-    config_io.add_arguments(parser, InferenceConfig)
-    blocks = parser.add_argument_group(
-        "blocks", "give --block-shape-zyx to segment in overlapping blocks and stitch them"
-    )
-    config_io.add_arguments(blocks, BlockConfig)
-    return parser
-
-
-def _run(args: argparse.Namespace) -> dict:
-    # Those modules build on this one, so they are imported only when the command runs.
-    from pipeline.blocks import BlockConfig, segment_blockwise
-    from pipeline.selection import chosen_checkpoint
-    from pipeline.volumes import read_raw, write_volumes
-
-    base = config_io.load_json(InferenceConfig, args.config) if args.config else InferenceConfig()
-    config = config_io.from_arguments(InferenceConfig, args, base)
-    checkpoint = chosen_checkpoint(args.checkpoint)
-    model = checkpoint_model_config(checkpoint)
-    if args.precision:
-        model = dataclasses.replace(model, precision=args.precision)
-    raw, voxel_size = read_raw(args.raw, args.voxel_size)
-    predict = predictor_from_checkpoint(checkpoint, model)
-    if args.block_shape_zyx:
-        blocks = config_io.from_arguments(BlockConfig, args)
-        blocks_dir = args.blocks_dir or args.output.with_name(args.output.name + ".blocks")
-        provenance = {"checkpoint": str(checkpoint), "raw": args.raw}
-        segmentation, summary = segment_blockwise(
-            raw, predict, model, config, blocks, blocks_dir, provenance=provenance, progress=True
-        )
-    else:
-        segmentation, stats = segment(raw, predict, model, config, progress=True)
-        summary = {"inference": stats.to_dict()}
-    attrs = {
-        "checkpoint": str(checkpoint),
-        "raw": args.raw,
-        "inference_config": json.dumps(config_io.to_dict(config)),
-        "model_config": json.dumps(config_io.to_dict(model)),
-        "summary": json.dumps(summary),
-    }
-    write_volumes(args.output, {SEGMENTATION_DATASET: segmentation}, voxel_size, attrs)
-    return summary
-
-
-@one_line_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    summary = _run(args)
-    stats = summary["inference"]
-    print(
-        f"wrote {args.output}: {stats['objects']} objects from {stats['fov_evaluations']} FOV "
-        f"evaluations in {stats['seconds']:.1f} s ({stats['voxels_per_second']:.0f} voxels/s)"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -287,7 +287,7 @@ def convert_checkpoint(
     """
     import tensorflow as tf
 
-    from pipeline.train import TrainConfig
+    from pipeline.train_config import TrainConfig
 
     out = Path(out_dir)
     if out.exists() and not overwrite:

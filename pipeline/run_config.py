@@ -23,7 +23,7 @@ from pipeline.model import ModelConfig
 from pipeline.partitions import PartitionConfig
 from pipeline.selection import SelectionConfig
 from pipeline.staging import DataConfig
-from pipeline.train import TrainConfig
+from pipeline.train_config import TrainConfig
 from pipeline.training import canvas_radius
 
 

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +27,9 @@ import numpy as np
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
 from pipeline.cli import one_line_errors
-from pipeline.errors import CheckpointError, ConfigError, TrainingDiverged
-from pipeline.lr_scaling import LR_POLICIES, scaled_learning_rate
-from pipeline.model import ModelConfig
+from pipeline.errors import CheckpointError, TrainingDiverged
+from pipeline.lr_scaling import scaled_learning_rate
+from pipeline.train_config import TrainConfig, load_train_config
 from pipeline.train_metrics import (
     COUNT_NAMES,
     MetricsLog,
@@ -38,70 +38,9 @@ from pipeline.train_metrics import (
     plot_curves,
     summarize,
 )
-from pipeline.training import BatchStream, ExampleConfig
+from pipeline.training import BatchStream
 
 SUMMARY_FILE = "train_summary.json"
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that shapes a training run besides its input files."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    examples: ExampleConfig = field(default_factory=ExampleConfig)
-    batch_size: int = 4  # FOVs per rank per step
-    learning_rate: float = (
-        0.001  # base rate for one worker; lr_policy scales it with the world size
-    )
-    lr_policy: str = (
-        "auto"  # none | linear | sqrt | linear_warmup | auto (linear <= 16 ranks, sqrt beyond)
-    )
-    warmup_steps: int = 100
-    # Staircase decay (google-research/ffn's learning_rate_decay_factor): the rate is multiplied
-    # by lr_decay_factor every lr_decay_every_steps steps; 0 = constant rate. Settles the weights
-    # late in a run, so neighbouring checkpoints stop segmenting very differently.
-    lr_decay_factor: float = 0.1
-    lr_decay_every_steps: int = 0
-    max_steps: int = 1000
-    grad_clip: float = 0.7  # elementwise, as google-research/ffn
-    seed: int = 0
-    deterministic: bool = False  # TF op determinism: same seed, same curve (a little slower)
-    intra_op_threads: int = (
-        0  # 0 = TensorFlow's choice (all cores); set per rank when several share a node
-    )
-    inter_op_threads: int = 0
-    # How often Horovod's background thread negotiates with the other ranks. Each negotiation is
-    # a collective that busy-waits for the slowest rank, taking CPU from the rank's own compute
-    # when ranks fill every core: 2 ranks x 1 thread here ran at 2.5 FOV/s with 1 ms, 3.1 with 25
-    # (BENCHMARKS.md). A full-model step takes seconds; the demo's 0.2 s steps gained too.
-    horovod_cycle_time_ms: float = 25.0
-    log_every_steps: int = 10
-    checkpoint_every_steps: int = 100
-    checkpoint_every_seconds: float = 600.0
-    keep_checkpoints: int = 5
-
-    def __post_init__(self) -> None:
-        if self.lr_policy not in LR_POLICIES:
-            raise ConfigError(f"lr_policy must be one of {LR_POLICIES}, got {self.lr_policy!r}")
-        positive = (
-            "batch_size",
-            "max_steps",
-            "log_every_steps",
-            "checkpoint_every_steps",
-            "keep_checkpoints",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0 or self.grad_clip <= 0 or self.horovod_cycle_time_ms <= 0:
-            raise ConfigError("learning_rate, grad_clip and horovod_cycle_time_ms must be > 0")
-        if min(self.warmup_steps, self.intra_op_threads, self.inter_op_threads) < 0:
-            raise ConfigError("warmup_steps and thread counts must be >= 0")
-        if self.lr_decay_every_steps < 0 or not 0 < self.lr_decay_factor <= 1:
-            raise ConfigError(
-                "lr_decay_every_steps must be >= 0 and lr_decay_factor in (0, 1], got "
-                f"{self.lr_decay_every_steps} and {self.lr_decay_factor}"
-            )
 
 
 @dataclass(frozen=True)
@@ -537,16 +476,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     config_io.add_arguments(parser, TrainConfig)
     return parser
-
-
-def load_train_config(path: str | Path) -> TrainConfig:
-    path = Path(path)
-    if path.suffix == ".toml":
-        import tomllib
-
-        return config_io.from_dict(TrainConfig, tomllib.loads(path.read_text()), str(path))
-    values = json.loads(path.read_text())
-    return config_io.from_dict(TrainConfig, values.get("config", values), str(path))
 
 
 @one_line_errors

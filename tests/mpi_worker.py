@@ -10,7 +10,8 @@ import numpy as np
 
 from pipeline.model import ModelConfig, build_model
 from pipeline.partitions import load_coordinates
-from pipeline.train import TrainConfig, TrainInputs, run_training
+from pipeline.train import TrainInputs, run_training
+from pipeline.train_config import TrainConfig
 
 SMALL_MODEL = ModelConfig(fov_shape_zyx=(9, 17, 17), deltas_zyx=(2, 4, 4), depth=3, features=8)
 

@@ -23,14 +23,14 @@ from pipeline.errors import (
 from pipeline.inference import (
     InferenceConfig,
     edge_distance,
-    main,
     make_model_predictor,
     predictor_from_checkpoint,
     seed_peaks,
     segment,
 )
+from pipeline.inference_cli import main
 from pipeline.model import ModelConfig, build_model, logit
-from pipeline.train import TrainConfig
+from pipeline.train_config import TrainConfig
 from pipeline.volumes import write_volumes
 
 # A small network shape for the hand-made volume: FOV 5, 9, 9 moving by 2, 4, 4.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.train import TrainConfig
+from pipeline.train_config import TrainConfig
 from pipeline.train_metrics import read_metrics
 
 ROOT = Path(__file__).parents[1]

@@ -141,7 +141,7 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
     [
         ["workflow.py"],
         ["-m", "pipeline.train"],
-        ["-m", "pipeline.inference"],
+        ["-m", "pipeline.inference_cli"],
         ["-m", "pipeline.export"],
     ],
 )
