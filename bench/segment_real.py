@@ -14,7 +14,10 @@ then the baselines on the staged parts of the first run:
   * the workflow's own watershed (distance transform of FFN's edge map, defaults untuned), as the
     evaluation stage scores it;
 and the authors' reference segmentation (../shared/data/flyem_medulla_google_ffn_fib25.h5),
-cut to the same part. All are scored on the evaluated part only (its context excluded).
+cut to the same part. All are scored on the evaluated part only (its context excluded); besides
+the scores, each segmentation's unsegmented share within 16 voxels of the file's own faces (where
+FFN as published seeds nothing) and how it differs from the authors' segmentation (VI with theirs
+as the truth: split = ours cut their objects, merge = ours joined them).
 Prints a Markdown table and writes everything to --output (JSON).
 """
 
@@ -54,6 +57,8 @@ CONFIGS = {
 }
 FIB25_CHECKPOINT = ROOT.parent / "shared/models/google-ffn-fib25/model.ckpt-27465036"
 REFERENCE = ROOT.parent / "shared/data/flyem_medulla_google_ffn_fib25.h5:segmentation"
+REFERENCE_ROW = "authors' FIB-25 segmentation (reference, made on the whole file)"
+FACE_SHELL = 16  # voxels: half the FIB-25 FOV, where FFN as published cannot centre a FOV
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +88,9 @@ def _ffn_row(run_dir: Path) -> dict:
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
     stitched = json.loads((run_dir / "inference" / "stitch.json").read_text())
     times = stage_wall_times(run_dir / "monitoring.db")
+    part = scored_part(run_dir / "staged" / "eval.h5").slices
     return {
+        "segmentation": _read(run_dir / "inference" / "segmentation.h5", "segmentation")[part],
         "scores": evaluation["ffn"],
         "fov_evaluations": sum(b["fov_evaluations"] for b in stitched["blocks"]),
         "train_s": times.get("train"),
@@ -114,6 +121,7 @@ def _forest_watershed(staged: Path) -> dict:
     part = scored_part(staged / "eval.h5").slices
     truth = _read(staged / "eval.h5", "labels")[part]
     return {
+        "segmentation": segmentation[part],
         "scores": score_segmentation(segmentation[part], truth).to_dict(),
         "params": params.__dict__,
         "tuning_trials": trials,
@@ -130,18 +138,57 @@ def _reference(eval_roi: str, staged_eval: Path) -> dict:
         reference = f[dataset][roi.slices]
     part = scored_part(staged_eval).slices
     truth = _read(staged_eval, "labels")[part]
-    return {"scores": score_segmentation(reference.astype(np.uint64), truth).to_dict()}
+    reference = reference.astype(np.uint64)
+    return {"segmentation": reference, "scores": score_segmentation(reference, truth).to_dict()}
+
+
+def _face_shell(roi: Roi, file_shape: tuple[int, ...], width: int = FACE_SHELL) -> np.ndarray:
+    """True on the voxels of `roi` within `width` of the file's own faces."""
+    near = np.zeros(roi.shape, bool)
+    for axis, (start, stop, size) in enumerate(zip(roi.start, roi.stop, file_shape, strict=True)):
+        coordinate = np.arange(start, stop)
+        close = np.minimum(coordinate, size - 1 - coordinate) < width
+        near |= close.reshape([-1 if a == axis else 1 for a in range(3)])
+    return near
+
+
+def _compare(rows: dict[str, dict], truth: np.ndarray, shell: np.ndarray) -> None:
+    """Add to each row its unsegmented share in the face shell and, against the authors'
+    segmentation, how the two differ object by object; drop the arrays."""
+    reference = rows[REFERENCE_ROW]["segmentation"]
+    labeled = truth > 0
+    for row in rows.values():
+        segmentation = row.pop("segmentation", None)
+        if segmentation is None:
+            continue
+        row["shell_unsegmented_fraction"] = float(
+            (segmentation[shell & labeled] == 0).mean() if (shell & labeled).any() else 0.0
+        )
+        versus = score_segmentation(segmentation, reference)  # the reference as the truth
+        row["versus_reference"] = {
+            k: versus.to_dict()[k]
+            for k in ("vi_split", "vi_merge", "vi", "split_objects", "merged_segments")
+        }
 
 
 def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value / 60:.1f} min"
 
 
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f} %"
+
+
+def _versus(value: dict | None) -> str:
+    return "–" if value is None else f"{value['vi_split']:.2f} / {value['vi_merge']:.2f}"
+
+
 def table(rows: dict[str, dict]) -> str:
     lines = [
         "| method | VI split / merge / total | adapted Rand error | unsegmented | segments "
+        "| unsegmented within 16 of the file's faces | against the authors' (VI split / merge) "
         "| FOV evaluations | training | selection / tuning | inference |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         s = row["scores"]
@@ -149,7 +196,8 @@ def table(rows: dict[str, dict]) -> str:
         lines.append(
             f"| {name} | {s['vi_split']:.2f} / {s['vi_merge']:.2f} / **{s['vi']:.2f}** "
             f"| {s['adapted_rand_error']:.3f} | {100 * s['unsegmented_fraction']:.1f} % "
-            f"| {s['segments']} | {'–' if fovs is None else f'{fovs:,}'} "
+            f"| {s['segments']} | {_share(row.get('shell_unsegmented_fraction'))} "
+            f"| {_versus(row.get('versus_reference'))} | {'–' if fovs is None else f'{fovs:,}'} "
             f"| {_seconds(row.get('train_s'))} | {_seconds(row.get('select_s'))} "
             f"| {_seconds(row.get('infer_s'))} |"
         )
@@ -179,9 +227,12 @@ def main() -> int:
         "scores": evaluation["watershed"],
         "infer_s": evaluation["watershed_seconds"],
     }
-    rows["authors' FIB-25 segmentation (reference, made on the whole file)"] = _reference(
-        scratch.data.eval_roi, staged / "eval.h5"
-    )
+    rows[REFERENCE_ROW] = _reference(scratch.data.eval_roi, staged / "eval.h5")
+    roi = Roi.parse(scratch.data.eval_roi)
+    truth = _read(staged / "eval.h5", "labels")[scored_part(staged / "eval.h5").slices]
+    with h5py.File(str(REFERENCE).rsplit(":", 1)[0], "r") as f:
+        file_shape = f["segmentation"].shape
+    _compare(rows, truth, _face_shell(roi, file_shape))
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "eval_roi": scratch.data.eval_roi,
