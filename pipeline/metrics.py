@@ -41,6 +41,8 @@ from pipeline.errors import ConfigError, FFNError, VolumeShapeError
 from pipeline.inference import InferenceConfig, edge_distance
 from pipeline.volumes import read_labels, read_raw
 
+_NO_IMAGE = np.empty(0)
+
 
 @dataclass(frozen=True)
 class SegmentationScores:
@@ -66,15 +68,43 @@ class SegmentationScores:
         return dataclasses.asdict(self) | {"vi": self.vi}
 
 
-def _contingency(truth: np.ndarray, prediction: np.ndarray) -> sparse.csr_array:
-    """Voxel counts of (truth id, predicted id) over the voxels with truth > 0, ids renumbered."""
-    labeled = truth > 0
-    rows, _ = fastremap.renumber(truth[labeled], preserve_zero=True)
-    cols, _ = fastremap.renumber(prediction[labeled], preserve_zero=True)
-    ones = np.ones(len(rows), np.float64)
-    table = sparse.csr_array((ones, (rows.astype(np.int64), cols.astype(np.int64))))
-    table.sum_duplicates()
-    return table
+@dataclass(frozen=True)
+class OverlapCounts:
+    """Voxel counts of each (truth id, predicted id) pair over the voxels with truth > 0: all
+    that the scores need. Counts of the blocks of a large volume add up (`+`), so a volume is
+    scored without ever being whole in memory."""
+
+    truth_ids: np.ndarray  # uint64, one per pair
+    predicted_ids: np.ndarray  # uint64
+    voxels: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, truth: np.ndarray, prediction: np.ndarray) -> "OverlapCounts":
+        """The counts of two label arrays of one shape (a whole volume or one block)."""
+        if prediction.shape != truth.shape:
+            raise VolumeShapeError(
+                f"segmentation shape {prediction.shape} differs from ground truth {truth.shape}"
+            )
+        labeled = truth > 0
+        pairs = np.stack(
+            [truth[labeled].astype(np.uint64), prediction[labeled].astype(np.uint64)], axis=1
+        )
+        return cls._of_pairs(pairs, np.ones(len(pairs), np.int64))
+
+    @classmethod
+    def _of_pairs(cls, pairs: np.ndarray, voxels: np.ndarray) -> "OverlapCounts":
+        unique, inverse = np.unique(pairs.reshape(-1, 2), axis=0, return_inverse=True)
+        summed = np.bincount(inverse.ravel(), weights=voxels, minlength=len(unique))
+        return cls(unique[:, 0], unique[:, 1], summed.astype(np.int64))
+
+    def __add__(self, other: "OverlapCounts") -> "OverlapCounts":
+        pairs = np.concatenate(
+            [
+                np.stack([self.truth_ids, self.predicted_ids], axis=1),
+                np.stack([other.truth_ids, other.predicted_ids], axis=1),
+            ]
+        )
+        return self._of_pairs(pairs, np.concatenate([self.voxels, other.voxels]))
 
 
 def score_segmentation(
@@ -85,18 +115,27 @@ def score_segmentation(
     min_overlap_fraction: float = 0.1,
 ) -> SegmentationScores:
     """Compare a (z, y, x) segmentation with ground truth of the same shape (0 = ignored)."""
-    if segmentation.shape != ground_truth.shape:
-        raise VolumeShapeError(
-            f"segmentation shape {segmentation.shape} differs from ground truth {ground_truth.shape}"
-        )
-    if not np.any(ground_truth):
-        raise ConfigError("ground truth has no labeled voxel: nothing to score")
-    table = _contingency(ground_truth, segmentation)
-    # The images only pass scikit-image's shape check; the table is what is scored.
-    vi_split, vi_merge = variation_of_information(
-        ground_truth, segmentation, table=table / table.sum()
+    return score_counts(
+        OverlapCounts.of(ground_truth, segmentation),
+        min_overlap_voxels=min_overlap_voxels,
+        min_overlap_fraction=min_overlap_fraction,
     )
-    are, *_ = adapted_rand_error(table=table)
+
+
+def score_counts(
+    counts: OverlapCounts, *, min_overlap_voxels: int = 20, min_overlap_fraction: float = 0.1
+) -> SegmentationScores:
+    """The scores of `OverlapCounts` (of a whole volume, or summed over its blocks)."""
+    if not counts.voxels.sum():
+        raise ConfigError("ground truth has no labeled voxel: nothing to score")
+    rows, _ = fastremap.renumber(counts.truth_ids, preserve_zero=True)
+    cols, _ = fastremap.renumber(counts.predicted_ids, preserve_zero=True)
+    table = sparse.csr_array(
+        (counts.voxels.astype(np.float64), (rows.astype(np.int64), cols.astype(np.int64)))
+    )
+    # scikit-image checks that two images agree in shape, then scores only the table.
+    vi_split, vi_merge = variation_of_information(_NO_IMAGE, _NO_IMAGE, table=table / table.sum())
+    are, *_ = adapted_rand_error(_NO_IMAGE, _NO_IMAGE, table=table)
     # Precision and recall from their definitions (scikit-image 0.26 returns them swapped).
     together = float(table.data @ table.data - table.sum())
     truth_sizes, predicted_sizes = table.sum(axis=1), table.sum(axis=0)

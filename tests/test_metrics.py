@@ -8,7 +8,14 @@ import pytest
 from test_inference import hand_made_volume
 
 from pipeline.errors import ConfigError, VolumeShapeError
-from pipeline.metrics import SegmentationScores, main, score_segmentation, watershed_baseline
+from pipeline.metrics import (
+    OverlapCounts,
+    SegmentationScores,
+    main,
+    score_counts,
+    score_segmentation,
+    watershed_baseline,
+)
 from pipeline.volumes import write_volumes
 
 # Ten voxels in a row: ground-truth objects 1 and 2 of four voxels each, then two unlabeled ones.
@@ -109,3 +116,28 @@ def test_command_line_scores_a_segmentation_and_the_baseline(tmp_path, capsys):
     assert "watershed" in capsys.readouterr().out
     assert main(["--segmentation", f"{volume}:nothing", "--labels", f"{volume}:labels"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_counts_summed_over_blocks_score_as_the_whole_volume():
+    # Real labels (the FlyEM cut) against a segmentation with splits, merges and holes.
+    import h5py
+    from test_parts import CUT
+
+    with h5py.File(CUT) as f:
+        truth = f["volumes/labels/neuron_ids"][...]
+    rng = np.random.default_rng(0)
+    ids, sizes = np.unique(truth[truth > 0], return_counts=True)
+    largest = ids[np.argsort(sizes)[-2:]]
+    prediction = truth.copy()
+    prediction[truth == largest[0]] = largest[1]  # a merge
+    prediction[:, :, 40:] += 10_000  # splits
+    prediction[rng.random(truth.shape) < 0.05] = 0  # unsegmented voxels
+    whole = score_segmentation(prediction, truth)
+    blocks = [np.s_[:16, :40, :], np.s_[:16, 40:, :], np.s_[16:, :, :30], np.s_[16:, :, 30:]]
+    summed = sum(
+        (OverlapCounts.of(truth[b], prediction[b]) for b in blocks[1:]),
+        OverlapCounts.of(truth[blocks[0]], prediction[blocks[0]]),
+    )
+    by_blocks = score_counts(summed).to_dict()
+    assert by_blocks == pytest.approx(whole.to_dict(), rel=1e-12, abs=1e-12)
+    assert whole.split_objects and whole.merged_segments and whole.unsegmented_fraction > 0.04
