@@ -123,7 +123,13 @@ def test_the_real_data_path_runs_end_to_end_on_the_parts_of_one_file(tmp_path):
     parts = "".join(f'{name} = "{roi}"\n' for name, roi in PARTS.items())
     files = f'train_raw = "{RAW}"\ntrain_labels = "{LABELS}"\neval_raw = "{RAW}"\neval_labels = "{LABELS}"\n'
     config = tiny_variant(
-        tmp_path, "flyem", {"synthetic_shape_zyx = [32, 64, 64]\n": files + parts}
+        tmp_path,
+        "flyem",
+        {
+            "synthetic_shape_zyx = [32, 64, 64]\n": files + parts,
+            # The file's own faces padded, the part's inner faces given context instead.
+            "min_segment_size = 20\n": "min_segment_size = 20\nreflect_faces = true\n",
+        },
     )
     run_dir = tmp_path / "run"
     workflow("--config", str(config), "--run-dir", str(run_dir))
@@ -133,6 +139,7 @@ def test_the_real_data_path_runs_end_to_end_on_the_parts_of_one_file(tmp_path):
             assert f["raw"].shape == Roi.parse(PARTS[f"{role}_roi"]).shape
     with h5py.File(run_dir / "staged" / "eval.h5") as f:  # with a FOV radius (4, 8, 8) around it
         assert f["raw"].shape == (32, 40, 32)
+    assert json.loads((run_dir / "config.json").read_text())["inference"]["reflect_faces"]
     selection = json.loads((run_dir / "selection.json").read_text())
     assert selection["held_out_volume"] == "select"  # never the scored part
     scores = json.loads((run_dir / "evaluation.json").read_text())
