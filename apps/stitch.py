@@ -13,9 +13,10 @@ def stitch(settings: dict, inputs=(), outputs=()):
     import json
 
     from pipeline.atomic import atomic_path
-    from pipeline.blocks import BlockConfig, read_block_result, stitch
+    from pipeline.blocks import BlockConfig, read_block_result
     from pipeline.config import from_dict
     from pipeline.stamps import digest_arrays, run_once
+    from pipeline.stitching import stitch
     from pipeline.volumes import read_raw, write_volumes
 
     paths = [f.filepath for f in inputs]
