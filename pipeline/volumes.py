@@ -188,7 +188,16 @@ def _as_raw(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
 
 
 def _as_labels(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
-    """Any non-negative integer type (or integral floats) becomes uint64."""
+    """Any non-negative integer type (or integral floats) becomes uint64; all zero is refused."""
+    ids = label_ids(array, spec)
+    if not np.any(ids):
+        raise EmptyLabelsError(f"{spec}: labels are all zero (nothing labeled)")
+    return ids
+
+
+def label_ids(array: np.ndarray, spec: object) -> np.ndarray:
+    """A part of a label volume as uint64 ids, checked as `_as_labels` does (all zero is fine:
+    a part may hold nothing)."""
     if array.dtype.kind == "f":
         _require_finite(array, spec)
         if np.any(array != np.round(array)):
@@ -197,9 +206,15 @@ def _as_labels(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
         raise VolumeDtypeError(f"{spec}: labels must be an integer type, got {array.dtype}")
     if array.dtype.kind in "if" and array.size and array.min() < 0:
         raise VolumeDtypeError(f"{spec}: labels contain negative ids")
-    if not np.any(array):
-        raise EmptyLabelsError(f"{spec}: labels are all zero (nothing labeled)")
     return array.astype(np.uint64, copy=False)
+
+
+@contextlib.contextmanager
+def open_volume(spec: "str | VolumeSpec") -> Iterator[h5py.Dataset]:
+    """A volume open to be read part by part (file, dataset and 3-D checked; a read error names
+    it in one line): for volumes that need not fit in memory."""
+    with _checked_dataset(VolumeSpec.parse(spec)) as dataset:
+        yield dataset
 
 
 def read_raw(
