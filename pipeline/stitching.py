@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import fastremap
 import numpy as np
 from scipy import sparse
 from scipy.sparse.csgraph import connected_components
@@ -212,29 +211,52 @@ def _check_grid(blocks: Sequence[Block], volume_shape: Sequence[int]) -> None:
         )
 
 
+def stitch_blocks(
+    blocks: Sequence[Block],
+    labels_of: Callable[[int], np.ndarray],
+    volume_shape: Sequence[int],
+    config: BlockConfig,
+    write: Callable[[tuple[slice, ...], np.ndarray], None],
+) -> StitchStats:
+    """The three steps over `blocks` (a grid tiling `volume_shape`), one after the other, in one
+    process that never holds more than a block's neighbourhood: `labels_of(i)` reads block i's
+    labels (cache them if reading is slow), `write(core, ids)` stores each core. Ids are 1..N:
+    a first pass over the cores finds which stitched ids are left (an object may survive in no
+    core), the second writes them renumbered."""
+    _check_grid(blocks, volume_shape)
+    counts = [int(labels_of(i).max(initial=0)) for i in range(len(blocks))]
+    offsets, total = id_offsets(counts), int(sum(counts))
+    pairs = (
+        pairs_between(blocks[i], labels_of(i), blocks[j], labels_of(j),
+                      (offsets[i], offsets[j]), total, config)
+        for i, j in itertools.combinations(range(len(blocks)), 2)
+        if _intersection(blocks[i], blocks[j]) is not None
+    )  # fmt: skip
+    lookup, merges = join_ids(total, pairs)
+    left = np.zeros(total + 2, bool)
+    for k in range(len(blocks)):
+        left[relabel_core(k, blocks, labels_of, offsets, lookup)] = True
+    left[0] = False
+    renumbered = np.cumsum(left).astype(np.uint64) * left  # 1..N in stitched-id order, else 0
+    lookup = renumbered[lookup]
+    for k in range(len(blocks)):
+        write(block_core(k, blocks), relabel_core(k, blocks, labels_of, offsets, lookup))
+    return StitchStats(len(blocks), total, merges, int(left.sum()))
+
+
 def stitch(
     results: Sequence[BlockResult], volume_shape: Sequence[int], config: BlockConfig
 ) -> tuple[np.ndarray, StitchStats]:
-    """Join block results that tile `volume_shape` into one uint64 segmentation, ids 1..N: the
-    three steps above, one after the other."""
-    blocks = [r.block for r in results]
-    _check_grid(blocks, volume_shape)
-    counts = [int(r.labels.max(initial=0)) for r in results]
-    offsets, total = id_offsets(counts), int(sum(counts))
-    pairs = (
-        pairs_between(blocks[i], results[i].labels, blocks[j], results[j].labels,
-                      (offsets[i], offsets[j]), total, config)
-        for i, j in itertools.combinations(range(len(blocks)), 2)
-    )  # fmt: skip
-    lookup, merges = join_ids(total, pairs)
+    """Join block results that tile `volume_shape` into one uint64 segmentation in memory."""
     segmentation = np.zeros(tuple(volume_shape), np.uint64)
-    for k in range(len(blocks)):
-        segmentation[block_core(k, blocks)] = relabel_core(
-            k, blocks, lambda i: results[i].labels, offsets, lookup
-        )
-    segmentation, _ = fastremap.renumber(segmentation, preserve_zero=True, in_place=True)
-    stats = StitchStats(len(blocks), total, merges, int(segmentation.max(initial=0)))
-    return segmentation.astype(np.uint64, copy=False), stats
+
+    def write(core: tuple[slice, ...], ids: np.ndarray) -> None:
+        segmentation[core] = ids
+
+    stats = stitch_blocks(
+        [r.block for r in results], lambda i: results[i].labels, volume_shape, config, write
+    )
+    return segmentation, stats
 
 
 def segment_blockwise(

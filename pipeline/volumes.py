@@ -301,9 +301,44 @@ def write_volumes(
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
         for name, array in arrays.items():
-            chunks = tuple(min(64, s) for s in array.shape)
-            dataset = f.create_dataset(
-                name, data=array, chunks=chunks, compression="gzip", compression_opts=4
-            )
-            dataset.attrs[VOXEL_SIZE_ATTR] = voxel_size
+            _create(f, name, array.shape, array.dtype, voxel_size, array)
     return Path(path)
+
+
+def _create(
+    f: h5py.File,
+    name: str,
+    shape: Sequence[int],
+    dtype: np.dtype,
+    voxel_size: VoxelSize,
+    data: np.ndarray | None = None,
+) -> h5py.Dataset:
+    chunks = tuple(min(64, s) for s in shape)
+    dataset = f.create_dataset(
+        name,
+        shape=shape,
+        dtype=dtype,
+        data=data,
+        chunks=chunks,
+        compression="gzip",
+        compression_opts=4,
+    )
+    dataset.attrs[VOXEL_SIZE_ATTR] = voxel_size
+    return dataset
+
+
+@contextlib.contextmanager
+def new_volume(
+    path: str | Path,
+    name: str,
+    shape: Sequence[int],
+    dtype: np.dtype,
+    voxel_size_nm: Sequence[float],
+) -> Iterator[h5py.Dataset]:
+    """A new HDF5 volume to be written part by part (what one process cannot hold whole): the
+    file appears under `path` only when the block exits without an error."""
+    voxel_size = _check_voxel_size(voxel_size_nm, path)
+    if len(shape) != 3:
+        raise VolumeShapeError(f"{path}: a volume is 3-D, got shape {tuple(shape)}")
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        yield _create(f, name, tuple(shape), np.dtype(dtype), voxel_size)
