@@ -32,7 +32,7 @@ from pathlib import Path
 import pipeline  # noqa: F401  (sets TensorFlow's oneDNN flag before TF loads)
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.blocks import BlockConfig, segment_blockwise
+from pipeline.blocks import BlockConfig
 from pipeline.inference import InferenceConfig, predictor_from_checkpoint
 from pipeline.metrics import format_scores, score_segmentation, watershed_baseline
 from pipeline.model import ModelConfig
@@ -43,6 +43,7 @@ from pipeline.partitions import (
     save_coordinates,
 )
 from pipeline.selection import CRITERIA, SelectionConfig, select_checkpoint, selection_done
+from pipeline.stitching import segment_blockwise
 from pipeline.synthetic import PRESETS, generate
 from pipeline.train import TrainInputs, run_training, training_complete
 from pipeline.train_config import TrainConfig

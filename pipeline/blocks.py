@@ -1,4 +1,4 @@
-"""Blockwise segmentation: overlapping blocks segmented independently, then stitched.
+"""Blockwise segmentation: overlapping blocks, each segmented on its own.
 
 A volume is cut into a grid of blocks of one shape that overlap by at least `overlap_zyx`
 (`plan_blocks`: the blocks along each axis are spread evenly, so every overlap is about the same).
@@ -6,14 +6,7 @@ A volume is cut into a grid of blocks of one shape that overlap by at least `ove
 `write_block_result` stores its result atomically as `block_Z_Y_X.npz`, so `block_done` (the file
 exists) means finished, and a restarted run skips finished blocks.
 
-`stitch` reconciles the blocks' ids: in the region where two blocks overlap, two objects are the
-same when they share at least `min_overlap_voxels` voxels and at least `min_overlap_fraction` of
-their union there (intersection over union): an object that one block merged does not swallow
-every smaller object of its neighbour, which a share of the smaller one would let it do. The
-merge graph's connected components become the global ids.
-Each voxel takes its label from the block whose centre is nearest along each axis (the overlap is
-split in the middle), because FFN is least reliable near a block's border where FOVs cannot be
-centred; where that block found no object, from any other block that did.
+Stitching the blocks' results into one segmentation: `pipeline.stitching`.
 """
 
 import dataclasses
@@ -28,9 +21,6 @@ from pathlib import Path
 
 import fastremap
 import numpy as np
-from scipy import sparse
-from scipy.sparse.csgraph import connected_components
-from tqdm import tqdm
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
@@ -278,162 +268,3 @@ def read_block_result(path: str | Path, block: Block | None = None) -> BlockResu
     return BlockResult(
         stored, found["labels"], InferenceStats(**stats), json.loads(str(found["provenance"]))
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Stitching
-
-
-def _axis_intervals(blocks: Sequence[Block], axis: int) -> list[tuple[int, int]]:
-    return sorted({(b.start[axis], b.stop[axis]) for b in blocks})
-
-
-def _core(block: Block, intervals: list[list[tuple[int, int]]]) -> tuple[slice, ...]:
-    """The part of `block` it owns: its overlaps with the neighbours are split in the middle."""
-    core = []
-    for axis, spans in enumerate(intervals):
-        k = spans.index((block.start[axis], block.stop[axis]))
-        low = block.start[axis] if k == 0 else (spans[k - 1][1] + spans[k][0]) // 2
-        high = block.stop[axis] if k == len(spans) - 1 else (spans[k][1] + spans[k + 1][0]) // 2
-        core.append(slice(low, high))
-    return tuple(core)
-
-
-def _intersection(a: Block, b: Block) -> tuple[slice, ...] | None:
-    low = np.maximum(a.start, b.start)
-    high = np.minimum(a.stop, b.stop)
-    if np.any(low >= high):
-        return None
-    return tuple(slice(int(lo), int(hi)) for lo, hi in zip(low, high, strict=True))
-
-
-def _local(region: tuple[slice, ...], block: Block) -> tuple[slice, ...]:
-    return tuple(slice(r.start - s, r.stop - s) for r, s in zip(region, block.start, strict=True))
-
-
-def _agreeing_pairs(
-    a: np.ndarray, b: np.ndarray, base: np.uint64, config: BlockConfig
-) -> tuple[np.ndarray, np.ndarray]:
-    """Ids (global, < `base`) of `a` and `b`, same region, that overlap enough to be one object."""
-    both = (a > 0) & (b > 0)
-    # One integer per pair: a 1-D unique is far faster than np.unique of rows.
-    keys, shared = np.unique(a[both] * base + b[both], return_counts=True)
-    pair_a, pair_b = keys // base, keys % base
-    ids_a, size_a = np.unique(a[a > 0], return_counts=True)
-    ids_b, size_b = np.unique(b[b > 0], return_counts=True)
-    union = size_a[np.searchsorted(ids_a, pair_a)] + size_b[np.searchsorted(ids_b, pair_b)] - shared
-    keep = (shared >= config.min_overlap_voxels) & (shared >= config.min_overlap_fraction * union)
-    return pair_a[keep], pair_b[keep]
-
-
-@dataclass(frozen=True)
-class StitchStats:
-    blocks: int
-    block_objects: int  # objects over all blocks, before stitching
-    merges: int  # pairs of block objects joined across an overlap
-    objects: int  # in the stitched volume
-
-
-def stitch(
-    results: Sequence[BlockResult], volume_shape: Sequence[int], config: BlockConfig
-) -> tuple[np.ndarray, StitchStats]:
-    """Join block results that tile `volume_shape` into one uint64 segmentation, ids 1..N."""
-    blocks = [r.block for r in results]
-    intervals = [_axis_intervals(blocks, axis) for axis in range(3)]
-    grid = {tuple(b.start) for b in blocks}
-    expected = np.prod([len(spans) for spans in intervals])
-    covers = all(
-        spans[0][0] == 0 and spans[-1][1] == s
-        for spans, s in zip(intervals, volume_shape, strict=True)
-    )
-    if len(grid) != len(blocks) or len(blocks) != expected or not covers:
-        raise BlockResultError(
-            f"{len(results)} block results do not form a grid covering the volume {tuple(volume_shape)}"
-        )
-    # Block i's local id k becomes the global id offsets[i] + k.
-    counts = [int(r.labels.max(initial=0)) for r in results]
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.uint64)
-    total = int(sum(counts))
-    if total >= 2**32:  # pairs of ids are packed into one uint64
-        raise BlockResultError(f"{total} objects in the blocks: too many to stitch")
-
-    def global_ids(i: int, region: tuple[slice, ...]) -> np.ndarray:
-        local = results[i].labels[_local(region, blocks[i])].astype(np.uint64)
-        return np.where(local > 0, local + offsets[i], np.uint64(0))
-
-    edges_a, edges_b = [], []
-    for i, j in itertools.combinations(range(len(blocks)), 2):
-        region = _intersection(blocks[i], blocks[j])
-        if region is not None:
-            a, b = _agreeing_pairs(
-                global_ids(i, region), global_ids(j, region), np.uint64(total + 1), config
-            )
-            edges_a.append(a)
-            edges_b.append(b)
-    a = np.concatenate(edges_a or [np.zeros(0, np.uint64)]).astype(np.int64)
-    b = np.concatenate(edges_b or [np.zeros(0, np.uint64)]).astype(np.int64)
-    graph = sparse.coo_array((np.ones(len(a)), (a, b)), shape=(total + 1, total + 1))
-    _, component = connected_components(graph, directed=False)
-    # Component numbers are arbitrary; 0 stays 0 and the rest are renumbered below.
-    lookup = component.astype(np.uint64) + np.uint64(1)
-    lookup[0] = 0
-
-    segmentation = np.zeros(tuple(volume_shape), np.uint64)
-    for i, block in enumerate(blocks):
-        core = _core(block, intervals)
-        segmentation[core] = lookup[global_ids(i, core)]
-    # Where the owner found no object, another block may have: a sliver of an object between a
-    # block's border and a membrane is too thin to seed there, but whole in the neighbour.
-    for i, block in enumerate(blocks):
-        labels = lookup[global_ids(i, block.slices)]
-        region = segmentation[block.slices]
-        np.copyto(region, labels, where=region == 0)
-    segmentation, _ = fastremap.renumber(segmentation, preserve_zero=True, in_place=True)
-    stats = StitchStats(len(blocks), total, len(a), int(segmentation.max(initial=0)))
-    return segmentation.astype(np.uint64, copy=False), stats
-
-
-# ---------------------------------------------------------------------------------------------
-# The whole run
-
-
-def segment_blockwise(
-    raw: np.ndarray,
-    predict: Predictor,
-    model: ModelConfig,
-    inference: InferenceConfig,
-    blocks_config: BlockConfig,
-    blocks_dir: str | Path,
-    *,
-    provenance: dict | None = None,
-    progress: bool = False,
-) -> tuple[np.ndarray, dict]:
-    """Segment every unfinished block into `blocks_dir`, then stitch all of them.
-
-    Returns the segmentation and a JSON-ready summary: inference stats summed over blocks (their
-    `seconds` is compute time), per-block seconds, and the stitching stats. A finished block made
-    with other settings raises BlockResultError (use a fresh `blocks_dir`).
-    """
-    blocks = plan_blocks(raw.shape, blocks_config)
-    expected = _provenance(model, inference, provenance)
-    results = []
-    for block in tqdm(blocks, desc="blocks", unit="block", disable=not progress):
-        path = block_path(blocks_dir, block)
-        if block_done(path):
-            result = read_block_result(path, block)
-            if result.provenance != expected:
-                raise BlockResultError(f"{path}: made with other settings than this run")
-        else:
-            state = block_state_path(blocks_dir, block)
-            result = segment_block(raw, block, predict, model, inference, provenance, state)
-            write_block_result(path, result)
-        results.append(result)
-    segmentation, stitched = stitch(results, raw.shape, blocks_config)
-    total = sum((r.stats for r in results), InferenceStats())
-    summary = {
-        "inference": total.to_dict(),
-        "block_seconds": [round(r.stats.seconds, 3) for r in results],
-        "stitch": dataclasses.asdict(stitched),
-        "blocks_config": config_io.to_dict(blocks_config),
-    }
-    return segmentation, summary

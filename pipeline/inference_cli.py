@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import config as config_io
-from pipeline.blocks import BlockConfig, segment_blockwise
+from pipeline.blocks import BlockConfig
 from pipeline.cli import one_line_errors
 from pipeline.inference import (
     SEGMENTATION_DATASET,
@@ -24,6 +24,7 @@ from pipeline.inference import (
     segment,
 )
 from pipeline.selection import chosen_checkpoint
+from pipeline.stitching import segment_blockwise
 from pipeline.volumes import read_raw, write_volumes
 
 

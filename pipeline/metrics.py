@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fastremap
 import numpy as np
@@ -39,7 +40,11 @@ from skimage.segmentation import watershed
 from pipeline.atomic import atomic_path
 from pipeline.errors import ConfigError, FFNError, VolumeShapeError
 from pipeline.inference import InferenceConfig, edge_distance
-from pipeline.volumes import read_labels, read_raw
+from pipeline.roi import Roi
+from pipeline.volumes import label_ids, read_labels, read_raw
+
+if TYPE_CHECKING:
+    import h5py
 
 _NO_IMAGE = np.empty(0)
 
@@ -105,6 +110,38 @@ class OverlapCounts:
             ]
         )
         return self._of_pairs(pairs, np.concatenate([self.voxels, other.voxels]))
+
+
+def count_overlaps(
+    truth: "np.ndarray | h5py.Dataset",
+    prediction: "np.ndarray | h5py.Dataset",
+    region: Roi | None = None,
+    slab_voxels: int = 2**24,
+) -> OverlapCounts:
+    """`OverlapCounts` of two volumes of one shape (arrays, or datasets read part by part) over
+    `region` (default: all), read in slabs along z of about `slab_voxels` voxels: the memory
+    is a slab's, whatever the volume's size."""
+    if tuple(prediction.shape) != tuple(truth.shape):
+        raise VolumeShapeError(
+            f"segmentation shape {tuple(prediction.shape)} differs from ground truth {tuple(truth.shape)}"
+        )
+    region = region or Roi.whole(truth.shape)
+    plane = int(np.prod(region.shape[1:]))
+    depth = max(1, slab_voxels // max(plane, 1))
+    (z0, z1), rows, cols = (
+        (region.start[0], region.stop[0]),
+        region.slices[1],
+        region.slices[2],
+    )
+    total = None
+    for z in range(z0, z1, depth):
+        slab = (slice(z, min(z + depth, z1)), rows, cols)
+        counts = OverlapCounts.of(
+            label_ids(np.asarray(truth[slab]), "ground truth"),
+            label_ids(np.asarray(prediction[slab]), "segmentation"),
+        )
+        total = counts if total is None else total + counts
+    return total
 
 
 def score_segmentation(
@@ -174,6 +211,9 @@ class WatershedConfig:
     """The seeded-watershed baseline. `edges` are FFN's seed-policy settings (its edge map)."""
 
     edges: InferenceConfig = dataclasses.field(default_factory=InferenceConfig)
+    # Whether evaluation runs it: it segments the whole image in one process, which a volume
+    # larger than a node's memory cannot afford (FFN is then scored alone).
+    enabled: bool = True
     # Markers: maxima of the edge distance at least this much (voxels) above their surroundings.
     marker_h: float = 1.0
     smoothing_sigma_zyx: tuple[float, float, float] = (0.5, 1.0, 1.0)

@@ -188,7 +188,16 @@ def _as_raw(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
 
 
 def _as_labels(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
-    """Any non-negative integer type (or integral floats) becomes uint64."""
+    """Any non-negative integer type (or integral floats) becomes uint64; all zero is refused."""
+    ids = label_ids(array, spec)
+    if not np.any(ids):
+        raise EmptyLabelsError(f"{spec}: labels are all zero (nothing labeled)")
+    return ids
+
+
+def label_ids(array: np.ndarray, spec: object) -> np.ndarray:
+    """A part of a label volume as uint64 ids, checked as `_as_labels` does (all zero is fine:
+    a part may hold nothing)."""
     if array.dtype.kind == "f":
         _require_finite(array, spec)
         if np.any(array != np.round(array)):
@@ -197,9 +206,15 @@ def _as_labels(array: np.ndarray, spec: VolumeSpec) -> np.ndarray:
         raise VolumeDtypeError(f"{spec}: labels must be an integer type, got {array.dtype}")
     if array.dtype.kind in "if" and array.size and array.min() < 0:
         raise VolumeDtypeError(f"{spec}: labels contain negative ids")
-    if not np.any(array):
-        raise EmptyLabelsError(f"{spec}: labels are all zero (nothing labeled)")
     return array.astype(np.uint64, copy=False)
+
+
+@contextlib.contextmanager
+def open_volume(spec: "str | VolumeSpec") -> Iterator[h5py.Dataset]:
+    """A volume open to be read part by part (file, dataset and 3-D checked; a read error names
+    it in one line): for volumes that need not fit in memory."""
+    with _checked_dataset(VolumeSpec.parse(spec)) as dataset:
+        yield dataset
 
 
 def read_raw(
@@ -286,9 +301,44 @@ def write_volumes(
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
         for name, array in arrays.items():
-            chunks = tuple(min(64, s) for s in array.shape)
-            dataset = f.create_dataset(
-                name, data=array, chunks=chunks, compression="gzip", compression_opts=4
-            )
-            dataset.attrs[VOXEL_SIZE_ATTR] = voxel_size
+            _create(f, name, array.shape, array.dtype, voxel_size, array)
     return Path(path)
+
+
+def _create(
+    f: h5py.File,
+    name: str,
+    shape: Sequence[int],
+    dtype: np.dtype,
+    voxel_size: VoxelSize,
+    data: np.ndarray | None = None,
+) -> h5py.Dataset:
+    chunks = tuple(min(64, s) for s in shape)
+    dataset = f.create_dataset(
+        name,
+        shape=shape,
+        dtype=dtype,
+        data=data,
+        chunks=chunks,
+        compression="gzip",
+        compression_opts=4,
+    )
+    dataset.attrs[VOXEL_SIZE_ATTR] = voxel_size
+    return dataset
+
+
+@contextlib.contextmanager
+def new_volume(
+    path: str | Path,
+    name: str,
+    shape: Sequence[int],
+    dtype: np.dtype,
+    voxel_size_nm: Sequence[float],
+) -> Iterator[h5py.Dataset]:
+    """A new HDF5 volume to be written part by part (what one process cannot hold whole): the
+    file appears under `path` only when the block exits without an error."""
+    voxel_size = _check_voxel_size(voxel_size_nm, path)
+    if len(shape) != 3:
+        raise VolumeShapeError(f"{path}: a volume is 3-D, got shape {tuple(shape)}")
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        yield _create(f, name, tuple(shape), np.dtype(dtype), voxel_size)

@@ -25,14 +25,13 @@ from pipeline.blocks import (
     plan_blocks,
     read_block_result,
     segment_block,
-    segment_blockwise,
-    stitch,
     write_block_result,
 )
 from pipeline.errors import BlockResultError, ConfigError
 from pipeline.inference import InferenceStats, make_model_predictor
 from pipeline.model import build_model
 from pipeline.roi import Roi
+from pipeline.stitching import segment_blockwise, stitch
 
 BLOCKS = BlockConfig(block_shape_zyx=(16, 24, 24), overlap_zyx=(0, 8, 8))
 

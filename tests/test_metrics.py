@@ -11,6 +11,7 @@ from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.metrics import (
     OverlapCounts,
     SegmentationScores,
+    count_overlaps,
     main,
     score_counts,
     score_segmentation,
@@ -141,3 +142,34 @@ def test_counts_summed_over_blocks_score_as_the_whole_volume():
     by_blocks = score_counts(summed).to_dict()
     assert by_blocks == pytest.approx(whole.to_dict(), rel=1e-12, abs=1e-12)
     assert whole.split_objects and whole.merged_segments and whole.unsegmented_fraction > 0.04
+
+
+def test_a_volume_read_in_slabs_from_its_files_scores_as_in_memory(tmp_path):
+    import h5py
+    from test_parts import CUT
+
+    from pipeline.evaluation import evaluate_volume
+    from pipeline.metrics import WatershedConfig
+    from pipeline.roi import Roi
+
+    with h5py.File(CUT) as f:
+        raw, truth = f["volumes/raw"][...], f["volumes/labels/neuron_ids"][...]
+    prediction = truth.copy()
+    prediction[:, :, 40:] += 10_000  # splits
+    prediction[::3, ::2, :] = 0  # holes
+    volume = write_volumes(tmp_path / "v.h5", {"raw": raw, "labels": truth}, (10.0, 10.0, 10.0))
+    seg = write_volumes(tmp_path / "s.h5", {"segmentation": prediction}, (10.0, 10.0, 10.0))
+    part = Roi.parse("4:30, 8:64, 0:60")
+    in_memory = score_segmentation(prediction[part.slices], truth[part.slices]).to_dict()
+    with h5py.File(volume) as v, h5py.File(seg) as s:
+        # Slabs of 2 sections (8,192 voxels): 13 reads of each file.
+        slabs = score_counts(count_overlaps(v["labels"], s["segmentation"], part, 8192))
+    assert slabs.to_dict() == pytest.approx(in_memory, rel=1e-12, abs=1e-12)
+    scored = evaluate_volume(
+        f"{volume}:raw", f"{volume}:labels", f"{seg}:segmentation",
+        WatershedConfig(enabled=False), tmp_path / "e.json", part,
+    )  # fmt: skip
+    assert scored["ffn"] == pytest.approx(in_memory, rel=1e-12, abs=1e-12)
+    assert "watershed" not in scored  # turned off: a volume too large for one process
+    with_watershed = evaluate_volume(f"{volume}:raw", f"{volume}:labels", f"{seg}:segmentation")
+    assert with_watershed["watershed"]["voxels"] == with_watershed["ffn"]["voxels"]
