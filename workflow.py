@@ -57,7 +57,8 @@ _LAYOUT = {
     "train_log": "train/train.log",
     "selection": "selection.json",
     "blocks_dir": "inference/blocks",
-    "segmentation": "inference/segmentation.h5",
+    "segmentation": "inference/segmentation.zarr",
+    "stitch_dir": "inference/stitch",
     "stitch_summary": "inference/stitch.json",
     "evaluation": "evaluation.json",
     "precomputed": "precomputed",
@@ -212,17 +213,45 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
         settings = {"inference": inference, "start": list(block.start), "stop": list(block.stop)}
         steps.append(_task(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
                            [block_path(paths.blocks_dir, block)], "infer.infer_block"))  # fmt: skip
-    block_files = [block_path(paths.blocks_dir, b) for b in blocks]
+    steps += _stitch_steps(config, paths, blocks)
     segmented = [paths.eval_volume, paths.segmentation]
-    steps += [
-        _task("stitch", {"blocks": config_io.to_dict(config.blocks)}, [paths.eval_volume, *block_files],
-              [paths.segmentation, paths.stitch_summary], "stitch.stitch"),
-        _task("export", {"export": config_io.to_dict(config.export)}, segmented, [paths.precomputed],
-              "export.export"),
-    ]  # fmt: skip
+    steps.append(_task("export", {"export": config_io.to_dict(config.export)}, segmented,
+                       [paths.precomputed], "export.export"))  # fmt: skip
     if _eval_has_labels(config):
         steps.append(_task("evaluate", {"watershed": config_io.to_dict(config.watershed)}, segmented,
                            [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
+    return steps
+
+
+def _stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]:
+    """A pairs task per block, one join, a relabel task per block writing its core into the
+    stitched volume, then the check that writes stitch.json (apps/stitch.py)."""
+    from pipeline.blocks import block_path
+    from pipeline.stitching import core_neighbours, later_neighbours
+
+    results = [block_path(paths.blocks_dir, b) for b in blocks]
+    pairs = [paths.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
+    cores = [paths.stitch_dir / "cores" / f"{b.name}.json" for b in blocks]
+    table = paths.stitch_dir / "ids.npz"
+    # The volume's path is an argument, not a setting: a run moved elsewhere stays up to date.
+    volume = f"{paths.segmentation}:segmentation"
+    base = {"blocks": config_io.to_dict(config.blocks), "shape": list(_eval_shape(config))}
+    steps = []
+    for k in range(len(blocks)):
+        reads = [k, *later_neighbours(k, blocks)]
+        steps.append(_task(f"stitch[pairs {k}]", {**base, "block": k, "reads": reads},
+                           [results[i] for i in reads], [pairs[k]], "stitch.pair_block"))  # fmt: skip
+    steps.append(_task("stitch[join]", base, [paths.eval_volume, *pairs], [table],
+                       "stitch.join_blocks", volume))  # fmt: skip
+    align = config.blocks.chunks
+    for k in range(len(blocks)):
+        reads = core_neighbours(k, blocks, align)
+        steps.append(_task(f"stitch[relabel {k}]", {**base, "block": k, "reads": reads},
+                           [table, *(results[i] for i in reads)], [cores[k]], "stitch.relabel_block",
+                           volume))  # fmt: skip
+    every = {**base, "reads": list(range(len(blocks)))}
+    steps.append(_task("stitch", every, [paths.eval_volume, table, *cores, *results],
+                       [paths.stitch_summary, paths.segmentation], "stitch.finish_stitch", volume))  # fmt: skip
     return steps
 
 

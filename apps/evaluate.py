@@ -8,7 +8,7 @@ from site_configs import CPU_LABEL
 @python_app(executors=[CPU_LABEL])
 def evaluate(settings: dict, inputs=(), outputs=()):
     """settings: {"watershed": WatershedConfig}; inputs: staged labeled volume,
-    segmentation.h5; outputs[0]: evaluation.json."""
+    segmentation.zarr; outputs[0]: evaluation.json."""
     from pipeline.config import from_dict
     from pipeline.evaluation import evaluate_volume
     from pipeline.metrics import WatershedConfig

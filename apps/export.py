@@ -7,7 +7,7 @@ from site_configs import CPU_LABEL
 
 @python_app(executors=[CPU_LABEL])
 def export(settings: dict, inputs=(), outputs=()):
-    """settings: {"export": ExportConfig}; inputs: staged volume, segmentation.h5;
+    """settings: {"export": ExportConfig}; inputs: staged volume, segmentation.zarr;
     outputs[0]: the precomputed folder."""
     from pipeline.config import from_dict
     from pipeline.export import ExportConfig, export_precomputed

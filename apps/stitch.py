@@ -1,4 +1,11 @@
-"""Join the block segmentations into one volume with global ids."""
+"""Join the block segmentations into one chunked volume with global ids, as small tasks
+(pipeline.stitching): pairs per block, one id table, a relabel task per block writing its own
+chunks, then a check that every chunk is what its task wrote. No task holds more than a block's
+neighbourhood, whatever the volume's size.
+
+Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "block": k (per-block tasks),
+"reads": the indices of the block results among its inputs, in order}; `volume` is the stitched
+volume's spec (path.zarr:segmentation)."""
 
 from parsl import python_app
 
@@ -6,46 +13,122 @@ from site_configs import CPU_LABEL
 
 
 @python_app(executors=[CPU_LABEL])
-def stitch(settings: dict, inputs=(), outputs=()):
-    """settings: {"blocks": BlockConfig}; inputs: the staged volume, then every block result in
-    plan order; outputs: segmentation.h5, stitch.json. Holds a few blocks at a time, never the
-    whole volume."""
-    import dataclasses
-    import hashlib
-    import json
-    from functools import lru_cache
+def pair_block(settings: dict, inputs=(), outputs=()):
+    """inputs: block k's result, then those of the later blocks that overlap it; outputs[0]:
+    its pairs (.npz)."""
+    from pipeline.stamps import digest_files, run_once
+    from pipeline.stitching import block_pairs, save_block_pairs
 
-    from pipeline.atomic import atomic_path
-    from pipeline.blocks import BlockConfig, plan_blocks, read_block_result
-    from pipeline.config import from_dict
-    from pipeline.stamps import run_once
-    from pipeline.stitching import stitch_blocks
-    from pipeline.volumes import new_volume, read_header
-
-    paths = [f.filepath for f in inputs]
-    segmentation_out, summary_out = (f.filepath for f in outputs)
-    config = from_dict(BlockConfig, settings["blocks"])
+    blocks, config, read = _grid(settings, [f.filepath for f in inputs])
+    output = outputs[0].filepath
 
     def work() -> str:
-        header = read_header(f"{paths[0]}:raw")
-        blocks = plan_blocks(header.shape, config)
-        # A block and its neighbours stay read while their cores are relabelled.
-        load = lru_cache(maxsize=32)(lambda i: read_block_result(paths[1 + i], blocks[i]))
-        digest = hashlib.sha256(json.dumps(list(header.shape)).encode())
-        with new_volume(segmentation_out, "segmentation", header.shape, "uint64",
-                        header.voxel_size_nm) as dataset:  # fmt: skip
+        save_block_pairs(output, block_pairs(settings["block"], blocks, read, config))
+        return digest_files([output])
 
-            def write(core, ids) -> None:
-                dataset[core] = ids
-                digest.update(f"{core}".encode() + ids.tobytes())
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
 
-            stats = stitch_blocks(blocks, lambda i: load(i).labels, header.shape, config, write)
-        summary = {
-            "stitch": dataclasses.asdict(stats),
-            "blocks": [load(i).stats.to_dict() for i in range(len(blocks))],
+
+@python_app(executors=[CPU_LABEL])
+def join_blocks(settings: dict, volume: str, inputs=(), outputs=()):
+    """inputs: the staged volume, then every block's pairs in plan order; outputs[0]: the id
+    table (.npz). Also makes the new, empty stitched volume `volume` that the relabel tasks
+    write into."""
+    from pipeline.stamps import run_once
+    from pipeline.stitching import join_ids, load_block_pairs, save_id_table
+
+    output = outputs[0].filepath
+
+    def work() -> None:
+        save_id_table(output, *join_ids([load_block_pairs(f.filepath) for f in inputs[1:]]))
+        _new_volume(settings, volume, inputs[0].filepath)
+        # No content digest: a new (empty) volume must make every relabel task run again.
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def relabel_block(settings: dict, volume: str, inputs=(), outputs=()):
+    """inputs: the id table, then the results of the blocks that overlap block k's core
+    (pipeline.stitching.core_neighbours); outputs[0]: the block's record (.json). Writes block
+    k's core into the stitched volume."""
+    from pipeline.stamps import digest, run_once
+    from pipeline.stitching import load_id_table, save_core_record, write_core
+    from pipeline.volumes import open_volume
+
+    table, results = inputs[0].filepath, [f.filepath for f in inputs[1:]]
+    blocks, _, read = _grid(settings, results)
+    output = outputs[0].filepath
+
+    def work() -> str:
+        offsets, lookup, _ = load_id_table(table)
+        with open_volume(volume, writable=True) as array:
+            record = write_core(settings["block"], blocks, read, offsets, lookup, array)
+        record["stats"] = read.stats(settings["block"])
+        save_core_record(output, record)
+        return digest(record["chunks"])
+
+    return run_once(settings, [table, *results], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def finish_stitch(settings: dict, volume: str, inputs=(), outputs=()):
+    """inputs: the staged volume, the id table, every block's record, then every block's
+    result (plan order); outputs: stitch.json and the stitched volume's folder. Rewrites, from
+    the block results, any core whose chunks changed after its task wrote them (lost or
+    truncated files)."""
+    import dataclasses
+    import json
+
+    from pipeline.atomic import atomic_path
+    from pipeline.stamps import digest, run_once
+    from pipeline.stitching import load_core_record, load_id_table, repair_cores, stitch_stats
+    from pipeline.volumes import VolumeSpec, open_volume
+
+    paths = [f.filepath for f in inputs]
+    count = (len(paths) - 2) // 2
+    blocks, _, read = _grid(settings, paths[2 + count :])
+    summary, spec = outputs[0].filepath, VolumeSpec.parse(volume)
+
+    def work() -> str:
+        records = [load_core_record(p) for p in paths[2 : 2 + count]]
+        offsets, lookup, merges = load_id_table(paths[1])
+        if not spec.path.exists():  # lost whole: every core is rewritten below
+            _new_volume(settings, volume, paths[0])
+        with open_volume(spec, writable=True) as array:
+            repaired = repair_cores(records, array, blocks, read, offsets, lookup)
+        record = {
+            "stitch": dataclasses.asdict(stitch_stats(records, lookup, merges)),
+            "repaired_blocks": repaired,
+            "blocks": [r["stats"] for r in records],
         }
-        with atomic_path(summary_out) as tmp:
-            tmp.write_text(json.dumps(summary, indent=2))
-        return digest.hexdigest()
+        with atomic_path(summary) as tmp:
+            tmp.write_text(json.dumps(record, indent=2))
+        return digest([r["chunks"] for r in records])
 
-    return run_once(settings, paths, [segmentation_out, summary_out], work)
+    return run_once(settings, paths, [summary, spec.path], work)
+
+
+def _grid(settings: dict, results: list[str]):
+    """The block grid, the stitching settings and a reader of the task's block results by block
+    index (`settings["reads"]` says which result each input path is)."""
+    from pipeline.blocks import BlockConfig, plan_blocks
+    from pipeline.config import from_dict
+    from pipeline.stitching import BlockReader
+
+    config = from_dict(BlockConfig, settings["blocks"])
+    blocks = plan_blocks(settings["shape"], config)
+    return blocks, config, BlockReader(blocks, dict(zip(settings["reads"], results, strict=True)))
+
+
+def _new_volume(settings: dict, volume: str, staged: str) -> None:
+    """The stitched volume `volume`, empty: the staged volume's shape and voxel size."""
+    from pipeline.blocks import BlockConfig
+    from pipeline.config import from_dict
+    from pipeline.volumes import VolumeSpec, new_chunked_volume, read_header
+
+    header, spec = read_header(f"{staged}:raw"), VolumeSpec.parse(volume)
+    chunks = from_dict(BlockConfig, settings["blocks"]).chunks
+    new_chunked_volume(
+        spec.path, spec.dataset, header.shape, "uint64", header.voxel_size_nm, chunks
+    )

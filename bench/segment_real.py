@@ -4,10 +4,11 @@ Run by hand (not a test), from the repository root:
 
     PATH=.venv/bin:$PATH python bench/segment_real.py [--no-runs]
 
-Runs (or, finished, reuses: a finished run's resume takes seconds) the three workflow runs
-  configs/flyem.toml          FFN trained here from scratch (train / select / eval parts of one file)
-  configs/flyem_fib25.toml    the FFN authors' FIB-25 weights, inference only
-  configs/flyem_finetune.toml the FIB-25 weights fine-tuned on the training part
+Runs (or, finished, reuses: a finished run's resume takes seconds) the workflow runs
+  configs/flyem.toml            FFN trained here from scratch (train / select / eval parts of one file)
+  configs/flyem_fib25.toml      the FFN authors' FIB-25 weights, inference only
+  configs/flyem_fib25_bf16.toml the same in bfloat16 (fast on CPUs with AMX)
+  configs/flyem_finetune.toml   the FIB-25 weights fine-tuned on the training part
 then the baselines on the staged parts of the first run:
   * a seeded watershed over a random-forest boundary map (pipeline.boundary_watershed) learned
     on the training part, its parameters tuned by VI on the selection part;
@@ -49,12 +50,16 @@ from pipeline.report import stage_wall_times  # noqa: E402
 from pipeline.roi import Roi  # noqa: E402
 from pipeline.run_config import load_run_config  # noqa: E402
 from pipeline.staging import scored_part  # noqa: E402
+from pipeline.volumes import open_volume  # noqa: E402
 
 CONFIGS = {
     "FFN trained here": "configs/flyem.toml",
     "FIB-25 weights": "configs/flyem_fib25.toml",
+    "FIB-25 weights, bf16": "configs/flyem_fib25_bf16.toml",
     "FIB-25 fine-tuned": "configs/flyem_finetune.toml",
 }
+# The converted FIB-25 weights the configs name, and the precision each was converted with.
+MODELS = {"data/models/fib25": "float32", "data/models/fib25-bf16": "mixed_bfloat16"}
 FIB25_CHECKPOINT = ROOT.parent / "shared/models/google-ffn-fib25/model.ckpt-27465036"
 REFERENCE = ROOT.parent / "shared/data/flyem_medulla_google_ffn_fib25.h5:segmentation"
 REFERENCE_ROW = "authors' FIB-25 segmentation (reference, made on the whole file)"
@@ -71,14 +76,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_workflow(config: str) -> None:
-    if "fib25" in config or "finetune" in config:
-        model = ROOT / "data" / "models" / "fib25"
-        if not (model / "config.json").is_file():
-            subprocess.run(
-                [sys.executable, "-m", "pipeline.pretrained", "--checkpoint",
-                 str(FIB25_CHECKPOINT), "--out", str(model)],
-                cwd=ROOT, check=True,
-            )  # fmt: skip
+    settings = load_run_config(config)
+    model = settings.pretrained_model or settings.train_init_from
+    if model in MODELS and not (ROOT / model / "config.json").is_file():
+        subprocess.run(
+            [sys.executable, "-m", "pipeline.pretrained", "--checkpoint", str(FIB25_CHECKPOINT),
+             "--out", model, "--precision", MODELS[model]],
+            cwd=ROOT, check=True,
+        )  # fmt: skip
     subprocess.run(
         [sys.executable, "workflow.py", "--site", "local", "--config", config], cwd=ROOT, check=True
     )
@@ -90,7 +95,7 @@ def _ffn_row(run_dir: Path) -> dict:
     times = stage_wall_times(run_dir / "monitoring.db")
     part = scored_part(run_dir / "staged" / "eval.h5").slices
     return {
-        "segmentation": _read(run_dir / "inference" / "segmentation.h5", "segmentation")[part],
+        "segmentation": _read(run_dir / "inference" / "segmentation.zarr", "segmentation")[part],
         "scores": evaluation["ffn"],
         "fov_evaluations": sum(b["fov_evaluations"] for b in stitched["blocks"]),
         "train_s": times.get("train"),
@@ -100,8 +105,8 @@ def _ffn_row(run_dir: Path) -> dict:
 
 
 def _read(path: Path, name: str) -> np.ndarray:
-    with h5py.File(path, "r") as f:
-        return f[name][...]
+    with open_volume(f"{path}:{name}") as array:
+        return array[...]
 
 
 def _forest_watershed(staged: Path) -> dict:

@@ -47,6 +47,10 @@ class BlockConfig:
     overlap_zyx: ZYX = (16, 32, 32)  # at least; about one FOV, so both blocks see context
     min_overlap_voxels: int = 50
     min_overlap_fraction: float = 0.5  # intersection over union, in the overlap region
+    # Chunks of the stitched segmentation (zarr): each is written whole by one task, so the
+    # overlaps are split on chunk multiples and a chunk may be no larger than the overlap.
+    # None: per axis the largest power of two up to the overlap and 64 (`chunks`).
+    chunk_zyx: ZYX | None = None
 
     def __post_init__(self) -> None:
         shape, overlap = tuple(self.block_shape_zyx), tuple(self.overlap_zyx)
@@ -58,8 +62,23 @@ class BlockConfig:
             raise ConfigError(
                 f"need block_shape_zyx >= 1 and 0 <= overlap_zyx < block_shape_zyx, got {shape}, {overlap}"
             )
+        chunk = self.chunks
+        if len(chunk) != 3 or any(
+            not 1 <= c <= max(o, 1) for c, o in zip(chunk, overlap, strict=True)
+        ):
+            raise ConfigError(
+                f"need 1 <= chunk_zyx <= overlap_zyx (a chunk multiple must lie in every overlap), "
+                f"got chunk_zyx {chunk}, overlap_zyx {overlap}"
+            )
         if self.min_overlap_voxels < 1 or not 0 <= self.min_overlap_fraction <= 1:
             raise ConfigError("need min_overlap_voxels >= 1 and min_overlap_fraction in [0, 1]")
+
+    @property
+    def chunks(self) -> ZYX:
+        """The stitched segmentation's chunk shape: `chunk_zyx`, or derived from the overlap."""
+        if self.chunk_zyx is not None:
+            return tuple(self.chunk_zyx)
+        return tuple(1 << (min(max(o, 1), 64).bit_length() - 1) for o in self.overlap_zyx)
 
 
 @dataclass(frozen=True)

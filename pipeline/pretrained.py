@@ -420,6 +420,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--image-mean", type=float, default=FIB25_IMAGE_MEAN, help="default: %(default)s")
     add("--image-stddev", type=float, default=FIB25_IMAGE_STDDEV, help="default: %(default)s")
+    add(
+        "--precision",
+        choices=("float32", "mixed_bfloat16"),
+        default="float32",
+        help="what inference with it computes in (bf16: about 4x faster on CPUs with AMX; "
+        "default: %(default)s, as the authors)",
+    )
     add("--overwrite", action="store_true", help="replace OUT if it exists")
     return parser
 
@@ -434,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.deltas_zyx,
         args.image_mean,
         args.image_stddev,
+        precision=args.precision,
         overwrite=args.overwrite,
     )
     source = json.loads((args.out / "config.json").read_text())["pretrained"]

@@ -17,7 +17,10 @@ STAGE_OF_APP = {
     "train": "train",
     "select_checkpoint": "select",
     "infer_block": "infer",
-    "stitch": "stitch",
+    "pair_block": "stitch",
+    "join_blocks": "stitch",
+    "relabel_block": "stitch",
+    "finish_stitch": "stitch",
     "evaluate": "evaluate",
     "export": "export",
 }

@@ -9,33 +9,41 @@ nearest along each axis (its *core*: the overlaps are split in the middle), beca
 reliable near a block's border where FOVs cannot be centred; where that block found no object,
 from the first other block that did.
 
-Three steps that a workflow can spread over workers, each bounded by a block's size whatever the
-volume's (issue 15):
+Three steps that a workflow spreads over workers (apps/stitch.py), each bounded by a block's
+size whatever the volume's (issue 15):
 
-  1. `pairs_between(i, j)`: for two blocks that overlap, the pairs of their objects that agree
-     there (global ids: block i's local id k is `offsets[i] + k`, `id_offsets`);
-  2. `join_ids`: the pairs of every overlap joined (connected components over ids, not voxels)
-     into one table, global id -> stitched id;
+  1. `block_pairs(k)`: block k's object count and, for each later block that overlaps it, the
+     pairs of their objects (local ids) that agree there;
+  2. `join_ids`: every block's pairs joined (connected components over ids, not voxels) into one
+     table: block i's local id n is global id `offsets[i] + n`, `lookup[global id]` its stitched
+     id (the component's number: unique per object, 1..C with gaps for objects left in no core);
   3. `relabel_core(k)`: block k's core in stitched ids, filled where k found no object from the
-     blocks that did; reads block k and the blocks that overlap its core.
+     blocks that did; reads block k and the blocks that overlap its core. `write_core` puts it
+     into a zarr volume: with the overlaps split on the chunk grid (`block_core(align=...)`),
+     each core is whole chunks, so the tasks write side by side; its record (a digest per
+     chunk) lets `repair_cores` find and rewrite chunks lost or damaged later.
 
-The cores tile the volume, so step 3's outputs can go straight into a chunked volume; there the
-ids are the components' numbers (unique per object, not 1..N). `stitch` runs the three in one
-process and renumbers 1..N; `segment_blockwise` segments and stitches a volume in one process.
+`stitch` runs the three in one process and renumbers 1..N; `segment_blockwise` segments and
+stitches a volume in one process.
 """
 
 import dataclasses
+import functools
+import hashlib
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import zarr
 from scipy import sparse
 from scipy.sparse.csgraph import connected_components
 from tqdm import tqdm
 
 from pipeline import config as config_io
+from pipeline.atomic import atomic_path
 from pipeline.blocks import (
     Block,
     BlockConfig,
@@ -60,13 +68,33 @@ def _axis_intervals(blocks: Sequence[Block], axis: int) -> list[tuple[int, int]]
     return sorted({(b.start[axis], b.stop[axis]) for b in blocks})
 
 
-def _core(block: Block, intervals: list[list[tuple[int, int]]]) -> tuple[slice, ...]:
+def _split(previous: tuple[int, int], following: tuple[int, int], align: int) -> int:
+    """Where two consecutive blocks' overlap is split: its middle, or with `align` > 1 the
+    multiple of `align` inside the overlap nearest to the middle (so that cores are whole chunks
+    of a chunked output)."""
+    low, high = following[0], previous[1]
+    middle = (low + high) // 2
+    if align == 1:
+        return middle
+    inside = [m for m in (middle // align * align, -(-middle // align) * align) if low <= m <= high]
+    if not inside:
+        raise BlockResultError(
+            f"the overlap {low}:{high} holds no multiple of the chunk size {align}: "
+            "make the block overlap at least a chunk"
+        )
+    return min(inside, key=lambda m: abs(m - middle))
+
+
+def _core(
+    block: Block, intervals: list[list[tuple[int, int]]], align: Sequence[int]
+) -> tuple[slice, ...]:
     """The part of `block` it owns: its overlaps with the neighbours are split in the middle."""
     core = []
     for axis, spans in enumerate(intervals):
         k = spans.index((block.start[axis], block.stop[axis]))
-        low = block.start[axis] if k == 0 else (spans[k - 1][1] + spans[k][0]) // 2
-        high = block.stop[axis] if k == len(spans) - 1 else (spans[k][1] + spans[k + 1][0]) // 2
+        step = align[axis]
+        low = block.start[axis] if k == 0 else _split(spans[k - 1], spans[k], step)
+        high = block.stop[axis] if k == len(spans) - 1 else _split(spans[k], spans[k + 1], step)
         core.append(slice(low, high))
     return tuple(core)
 
@@ -124,51 +152,89 @@ def _global(labels: np.ndarray, offset: np.uint64) -> np.ndarray:
 
 
 def pairs_between(
-    block_i: Block,
-    labels_i: np.ndarray,
-    block_j: Block,
-    labels_j: np.ndarray,
-    offsets: tuple[int, int],
-    total: int,
-    config: BlockConfig,
+    block_i: Block, labels_i: np.ndarray, block_j: Block, labels_j: np.ndarray, config: BlockConfig
 ) -> Pairs:
-    """Global ids of block i's and block j's objects that are one object where the blocks
+    """Local ids of block i's and block j's objects that are one object where the blocks
     overlap (none if they do not)."""
     region = _intersection(block_i, block_j)
     if region is None:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    return _agreeing_pairs(
-        _global(labels_i[_local(region, block_i)], np.uint64(offsets[0])),
-        _global(labels_j[_local(region, block_j)], np.uint64(offsets[1])),
-        np.uint64(total + 1),
-        config,
-    )
+    a = labels_i[_local(region, block_i)].astype(np.uint64)
+    b = labels_j[_local(region, block_j)].astype(np.uint64)
+    return _agreeing_pairs(a, b, np.uint64(max(int(a.max()), int(b.max())) + 1), config)
 
 
-def join_ids(total: int, pairs: Iterable[Pairs]) -> tuple[np.ndarray, int]:
-    """(lookup, merges): lookup[global id] is the stitched id (0 stays 0); merges counts pairs."""
-    found = list(pairs)
-    a = np.concatenate([p[0] for p in found] or [np.zeros(0, np.uint64)]).astype(np.int64)
-    b = np.concatenate([p[1] for p in found] or [np.zeros(0, np.uint64)]).astype(np.int64)
+@dataclass(frozen=True, eq=False)
+class BlockPairs:
+    """Step 1's result for block k: its object count, and for each later block j that overlaps
+    it the pairs (local ids) of objects that agree there."""
+
+    count: int
+    pairs: dict[int, Pairs]
+
+
+def later_neighbours(k: int, blocks: Sequence[Block]) -> list[int]:
+    """The blocks after k (in plan order) that overlap it: whose pairs with k block k's task finds."""
+    return [j for j in range(k + 1, len(blocks)) if _intersection(blocks[k], blocks[j])]
+
+
+def block_pairs(
+    k: int, blocks: Sequence[Block], labels_of: Callable[[int], np.ndarray], config: BlockConfig
+) -> BlockPairs:
+    """Step 1 for block k: reads block k and the later blocks that overlap it."""
+    labels = labels_of(k)
+    pairs = {
+        j: pairs_between(blocks[k], labels, blocks[j], labels_of(j), config)
+        for j in later_neighbours(k, blocks)
+    }
+    return BlockPairs(int(labels.max(initial=0)), pairs)
+
+
+def save_block_pairs(path: str | Path, found: BlockPairs) -> None:
+    arrays = {f"{side}{j}": p[n] for j, p in found.pairs.items() for n, side in enumerate("ab")}
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, count=found.count, **arrays)
+
+
+def load_block_pairs(path: str | Path) -> BlockPairs:
+    with np.load(path) as f:
+        later = sorted(int(name[1:]) for name in f.files if name.startswith("a"))
+        return BlockPairs(int(f["count"]), {j: (f[f"a{j}"], f[f"b{j}"]) for j in later})
+
+
+def join_ids(found: Sequence[BlockPairs]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Step 2, (offsets, lookup, merges): block i's local id k is global id `offsets[i] + k`,
+    lookup[global id] its stitched id (0 stays 0; the stitched ids are the numbers of the merge
+    graph's components, 1..C); merges counts the pairs joined."""
+    offsets = id_offsets([f.count for f in found])
+    total = sum(f.count for f in found)
+    a, b = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for i, f in enumerate(found):
+        for j, (ids_i, ids_j) in f.pairs.items():
+            a.append((ids_i + offsets[i]).astype(np.int64))
+            b.append((ids_j + offsets[j]).astype(np.int64))
+    a, b = np.concatenate(a), np.concatenate(b)
     graph = sparse.coo_array((np.ones(len(a)), (a, b)), shape=(total + 1, total + 1))
+    # Components are numbered from node 0 on: the background (in no pair) is component 0.
     _, component = connected_components(graph, directed=False)
-    lookup = component.astype(np.uint64) + np.uint64(1)
-    lookup[0] = 0
-    return lookup, len(a)
+    return offsets, component.astype(np.uint64), len(a)
 
 
-def block_core(k: int, blocks: Sequence[Block]) -> tuple[slice, ...]:
-    """The part of the volume block k owns."""
-    return _core(blocks[k], [_axis_intervals(blocks, axis) for axis in range(3)])
+def block_core(
+    k: int, blocks: Sequence[Block], align: Sequence[int] = (1, 1, 1)
+) -> tuple[slice, ...]:
+    """The part of the volume block k owns; with `align` (a chunk shape) its inner faces lie on
+    multiples of it, so the cores of a grid write whole chunks, each chunk from one task."""
+    return _core(blocks[k], [_axis_intervals(blocks, axis) for axis in range(3)], align)
 
 
 def _box(region: tuple[slice, ...]) -> Block:
     return Block(tuple(s.start for s in region), tuple(s.stop for s in region))
 
 
-def core_neighbours(k: int, blocks: Sequence[Block]) -> list[int]:
+def core_neighbours(k: int, blocks: Sequence[Block], align: Sequence[int] = (1, 1, 1)) -> list[int]:
     """The blocks (k included, in index order) that overlap block k's core."""
-    core = _box(block_core(k, blocks))
+    core = _box(block_core(k, blocks, align))
     return [i for i, block in enumerate(blocks) if _intersection(block, core) is not None]
 
 
@@ -178,19 +244,130 @@ def relabel_core(
     labels_of: Callable[[int], np.ndarray],
     offsets: np.ndarray,
     lookup: np.ndarray,
+    align: Sequence[int] = (1, 1, 1),
 ) -> np.ndarray:
     """Block k's core in stitched ids; where k found no object, the first block (in index order)
     that did fills in: a sliver between a block's border and a membrane is too thin to seed there,
     but whole in the neighbour. `labels_of(i)` gives block i's local labels; only the blocks of
     `core_neighbours(k)` are asked for."""
-    core = _box(block_core(k, blocks))
+    core = _box(block_core(k, blocks, align))
     out = lookup[_global(labels_of(k)[_local(core.slices, blocks[k])], offsets[k])]
-    for i in core_neighbours(k, blocks):
+    for i in core_neighbours(k, blocks, align):
         region = _intersection(blocks[i], core)
         filled = lookup[_global(labels_of(i)[_local(region, blocks[i])], offsets[i])]
         target = out[_local(region, core)]
         np.copyto(target, filled, where=target == 0)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Into a chunked volume, a task per block
+
+
+def _chunk_keys(core: tuple[slice, ...], chunks: Sequence[int]) -> list[str]:
+    """zarr's keys ("z.y.x") of the chunks that `core` (on the chunk grid) covers."""
+    ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(core, chunks, strict=True)]
+    return [".".join(map(str, index)) for index in itertools.product(*ranges)]
+
+
+def _chunk_digest(array: zarr.Array, key: str) -> str | None:
+    stored = array.store.get(f"{array.path}/{key}")
+    return None if stored is None else hashlib.sha256(stored).hexdigest()
+
+
+def write_core(
+    k: int,
+    blocks: Sequence[Block],
+    labels_of: Callable[[int], np.ndarray],
+    offsets: np.ndarray,
+    lookup: np.ndarray,
+    array: zarr.Array,
+) -> dict:
+    """Step 3 for block k, written into `array` (zarr, the volume's shape): its core lies on
+    the array's chunk grid, so it writes whole chunks that no other block writes. Returns the
+    block's record: its core, the stitched ids in it and a digest of every chunk written, which
+    `changed_cores` checks later."""
+    core = block_core(k, blocks, array.chunks)
+    ids = relabel_core(k, blocks, labels_of, offsets, lookup, array.chunks)
+    array[core] = ids
+    return {
+        "block": k,
+        "core": [[s.start, s.stop] for s in core],
+        "ids": [int(i) for i in np.unique(ids) if i],
+        "chunks": {key: _chunk_digest(array, key) for key in _chunk_keys(core, array.chunks)},
+    }
+
+
+def changed_cores(records: Sequence[dict], array: zarr.Array) -> list[int]:
+    """The blocks whose chunks in `array` are not what they wrote (missing, truncated or
+    rewritten since)."""
+    return [
+        r["block"]
+        for r in records
+        if any(_chunk_digest(array, key) != digest for key, digest in r["chunks"].items())
+    ]
+
+
+def repair_cores(
+    records: Sequence[dict],
+    array: zarr.Array,
+    blocks: Sequence[Block],
+    labels_of: Callable[[int], np.ndarray],
+    offsets: np.ndarray,
+    lookup: np.ndarray,
+) -> list[int]:
+    """Write again the cores whose chunks changed after their task wrote them; returns their
+    blocks. Raises BlockResultError if a core cannot be written as recorded."""
+    changed = changed_cores(records, array)
+    for k in changed:
+        write_core(k, blocks, labels_of, offsets, lookup, array)
+    if still := changed_cores(records, array):
+        raise BlockResultError(f"{array.store.path}: blocks {still} cannot be written as recorded")
+    return changed
+
+
+def stitch_stats(records: Sequence[dict], lookup: np.ndarray, merges: int) -> StitchStats:
+    """What the stitching did, from the blocks' records and the id table."""
+    objects = set().union(*(r["ids"] for r in records))
+    return StitchStats(len(records), len(lookup) - 1, merges, len(objects))
+
+
+class BlockReader:
+    """Block results by block index, each read when first asked for and kept while it may be
+    asked again (a block's neighbourhood); `paths[i]` is block i's result file."""
+
+    def __init__(self, blocks: Sequence[Block], paths: dict[int, str | Path]) -> None:
+        self._blocks, self._paths = blocks, paths
+        self._read = functools.lru_cache(maxsize=32)(self._load)
+
+    def _load(self, i: int) -> BlockResult:
+        return read_block_result(self._paths[i], self._blocks[i])
+
+    def __call__(self, i: int) -> np.ndarray:
+        return self._read(i).labels
+
+    def stats(self, i: int) -> dict:
+        return self._read(i).stats.to_dict()
+
+
+def save_id_table(path: str | Path, offsets: np.ndarray, lookup: np.ndarray, merges: int) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, offsets=offsets, lookup=lookup, merges=merges)
+
+
+def load_id_table(path: str | Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """(offsets, lookup, merges) as `join_ids` returned them."""
+    with np.load(path) as f:
+        return f["offsets"], f["lookup"], int(f["merges"])
+
+
+def save_core_record(path: str | Path, record: dict) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(record))
+
+
+def load_core_record(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,15 +401,9 @@ def stitch_blocks(
     a first pass over the cores finds which stitched ids are left (an object may survive in no
     core), the second writes them renumbered."""
     _check_grid(blocks, volume_shape)
-    counts = [int(labels_of(i).max(initial=0)) for i in range(len(blocks))]
-    offsets, total = id_offsets(counts), int(sum(counts))
-    pairs = (
-        pairs_between(blocks[i], labels_of(i), blocks[j], labels_of(j),
-                      (offsets[i], offsets[j]), total, config)
-        for i, j in itertools.combinations(range(len(blocks)), 2)
-        if _intersection(blocks[i], blocks[j]) is not None
-    )  # fmt: skip
-    lookup, merges = join_ids(total, pairs)
+    found = [block_pairs(k, blocks, labels_of, config) for k in range(len(blocks))]
+    offsets, lookup, merges = join_ids(found)
+    total = sum(f.count for f in found)
     left = np.zeros(total + 2, bool)
     for k in range(len(blocks)):
         left[relabel_core(k, blocks, labels_of, offsets, lookup)] = True

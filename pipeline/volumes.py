@@ -4,7 +4,8 @@ Arrays are (z, y, x). Raw images are `uint8`; labels are `uint64` with 0 = unlab
 size in nm, also (z, y, x), is stored as the attribute `voxel_size_nm` on each dataset. FFN's own
 literature and flags write sizes as (x, y, z); convert at the edge, never here.
 
-Volumes are addressed by specs `path.h5:dataset`. Reading validates and fails with one line that
+Volumes are addressed by specs `path.h5:dataset`, or `path.zarr:array` for chunked volumes that
+many tasks write at once (`pipeline.zarr_volumes`). Reading validates and fails with one line that
 names the file and the problem; writing is atomic (temporary file, then rename).
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import zarr
 
 from pipeline.atomic import atomic_path
 from pipeline.errors import (
@@ -22,12 +24,14 @@ from pipeline.errors import (
     EmptyLabelsError,
     NonFiniteError,
     VolumeDtypeError,
+    VolumeError,
     VolumeFileMissing,
     VolumeReadError,
     VolumeShapeError,
     VoxelSizeError,
     first_line,
 )
+from pipeline.zarr_volumes import create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
 # Where real files keep the voxel size (z, y, x) in nm, in the order they are looked for: this
@@ -72,10 +76,20 @@ class LabeledVolume:
 
 
 @contextlib.contextmanager
-def _checked_dataset(spec: VolumeSpec) -> Iterator[h5py.Dataset]:
+def _checked_dataset(
+    spec: VolumeSpec, writable: bool = False
+) -> Iterator["h5py.Dataset | zarr.Array"]:
     """The 3-D dataset `spec` names, open; one-line errors for a missing or unreadable file, a
     missing dataset, a dataset that is not 3-D and, in the caller's block too, data or metadata
-    that cannot be read."""
+    that cannot be read. A `.zarr` path is a chunked volume (`pipeline.zarr_volumes`)."""
+    if is_zarr(spec.path):
+        array = open_zarr(spec.path, spec.dataset, "r+" if writable else "r")
+        _require_3d(array.shape, spec)
+        with reading(spec):
+            yield array
+        return
+    if writable:
+        raise VolumeError(f"{spec}: only zarr volumes are written part by part in place")
     if not spec.path.is_file():
         raise VolumeFileMissing(f"{spec.path}: file not found")
     try:
@@ -94,11 +108,13 @@ def _checked_dataset(spec: VolumeSpec) -> Iterator[h5py.Dataset]:
                 f"{spec.path}: no dataset {spec.dataset!r} (datasets: {', '.join(found) or 'none'})"
             )
         dataset = f[spec.dataset]
-        if dataset.ndim != 3:
-            raise VolumeShapeError(
-                f"{spec}: expected a 3-D (z, y, x) array, got shape {tuple(dataset.shape)}"
-            )
+        _require_3d(dataset.shape, spec)
         yield dataset
+
+
+def _require_3d(shape: Sequence[int], spec: VolumeSpec) -> None:
+    if len(shape) != 3:
+        raise VolumeShapeError(f"{spec}: expected a 3-D (z, y, x) array, got shape {tuple(shape)}")
 
 
 @contextlib.contextmanager
@@ -151,7 +167,7 @@ def volume_shape(spec: "str | VolumeSpec") -> ZYX:
         return tuple(int(n) for n in dataset.shape)
 
 
-def _stored_voxel_size(dataset: h5py.Dataset, spec: VolumeSpec) -> VoxelSize | None:
+def _stored_voxel_size(dataset: "h5py.Dataset | zarr.Array", spec: VolumeSpec) -> VoxelSize | None:
     for name in VOXEL_SIZE_ATTRS:
         if name in dataset.attrs:
             return _check_voxel_size(dataset.attrs[name], f"{spec} (attribute {name!r})")
@@ -210,10 +226,13 @@ def label_ids(array: np.ndarray, spec: object) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def open_volume(spec: "str | VolumeSpec") -> Iterator[h5py.Dataset]:
+def open_volume(
+    spec: "str | VolumeSpec", writable: bool = False
+) -> Iterator["h5py.Dataset | zarr.Array"]:
     """A volume open to be read part by part (file, dataset and 3-D checked; a read error names
-    it in one line): for volumes that need not fit in memory."""
-    with _checked_dataset(VolumeSpec.parse(spec)) as dataset:
+    it in one line): for volumes that need not fit in memory. An h5py dataset or a zarr array:
+    both are sliced as numpy arrays are. `writable`: a zarr volume to write chunks into."""
+    with _checked_dataset(VolumeSpec.parse(spec), writable) as dataset:
         yield dataset
 
 
@@ -342,3 +361,21 @@ def new_volume(
         raise VolumeShapeError(f"{path}: a volume is 3-D, got shape {tuple(shape)}")
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         yield _create(f, name, tuple(shape), np.dtype(dtype), voxel_size)
+
+
+def new_chunked_volume(
+    path: str | Path,
+    name: str,
+    shape: Sequence[int],
+    dtype: np.dtype,
+    voxel_size_nm: Sequence[float],
+    chunks: Sequence[int],
+) -> None:
+    """A new zarr volume of zeros, to be written chunk by chunk by many tasks at once (each its
+    own whole chunks); read it back with `open_volume("path.zarr:name")`."""
+    voxel_size = _check_voxel_size(voxel_size_nm, path)
+    if len(shape) != 3 or len(chunks) != 3:
+        raise VolumeShapeError(
+            f"{path}: a volume is 3-D, got shape {tuple(shape)}, chunks {tuple(chunks)}"
+        )
+    create_zarr(path, name, shape, dtype, chunks, {VOXEL_SIZE_ATTR: list(voxel_size)})

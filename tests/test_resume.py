@@ -169,7 +169,7 @@ class TestLostOutputAndWorker:
         run_dir = copy_run(tiny_run, tmp_path_factory.mktemp("lost") / "run")
         (block,) = sorted((run_dir / "inference" / "blocks").glob("block_0_0_0.npz"))
         block.unlink()
-        (run_dir / "inference" / "segmentation.h5").unlink()
+        shutil.rmtree(run_dir / "inference" / "segmentation.zarr")
         process = subprocess.Popen(
             [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir), "--resume"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -194,7 +194,7 @@ class TestLostOutputAndWorker:
             "infer      3/4 up to date; runs: infer[0]: output missing: blocks/block_0_0_0.npz"
             in out
         )
-        assert "stitch     0/1 up to date; runs: after infer" in out
+        assert "stitch     3/10 up to date; runs: stitch[pairs 0]: after infer;" in out
         assert ran(resumed["run_dir"]) == {"infer", "stitch", "evaluate", "export"}
         np.testing.assert_array_equal(segmentation(resumed["run_dir"]), segmentation(tiny_run))
 
@@ -203,6 +203,20 @@ class TestLostOutputAndWorker:
         assert resumed["rc"] == 0, resumed["out"][-3000:]
         assert tries(resumed["run_dir"])["infer_block"] == 2  # the lost try, then the one that ran
         np.testing.assert_array_equal(segmentation(resumed["run_dir"]), segmentation(tiny_run))
+
+
+def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny_run, tmp_path):
+    run_dir = copy_run(tiny_run, tmp_path / "run")
+    chunks = run_dir / "inference" / "segmentation.zarr" / "segmentation"
+    lost = sorted(chunks.glob("0.*"))[1]  # a chunk of a core of a block, not its metadata
+    lost.unlink()
+    out = resume(run_dir, TINY)
+    assert "stitch     9/10 up to date; runs: stitch: output changed since it was made" in out
+    # Of the stitching, only its last task ran (and what reads the segmentation after it).
+    assert set(tries(run_dir)) == {"finish_stitch", "evaluate", "export"}
+    summary = json.loads((run_dir / "inference" / "stitch.json").read_text())
+    assert summary["repaired_blocks"] and lost.is_file()
+    np.testing.assert_array_equal(segmentation(run_dir), segmentation(tiny_run))
 
 
 def kill_worker_reading(run_dir, path: str, timeout: float = 120) -> int | None:

@@ -2,24 +2,25 @@
 core relabelled on its own from its neighbours only. The hand-made cases (slivers taken from a
 neighbour, merged objects not swallowing their neighbours) are in test_blocks.py."""
 
-import itertools
-
 import cc3d
 import fastremap
 import h5py
 import numpy as np
+import pytest
 from test_inference import assert_same_segmentation
 from test_parts import CUT
 
 from pipeline.blocks import BlockConfig, BlockResult, plan_blocks
+from pipeline.errors import ConfigError
 from pipeline.inference import InferenceStats
 from pipeline.stitching import (
     block_core,
+    block_pairs,
     core_neighbours,
-    id_offsets,
     join_ids,
-    pairs_between,
+    load_block_pairs,
     relabel_core,
+    save_block_pairs,
     stitch,
 )
 
@@ -42,23 +43,26 @@ def blocks_of(truth: np.ndarray) -> list[BlockResult]:
     return results
 
 
-def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task():
+def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task(tmp_path):
     truth = real_bodies()
     results = blocks_of(truth)
     blocks = [r.block for r in results]
     assert len(blocks) == 32  # 2 x 4 x 4: the middle ones have neighbours on every side
 
-    counts = [int(r.labels.max()) for r in results]
-    offsets, total = id_offsets(counts), sum(counts)
-    pairs = [
-        pairs_between(blocks[i], results[i].labels, blocks[j], results[j].labels,
-                      (offsets[i], offsets[j]), total, CONFIG)
-        for i, j in itertools.combinations(range(len(blocks)), 2)
-    ]  # fmt: skip
-    lookup, merges = join_ids(total, pairs)
+    # Step 1, a task per block, each leaving a file; step 2 reads only those files.
+    for k in range(len(blocks)):
+        save_block_pairs(
+            tmp_path / f"{k}.npz", block_pairs(k, blocks, lambda i: results[i].labels, CONFIG)
+        )
+    found = [load_block_pairs(tmp_path / f"{k}.npz") for k in range(len(blocks))]
+    assert [f.count for f in found] == [int(r.labels.max()) for r in results]
+    offsets, lookup, merges = join_ids(found)
     assert merges > 0
 
+    # Step 3, a task per block: cores on a chunk grid, each written whole by one task.
+    chunk = (4, 8, 8)
     by_tasks = np.zeros(truth.shape, np.uint64)
+    written = np.zeros(truth.shape, np.uint8)
     for k in range(len(blocks)):
         asked: list[int] = []
 
@@ -66,10 +70,20 @@ def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task():
             asked.append(i)
             return results[i].labels
 
-        by_tasks[block_core(k, blocks)] = relabel_core(k, blocks, labels_of, offsets, lookup)
-        assert set(asked) <= set(core_neighbours(k, blocks))  # only the core's neighbours read
-        assert len(core_neighbours(k, blocks)) < len(blocks)
+        core = block_core(k, blocks, chunk)
+        assert all(s.start % c == 0 for s, c in zip(core, chunk, strict=True))
+        by_tasks[core] = relabel_core(k, blocks, labels_of, offsets, lookup, chunk)
+        written[core] += 1
+        assert set(asked) <= set(core_neighbours(k, blocks, chunk))  # only the core's neighbours
+        assert len(core_neighbours(k, blocks, chunk)) < len(blocks)
+    assert (written == 1).all()  # the cores tile the volume
     assert_same_segmentation(by_tasks, truth)
     in_memory, stats = stitch(results, truth.shape, CONFIG)
     assert_same_segmentation(in_memory, truth)
     assert stats.objects == len(np.unique(truth[truth > 0])) and stats.merges == merges
+
+
+def test_the_output_chunks_must_fit_in_the_overlaps():
+    assert BlockConfig(overlap_zyx=(16, 24, 100)).chunks == (16, 16, 64)  # powers of two
+    with pytest.raises(ConfigError, match="chunk_zyx <= overlap_zyx"):
+        BlockConfig(overlap_zyx=(8, 8, 8), chunk_zyx=(8, 16, 16))

@@ -10,6 +10,7 @@ from pipeline.errors import (
     EmptyLabelsError,
     NonFiniteError,
     VolumeDtypeError,
+    VolumeError,
     VolumeFileMissing,
     VolumeShapeError,
     VoxelSizeError,
@@ -300,3 +301,63 @@ def test_a_corrupted_chunk_is_named_by_file_and_dataset(tmp_path):
         segment_block(
             f["raw"], Block((0, 0, 0), (16, 32, 32)), None, ModelConfig(), InferenceConfig()
         )
+
+
+class TestZarrVolumes:
+    """`path.zarr:array`: the chunked volumes that many tasks write side by side."""
+
+    def test_tasks_write_their_own_chunks_and_every_reader_sees_the_volume(self, tmp_path):
+        raw, labels = small_pair(shape=(8, 16, 16))
+        path = tmp_path / "seg.zarr"
+        volumes.new_chunked_volume(path, "seg", labels.shape, np.uint64, VOXEL, (4, 8, 8))
+        for z in (0, 4):  # two "tasks", each its own slab of whole chunks
+            with volumes.open_volume(f"{path}:seg", writable=True) as array:
+                array[z : z + 4] = labels[z : z + 4]
+        assert (
+            read_volume_pair(
+                write_volumes(tmp_path / "raw.h5", {"raw": raw}, VOXEL).as_posix() + ":raw",
+                f"{path}:seg",
+            ).labels.tolist()
+            == labels.tolist()
+        )
+        header = volumes.read_header(f"{path}:seg", labels=True)
+        assert header.shape == labels.shape and header.voxel_size_nm == VOXEL
+        assert sorted(p.name for p in (path / "seg").iterdir() if p.name[0] != ".")[:2] == [
+            "0.0.0",
+            "0.0.1",
+        ]
+
+    def test_an_unwritten_volume_reads_as_unlabeled_and_is_refused_as_labels(self, tmp_path):
+        path = tmp_path / "seg.zarr"
+        volumes.new_chunked_volume(path, "seg", (4, 8, 8), np.uint64, VOXEL, (4, 8, 8))
+        with volumes.open_volume(f"{path}:seg") as array:
+            assert not array[...].any()
+        with pytest.raises(EmptyLabelsError, match="all zero"):
+            volumes.read_labels(f"{path}:seg")
+
+    def test_bad_specs_fail_with_one_line(self, tmp_path):
+        path = tmp_path / "seg.zarr"
+        with pytest.raises(VolumeFileMissing, match="not a zarr group"):
+            volumes.read_raw(f"{path}:seg")
+        volumes.new_chunked_volume(path, "seg", (4, 8, 8), np.uint64, VOXEL, (4, 8, 8))
+        with pytest.raises(DatasetMissing, match=r"no array 'raw' \(arrays: seg\)"):
+            volumes.read_raw(f"{path}:raw")
+        with pytest.raises(VoxelSizeError, match="3 positive numbers"):
+            volumes.new_chunked_volume(path, "seg", (4, 8, 8), np.uint64, (0, 1, 1), (4, 8, 8))
+        h5 = write_volumes(tmp_path / "v.h5", {"raw": np.zeros((4, 8, 8), np.uint8)}, VOXEL)
+        with pytest.raises(VolumeError, match="only zarr volumes are written"):
+            with volumes.open_volume(f"{h5}:raw", writable=True):
+                pass
+
+    def test_a_new_volume_appears_whole_or_not_at_all(self, tmp_path, monkeypatch):
+        import zarr
+
+        path = tmp_path / "seg.zarr"
+
+        def fail(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(zarr.hierarchy.Group, "create_dataset", fail)
+        with pytest.raises(OSError, match="No space left"):
+            volumes.new_chunked_volume(path, "seg", (4, 8, 8), np.uint64, VOXEL, (4, 8, 8))
+        assert list(tmp_path.iterdir()) == []

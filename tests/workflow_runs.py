@@ -6,8 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
+
+from pipeline.volumes import open_volume
 
 ROOT = Path(__file__).parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
@@ -43,8 +44,8 @@ def copy_run(run_dir: Path, to: Path) -> Path:
 
 
 def segmentation(run_dir: Path) -> np.ndarray:
-    with h5py.File(run_dir / "inference" / "segmentation.h5", "r") as f:
-        return f["segmentation"][...]
+    with open_volume(f"{run_dir / 'inference' / 'segmentation.zarr'}:segmentation") as array:
+        return array[...]
 
 
 def tries(run_dir: Path) -> dict[str, int]:

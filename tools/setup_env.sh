@@ -79,7 +79,7 @@ pip install -q --upgrade 'pip==26.3' 'setuptools==69.5.1' 'wheel==0.48.0'
 pip install -q -r <(echo "$requirements")
 
 if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-  echo "[setup] building horovod==$HOROVOD_VERSION against TensorFlow $TF_VERSION (about 3 minutes on 2 cores)"
+  echo "[setup] building horovod==$HOROVOD_VERSION against TensorFlow $TF_VERSION (3 to 15 minutes on 2 cores, once: the wheel is cached)"
   mkdir -p "$wheel_dir.tmp"
   # CMAKE_POLICY_VERSION_MINIMUM: Horovod's bundled gloo declares an old cmake minimum.
   env "${build_flags[@]}" CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
