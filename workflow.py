@@ -364,7 +364,11 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
 def describe_progress(name: str, record: dict) -> str:
     """One line on a running block (its progress file, pipeline.blocks.block_progress_path)."""
     eta = record.get("eta_s")
-    left = f", about {eta / 60:.0f} min left in this seed pass" if eta is not None else ""
+    left = (
+        f", about {eta / 60:.0f} min left in this seed pass"
+        if eta is not None
+        else f", too early for a time left ({record.get('seeds_tried', 0)} seeds tried)"
+    )
     return (
         f"{name} {record['block']}: {record['objects']} objects, {record['fov_evaluations']:,} FOV "
         f"evaluations, {record['fov_per_s']:.1f} FOV/s, {record['seed_share']:.0%} of the seeds "

@@ -487,6 +487,9 @@ def _load_state(path: Path, canvas: "_Canvas", fingerprint: str) -> _SeedLoop:
     return loop
 
 
+ETA_MIN_SEEDS = 20  # seeds tried before a time left is estimated
+
+
 def progress_record(counts: Counter, loop: "_SeedLoop", seconds: float) -> dict:
     """Where a segmentation stands: objects, FOV evaluations and their rate, the share of this
     seed pass's seeds tried, and a rough time left for the pass (later passes may add seeds)."""
@@ -502,7 +505,8 @@ def progress_record(counts: Counter, loop: "_SeedLoop", seconds: float) -> dict:
         "seeds_pending": pending,
         "seed_share": share,
         "seconds": seconds,
-        "eta_s": seconds * (1 - share) / share if share > 0 else None,
+        # Objects differ in cost by orders of magnitude: no extrapolation from a few seeds.
+        "eta_s": seconds * (1 - share) / share if tried >= ETA_MIN_SEEDS and share > 0 else None,
     }
 
 

@@ -235,6 +235,7 @@ def test_a_running_block_reports_its_progress_and_clears_it_when_done(tmp_path):
     import json
 
     from pipeline.blocks import block_progress_path
+    from pipeline.inference import ETA_MIN_SEEDS
 
     raw, _ = hand_made_volume()
     block = plan_blocks(raw.shape, BLOCKS)[0]
@@ -252,6 +253,7 @@ def test_a_running_block_reports_its_progress_and_clears_it_when_done(tmp_path):
     assert seen and seen[0]["block"] == block.name
     assert [r["fov_evaluations"] for r in seen] == sorted(r["fov_evaluations"] for r in seen)
     assert 0 < seen[-1]["seed_share"] <= 1 and seen[-1]["fov_per_s"] > 0
+    assert all((r["eta_s"] is None) == (r["seeds_tried"] < ETA_MIN_SEEDS) for r in seen)
     assert seen[-1]["objects"] <= result.stats.objects
     assert not progress.exists()  # done: nothing stale left for the next run to print
 

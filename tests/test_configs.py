@@ -34,5 +34,5 @@ def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, monkeypa
 
 def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
-    assert len(flyem) == 3
+    assert len(flyem) == 4
     assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in flyem}) == 1

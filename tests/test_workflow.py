@@ -165,3 +165,8 @@ def test_a_running_blocks_progress_reads_as_one_line():
         "infer[0] block_0_0_0: 12 objects, 3,456 FOV evaluations, 1.3 FOV/s, 40% of the seeds "
         "tried, about 25 min left in this seed pass"
     )
+    # The first seeds' objects say nothing of the rest (one object can take an hour).
+    early = record | {"eta_s": None, "seeds_tried": 2}
+    assert cli.describe_progress("infer[0]", early).endswith(
+        "tried, too early for a time left (2 seeds tried)"
+    )
