@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from workflow_runs import ROOT, TINY, workflow
+from workflow_runs import IMPORT_TRACE, ROOT, TINY, imported, workflow
 
 
 @pytest.mark.mpi
@@ -130,7 +130,7 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
     env = os.environ | {"FFN_QUEUE": "prod"}
     done = subprocess.run(
         [sys.executable, "workflow.py", "--site", "polaris", "--dry-run", "--account", "abc123"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert "account: abc123" in done.stdout and "queue: prod" in done.stdout
     assert "placeholder" not in done.stdout
@@ -145,15 +145,20 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
         ["-m", "pipeline.export"],
     ],
 )
-def test_help_comes_in_under_two_seconds(command):
-    import time
-
-    started = time.monotonic()
+def test_help_imports_neither_tensorflow_nor_parsl(command):
+    # What makes --help take seconds is loading TensorFlow or Parsl; asserting on what is imported
+    # (not on seconds) holds on a slow machine too.
     done = subprocess.run(
-        [sys.executable, *command, "--help"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, *command, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=IMPORT_TRACE,
     )
     assert done.returncode == 0 and "usage:" in done.stdout
-    assert time.monotonic() - started < 2.0  # TensorFlow and Parsl are imported only when used
+    modules = imported(done.stderr)
+    assert "argparse" in modules  # the trace really lists what was imported
+    assert {"tensorflow", "parsl", "horovod", "cloudvolume"}.isdisjoint(modules)
 
 
 def test_a_running_blocks_progress_reads_as_one_line():

@@ -1,5 +1,6 @@
 """Running `workflow.py` from tests: the command, a run's outputs, copies and variants of runs."""
 
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -14,16 +15,32 @@ ROOT = Path(__file__).parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
 
 
-def workflow(*args: str, timeout: float = 900, expect: int = 0) -> subprocess.CompletedProcess:
+def workflow(
+    *args: str, timeout: float = 900, expect: int = 0, env: dict | None = None
+) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, "workflow.py", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
     assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+# Python lists every module it imports on stderr ("import time: ... | name") with this set.
+IMPORT_TRACE = os.environ | {"PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def imported(stderr: str) -> set[str]:
+    """The top-level packages a process run with IMPORT_TRACE imported."""
+    return {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
 
 
 def tiny_variant(folder: Path, name: str, replacements: dict[str, str]) -> Path:
