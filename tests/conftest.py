@@ -1,10 +1,12 @@
 """Shared fixtures and the capability markers: a test marked `mpi` or `browser` is skipped, with
-the reason, when this machine lacks the resource instead of failing."""
+the reason, when this machine lacks the resource instead of failing; a test marked `slow` is
+skipped, with the reason, once the suite has used its time budget (FFN_TEST_BUDGET_MIN)."""
 
 import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,22 @@ def _missing_browser() -> str | None:
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
         return "headless Chromium/chromedriver not installed (apt-get install chromium chromium-driver)"
     return None
+
+
+# Minutes of the suite after which tests marked `slow` (whole workflows, training runs) are skipped
+# rather than started: on a machine several times slower than usual the suite then still ends
+# within CI's limit, and the summary lists what was left out. 0: no budget.
+BUDGET_MINUTES = float(os.environ.get("FFN_TEST_BUDGET_MIN", "30"))
+_SUITE_STARTED = time.monotonic()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    spent = (time.monotonic() - _SUITE_STARTED) / 60
+    if BUDGET_MINUTES and "slow" in item.keywords and spent > BUDGET_MINUTES:
+        pytest.skip(
+            f"slow test not started: the suite has run {spent:.1f} min of its "
+            f"FFN_TEST_BUDGET_MIN={BUDGET_MINUTES:g} (this machine is slow; 0 runs them all)"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
