@@ -12,7 +12,7 @@ import pytest
 WORKER = Path(__file__).with_name("mpi_worker.py")
 
 
-def mpiexec(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def mpiexec(ranks: int, *args: str, timeout: float = 1000) -> subprocess.CompletedProcess:
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}"}
     # One thread per rank: 2 ranks on 2 cores, as a node would be split between ranks.

@@ -288,7 +288,7 @@ def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_p
     # The tmpfs lives as long as the namespace: list what the failed export left, from inside.
     done = subprocess.run(
         _tmpfs_command("48k", disk, f"{export_cli}; echo exit=$?; ls -A {disk}"),
-        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=300,
+        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=900,
     )  # fmt: skip
     assert "exit=1" in done.stdout, done.stdout + done.stderr
     # Besides the progress bar's redrawn lines, one line: the error, naming where it wrote.

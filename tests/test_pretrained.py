@@ -378,7 +378,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
 
 

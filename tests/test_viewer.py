@@ -183,7 +183,7 @@ def test_headless_chromium_renders_the_segmentation_and_its_meshes(precomputed, 
                 return png if coloured(png, half) else None
 
             # Default view: the 2-D panel (left) overlays segment colours on the EM image.
-            png = wait_for(lambda: coloured_in("left"), 60)
+            png = wait_for(lambda: coloured_in("left"), 180)
             screenshot = tmp_path / "viewer.png"
             screenshot.write_bytes(png or driver.get_screenshot_as_png())
             shutil.copyfile(screenshot, SCREENSHOT_COPY)
@@ -191,9 +191,9 @@ def test_headless_chromium_renders_the_segmentation_and_its_meshes(precomputed, 
             # Without the slices the 3-D panel (right) can only be coloured by the meshes.
             with handle.viewer.txn() as state:
                 state.show_slices = False
-            meshes = wait_for(lambda: coloured_in("right"), 60)
+            meshes = wait_for(lambda: coloured_in("right"), 180)
             if not meshes:
                 (tmp_path / "meshes.png").write_bytes(driver.get_screenshot_as_png())
-            assert meshes, f"no meshes in the 3-D panel after 60 s (see {tmp_path / 'meshes.png'})"
+            assert meshes, f"no meshes in the 3-D panel after 180 s (see {tmp_path / 'meshes.png'})"
         finally:
             driver.quit()

@@ -59,7 +59,7 @@ def test_dry_run_on_theta_needs_no_scheduler():
 def test_stages_left_out_must_have_their_outputs(tmp_path):
     done = subprocess.run(
         [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(tmp_path), "--stages", "train"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 2
     assert "--stages leaves out 'stage', but 'train' needs its output" in done.stderr
@@ -130,7 +130,7 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
     env = os.environ | {"FFN_QUEUE": "prod"}
     done = subprocess.run(
         [sys.executable, "workflow.py", "--site", "polaris", "--dry-run", "--account", "abc123"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert "account: abc123" in done.stdout and "queue: prod" in done.stdout
     assert "placeholder" not in done.stdout
