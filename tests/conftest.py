@@ -36,7 +36,7 @@ def _missing_browser() -> str | None:
 # (CI has been: importing TensorFlow took minutes) it then still ends within CI's limit, and the
 # summary lists what was left out. Tests that launch ranks or whole workflows stop at half of it.
 # 0: no budget.
-BUDGET_MINUTES = float(os.environ.get("FFN_TEST_BUDGET_MIN", "45"))
+BUDGET_MINUTES = float(os.environ.get("FFN_TEST_BUDGET_MIN", "40"))
 _SUITE_STARTED = time.monotonic()
 
 
