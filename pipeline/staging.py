@@ -34,7 +34,8 @@ class DataConfig:
     train_seed: int = 0
     eval_seed: int = 1
     select_seed: int = 2
-    train_raw: str = ""  # path.h5:dataset of your training image ...
+    # Volumes: path.h5:dataset, path.zarr:array or precomputed://file:///layer.
+    train_raw: str = ""  # your training image ...
     train_labels: str = ""  # ... and its ground truth
     eval_raw: str = ""  # the volume to segment; without eval_labels it is segmented, not scored
     eval_labels: str = ""
@@ -121,9 +122,13 @@ def role_settings(data: DataConfig, role: str, context_zyx: Sequence[int] = (0, 
 
 
 def source_files(data: DataConfig, role: str) -> list[Path]:
-    """The user's files a role's volume is read from (none for synthetic data)."""
-    specs = [role_settings(data, role).get(key, "") for key in ("raw", "labels")]
-    return sorted({VolumeSpec.parse(spec).path for spec in specs if spec})
+    """The user's files a role's volume is read from (none for synthetic data), by which a
+    resume notices a changed source: of a precomputed layer, its metadata (`info`), not the
+    chunk files of a volume that may hold millions."""
+    specs = [
+        VolumeSpec.parse(s) for s in map(role_settings(data, role).get, ("raw", "labels")) if s
+    ]
+    return sorted({spec.path / "info" if spec.precomputed else spec.path for spec in specs})
 
 
 def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:

@@ -4,8 +4,9 @@ Arrays are (z, y, x). Raw images are `uint8`; labels are `uint64` with 0 = unlab
 size in nm, also (z, y, x), is stored as the attribute `voxel_size_nm` on each dataset. FFN's own
 literature and flags write sizes as (x, y, z); convert at the edge, never here.
 
-Volumes are addressed by specs `path.h5:dataset`, or `path.zarr:array` for chunked volumes that
-many tasks write at once (`pipeline.zarr_volumes`). Reading validates and fails with one line that
+Volumes are addressed by specs `path.h5:dataset`, `path.zarr:array` for chunked volumes that
+many tasks write at once (`pipeline.zarr_volumes`), or `precomputed://file:///layer` for
+Neuroglancer precomputed inputs read in place (`pipeline.precomputed_volumes`). Reading validates and fails with one line that
 names the file and the problem; writing is atomic (temporary file, then rename).
 """
 
@@ -31,6 +32,8 @@ from pipeline.errors import (
     VoxelSizeError,
     first_line,
 )
+from pipeline.precomputed_volumes import PREFIX as PRECOMPUTED_PREFIX
+from pipeline.precomputed_volumes import PrecomputedArray, is_precomputed, local_path
 from pipeline.zarr_volumes import create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
@@ -43,7 +46,8 @@ VoxelSize = tuple[float, float, float]
 
 @dataclass(frozen=True)
 class VolumeSpec:
-    """Where one 3-D dataset lives: an HDF5 file and a dataset path inside it."""
+    """Where one 3-D dataset lives: an HDF5 file (or zarr group) and a dataset path inside it,
+    or a precomputed layer's folder (`dataset` empty)."""
 
     path: Path
     dataset: str
@@ -52,12 +56,23 @@ class VolumeSpec:
     def parse(cls, spec: "str | VolumeSpec") -> "VolumeSpec":
         if isinstance(spec, VolumeSpec):
             return spec
+        if is_precomputed(spec):
+            return cls(local_path(spec), "")
         path, sep, dataset = str(spec).rpartition(":")
         if not sep or not path or not dataset:
-            raise DatasetMissing(f"volume spec {spec!r} must look like path.h5:dataset")
+            raise DatasetMissing(
+                f"volume spec {spec!r} must look like path.h5:dataset, path.zarr:array "
+                "or precomputed://file:///path"
+            )
         return cls(Path(path), dataset)
 
+    @property
+    def precomputed(self) -> bool:
+        return not self.dataset
+
     def __str__(self) -> str:
+        if self.precomputed:
+            return f"{PRECOMPUTED_PREFIX}file://{self.path}"
         return f"{self.path}:{self.dataset}"
 
 
@@ -81,15 +96,19 @@ def _checked_dataset(
 ) -> Iterator["h5py.Dataset | zarr.Array"]:
     """The 3-D dataset `spec` names, open; one-line errors for a missing or unreadable file, a
     missing dataset, a dataset that is not 3-D and, in the caller's block too, data or metadata
-    that cannot be read. A `.zarr` path is a chunked volume (`pipeline.zarr_volumes`)."""
+    that cannot be read. A `.zarr` path is a chunked volume (`pipeline.zarr_volumes`), a spec
+    without a dataset a precomputed layer (`pipeline.precomputed_volumes`)."""
+    if writable and (spec.precomputed or not is_zarr(spec.path)):
+        raise VolumeError(f"{spec}: only zarr volumes are written part by part in place")
+    if spec.precomputed:
+        yield PrecomputedArray(spec.path, VOXEL_SIZE_ATTR)
+        return
     if is_zarr(spec.path):
         array = open_zarr(spec.path, spec.dataset, "r+" if writable else "r")
         _require_3d(array.shape, spec)
         with reading(spec):
             yield array
         return
-    if writable:
-        raise VolumeError(f"{spec}: only zarr volumes are written part by part in place")
     if not spec.path.is_file():
         raise VolumeFileMissing(f"{spec.path}: file not found")
     try:

@@ -12,6 +12,7 @@ from pipeline.errors import (
     VolumeDtypeError,
     VolumeError,
     VolumeFileMissing,
+    VolumeReadError,
     VolumeShapeError,
     VoxelSizeError,
 )
@@ -361,3 +362,74 @@ class TestZarrVolumes:
         with pytest.raises(OSError, match="No space left"):
             volumes.new_chunked_volume(path, "seg", (4, 8, 8), np.uint64, VOXEL, (4, 8, 8))
         assert list(tmp_path.iterdir()) == []
+
+
+def write_precomputed(folder, array: np.ndarray, voxel_size_zyx, layer_type="image"):
+    """A precomputed layer of a (z, y, x) array as other tools write them: (x, y, z) order, an
+    anisotropic voxel size, a voxel offset, several chunks."""
+    from cloudvolume import CloudVolume
+
+    info = CloudVolume.create_new_info(
+        num_channels=1,
+        layer_type=layer_type,
+        data_type=str(array.dtype),
+        encoding="raw",
+        resolution=list(voxel_size_zyx[::-1]),
+        voxel_offset=[7, 5, 3],
+        volume_size=list(array.shape[::-1]),
+        chunk_size=[8, 8, 4],
+    )
+    volume = CloudVolume(f"file://{folder}", info=info, progress=False)
+    volume.commit_info()
+    volume[:, :, :] = array.T
+    return f"precomputed://file://{folder}"
+
+
+class TestPrecomputedInputs:
+    """`precomputed://file:///layer`: a Neuroglancer precomputed volume read in place, part by
+    part, in the project's (z, y, x) convention."""
+
+    def test_read_whole_and_in_parts_as_z_y_x(self, tmp_path):
+        raw, labels = small_pair(shape=(8, 12, 16))
+        raw_spec = write_precomputed(tmp_path / "raw", raw, VOXEL)
+        labels_spec = write_precomputed(tmp_path / "seg", labels, VOXEL, "segmentation")
+        volume = read_volume_pair(raw_spec, labels_spec)
+        np.testing.assert_array_equal(volume.raw, raw)
+        np.testing.assert_array_equal(volume.labels, labels)
+        assert volume.voxel_size_nm == VOXEL  # the layer's (x, y, z) resolution, turned
+        with volumes.open_volume(raw_spec) as array:
+            assert array.shape == raw.shape and array.dtype == np.uint8
+            np.testing.assert_array_equal(array[2:7, 3:11, 5:16], raw[2:7, 3:11, 5:16])
+        assert str(VolumeSpec.parse(raw_spec)) == raw_spec
+
+    def test_a_part_is_staged_and_a_resume_watches_the_layers_info(self, tmp_path):
+        from pipeline.staging import DataConfig, source_files, stage_files
+
+        raw, labels = small_pair(shape=(8, 12, 16))
+        raw_spec = write_precomputed(tmp_path / "raw", raw, VOXEL)
+        labels_spec = write_precomputed(tmp_path / "seg", labels, VOXEL, "segmentation")
+        stage_files(tmp_path / "staged.h5", raw_spec, labels_spec, roi="2:6, 0:12, 4:12")
+        with h5py.File(tmp_path / "staged.h5") as f:
+            np.testing.assert_array_equal(f["raw"][...], raw[2:6, :, 4:12])
+            np.testing.assert_array_equal(f["labels"][...], labels[2:6, :, 4:12])
+        data = DataConfig(train_raw=raw_spec, train_labels=labels_spec, eval_raw=raw_spec)
+        assert source_files(data, "train") == [tmp_path / "raw" / "info", tmp_path / "seg" / "info"]
+
+    def test_a_missing_chunk_is_an_error_never_zeros(self, tmp_path):
+        raw, _ = small_pair(shape=(8, 12, 16))
+        spec = write_precomputed(tmp_path / "raw", raw, VOXEL)
+        scale = next(p for p in (tmp_path / "raw").iterdir() if p.is_dir())
+        chunks = sorted(scale.iterdir())
+        chunks[0].unlink()
+        with pytest.raises(VolumeReadError, match=f"{spec}: cannot read its data"):
+            read_raw(spec)
+
+    def test_bad_specs_fail_with_one_line(self, tmp_path):
+        with pytest.raises(VolumeFileMissing, match="no precomputed layer"):
+            read_raw(f"precomputed://file://{tmp_path}/nothing")
+        with pytest.raises(VolumeFileMissing, match="only local precomputed layers"):
+            read_raw("precomputed://gs://bucket/layer")
+        spec = write_precomputed(tmp_path / "raw", small_pair()[0], VOXEL)
+        with pytest.raises(VolumeError, match="only zarr volumes are written"):
+            with volumes.open_volume(spec, writable=True):
+                pass

@@ -16,7 +16,7 @@ TINY = ROOT / "configs" / "tiny.toml"
 
 
 def workflow(
-    *args: str, timeout: float = 900, expect: int = 0, env: dict | None = None
+    *args: str, timeout: float = 1700, expect: int = 0, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, "workflow.py", *args],
