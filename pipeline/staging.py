@@ -18,7 +18,14 @@ from pipeline.errors import ConfigError, EmptyLabelsError, VolumeShapeError, Vox
 from pipeline.roi import Roi, check_apart, check_roi
 from pipeline.stamps import digest_arrays
 from pipeline.synthetic import PRESETS, generate
-from pipeline.volumes import VolumeSpec, read_header, read_raw, read_volume_pair, write_volumes
+from pipeline.volumes import (
+    VolumeSpec,
+    read_header,
+    read_raw,
+    read_volume_pair,
+    volume_shape,
+    write_volumes,
+)
 
 STAGED_ATTR = "staged_from"
 SCORED_ATTR = "scored_roi"  # z0:z1, y0:y1, x0:x1 within the staged volume
@@ -203,19 +210,20 @@ def stage_files(
     context_zyx: Sequence[int] = (0, 0, 0),
 ) -> str:
     """Validate the user's volume(s) and copy them, or their `roi` with `context_zyx` around it,
-    in; labels are optional (then nothing is scored). The scored part within the staged volume
-    is its attribute `scored_roi`. Returns the digest of the content read."""
-    if labels_spec:
-        volume = read_volume_pair(raw_spec, labels_spec, voxel_size_nm=voxel_size_nm)
-        arrays, voxel_size = {"raw": volume.raw, "labels": volume.labels}, volume.voxel_size_nm
-    else:
-        raw, voxel_size = read_raw(raw_spec, voxel_size_nm)
-        arrays = {"raw": raw}
-    shape = arrays["raw"].shape
+    in; labels are optional (then nothing is scored). Only the staged region is read, so a part
+    of a volume larger than memory can be staged. The scored part within the staged volume is
+    its attribute `scored_roi`. Returns the digest of the content read."""
+    shape = volume_shape(raw_spec)
     part = Roi.parse(roi) if roi else Roi.whole(shape)
     check_roi(part, shape, (1, 1, 1), f"{raw_spec}: ROI")
     staged = part.grown(context_zyx, shape)
-    arrays = {name: array[staged.slices] for name, array in arrays.items()}
+    region = staged.slices if roi else None
+    if labels_spec:
+        volume = read_volume_pair(raw_spec, labels_spec, voxel_size_nm=voxel_size_nm, region=region)
+        arrays, voxel_size = {"raw": volume.raw, "labels": volume.labels}, volume.voxel_size_nm
+    else:
+        raw, voxel_size = read_raw(raw_spec, voxel_size_nm, region)
+        arrays = {"raw": raw}
     if "labels" in arrays and not arrays["labels"][part.relative_to(staged).slices].any():
         raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
     provenance = json.dumps(

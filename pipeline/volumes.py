@@ -146,9 +146,15 @@ def reading(where: object) -> Iterator[None]:
         raise VolumeReadError(f"{where}: cannot read its data ({first_line(exc)})") from None
 
 
-def _open_dataset(spec: VolumeSpec) -> tuple[np.ndarray, VoxelSize | None]:
+Region = tuple[slice, slice, slice]
+
+
+def _open_dataset(
+    spec: VolumeSpec, region: Region | None = None
+) -> tuple[np.ndarray, VoxelSize | None]:
+    """The voxels of `region` (default: all) and the stored voxel size."""
     with _checked_dataset(spec) as dataset:
-        return dataset[...], _stored_voxel_size(dataset, spec)
+        return dataset[region or ...], _stored_voxel_size(dataset, spec)
 
 
 @dataclass(frozen=True)
@@ -256,11 +262,14 @@ def open_volume(
 
 
 def read_raw(
-    spec: "str | VolumeSpec", voxel_size_nm: Sequence[float] | None = None
+    spec: "str | VolumeSpec",
+    voxel_size_nm: Sequence[float] | None = None,
+    region: Region | None = None,
 ) -> tuple[np.ndarray, VoxelSize]:
-    """Read and validate one raw image; returns (uint8 zyx array, voxel size in nm)."""
+    """Read and validate one raw image, or its `region` only; returns (uint8 zyx array, voxel
+    size in nm)."""
     spec = VolumeSpec.parse(spec)
-    array, stored_size = _open_dataset(spec)
+    array, stored_size = _open_dataset(spec, region)
     return _as_raw(array, spec), _resolve_voxel_size(spec, stored_size, voxel_size_nm)
 
 
@@ -283,11 +292,14 @@ def _resolve_voxel_size(
 
 
 def read_labels(
-    spec: "str | VolumeSpec", voxel_size_nm: Sequence[float] | None = None
+    spec: "str | VolumeSpec",
+    voxel_size_nm: Sequence[float] | None = None,
+    region: Region | None = None,
 ) -> tuple[np.ndarray, VoxelSize]:
-    """Read and validate one label volume; returns (uint64 zyx array, voxel size in nm)."""
+    """Read and validate one label volume, or its `region` only; returns (uint64 zyx array,
+    voxel size in nm)."""
     spec = VolumeSpec.parse(spec)
-    array, stored_size = _open_dataset(spec)
+    array, stored_size = _open_dataset(spec, region)
     return _as_labels(array, spec), _resolve_voxel_size(spec, stored_size, voxel_size_nm)
 
 
@@ -298,18 +310,22 @@ def read_volume_pair(
     name: str | None = None,
     min_shape_zyx: Sequence[int] | None = None,
     voxel_size_nm: Sequence[float] | None = None,
+    region: Region | None = None,
 ) -> LabeledVolume:
-    """Read an image and its ground truth, check that they belong together, and return them.
+    """Read an image and its ground truth (or their `region` only: a part of volumes too large
+    to hold), check that they belong together, and return them.
 
     `min_shape_zyx` is the field of view: a volume smaller than it along any axis cannot train.
     `voxel_size_nm` is needed only when the files carry no `voxel_size_nm` attribute.
     """
     raw_spec, labels_spec = VolumeSpec.parse(raw_spec), VolumeSpec.parse(labels_spec)
-    raw, raw_size = read_raw(raw_spec, voxel_size_nm)
-    labels, labels_size = read_labels(labels_spec, voxel_size_nm or raw_size)
-    if labels.shape != raw.shape:
+    shapes = (volume_shape(raw_spec), volume_shape(labels_spec)) if region else None
+    raw, raw_size = read_raw(raw_spec, voxel_size_nm, region)
+    labels, labels_size = read_labels(labels_spec, voxel_size_nm or raw_size, region)
+    raw_shape, labels_shape = shapes or (raw.shape, labels.shape)
+    if labels_shape != raw_shape:
         raise VolumeShapeError(
-            f"{labels_spec}: labels shape {labels.shape} differs from raw {raw_spec} shape {raw.shape}"
+            f"{labels_spec}: labels shape {labels_shape} differs from raw {raw_spec} shape {raw_shape}"
         )
     if min_shape_zyx is not None and any(
         s < m for s, m in zip(raw.shape, min_shape_zyx, strict=True)

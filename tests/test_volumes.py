@@ -415,14 +415,23 @@ class TestPrecomputedInputs:
         data = DataConfig(train_raw=raw_spec, train_labels=labels_spec, eval_raw=raw_spec)
         assert source_files(data, "train") == [tmp_path / "raw" / "info", tmp_path / "seg" / "info"]
 
-    def test_a_missing_chunk_is_an_error_never_zeros(self, tmp_path):
+    def test_a_missing_chunk_is_an_error_never_zeros_and_a_part_reads_only_its_chunks(
+        self, tmp_path
+    ):
+        from pipeline.staging import stage_files
+
         raw, _ = small_pair(shape=(8, 12, 16))
         spec = write_precomputed(tmp_path / "raw", raw, VOXEL)
         scale = next(p for p in (tmp_path / "raw").iterdir() if p.is_dir())
-        chunks = sorted(scale.iterdir())
-        chunks[0].unlink()
+        # The chunk at x 7-15, y 5-13, z 3-7 (cloud-volume's names): z 0:4, y 0:8, x 0:8 here.
+        (first,) = scale.glob("7-15_5-13_3-7*")
+        first.unlink()
         with pytest.raises(VolumeReadError, match=f"{spec}: cannot read its data"):
             read_raw(spec)
+        # A part away from the lost chunk is staged: only its own chunks were read.
+        stage_files(tmp_path / "staged.h5", spec, roi="4:8, 0:12, 0:16")
+        with h5py.File(tmp_path / "staged.h5") as f:
+            np.testing.assert_array_equal(f["raw"][...], raw[4:8])
 
     def test_bad_specs_fail_with_one_line(self, tmp_path):
         with pytest.raises(VolumeFileMissing, match="no precomputed layer"):
