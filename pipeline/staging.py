@@ -232,6 +232,8 @@ def stage_files(
             "labels": labels_spec,
             "roi": roi,
             "staged": str(staged),
+            "source_shape_zyx": list(shape),
+            "voxel_size_nm": list(voxel_size),
         }
     )
     attrs, described = {STAGED_ATTR: provenance}, [float(v) for v in voxel_size]

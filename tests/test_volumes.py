@@ -1,5 +1,7 @@
 """Reading and writing volumes: the round trip, one test per validation error, atomic writes."""
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -412,6 +414,9 @@ class TestPrecomputedInputs:
         with h5py.File(tmp_path / "staged.h5") as f:
             np.testing.assert_array_equal(f["raw"][...], raw[2:6, :, 4:12])
             np.testing.assert_array_equal(f["labels"][...], labels[2:6, :, 4:12])
+            read = json.loads(f.attrs["staged_from"])  # what was read, for a person to check
+        assert read["raw"] == raw_spec and read["source_shape_zyx"] == [8, 12, 16]
+        assert read["voxel_size_nm"] == list(VOXEL)
         data = DataConfig(train_raw=raw_spec, train_labels=labels_spec, eval_raw=raw_spec)
         assert source_files(data, "train") == [tmp_path / "raw" / "info", tmp_path / "seg" / "info"]
 
