@@ -7,10 +7,10 @@ import importlib.util
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from processes import BUDGET_MINUTES, minutes_spent, seconds_left
 
 # Keep TensorFlow's start-up chatter out of test output; one thread pool per test process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -32,18 +32,10 @@ def _missing_browser() -> str | None:
     return None
 
 
-# Minutes after which the suite starts no further test: on a machine many times slower than usual
-# (CI has been: importing TensorFlow took minutes) it then still ends within CI's limit, and the
-# summary lists what was left out. Tests that launch ranks or whole workflows stop at half of it.
-# 0: no budget.
-BUDGET_MINUTES = float(os.environ.get("FFN_TEST_BUDGET_MIN", "40"))
-_SUITE_STARTED = time.monotonic()
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if not BUDGET_MINUTES:
         return
-    spent = (time.monotonic() - _SUITE_STARTED) / 60
+    spent = minutes_spent()
     expensive = "slow" in item.keywords or "mpi" in item.keywords
     limit = BUDGET_MINUTES / 2 if expensive else BUDGET_MINUTES
     if spent > limit:
@@ -52,6 +44,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             f"{kind} not started: the suite has run {spent:.1f} min, past {limit:g} of its "
             f"FFN_TEST_BUDGET_MIN={BUDGET_MINUTES:g} (this machine is slow; 0 runs them all)"
         )
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    # No test runs on past the budget (plus a minute to stop what it started): pytest-timeout's
+    # limit for it is cut to what is left.
+    if BUDGET_MINUTES:
+        marker = item.get_closest_marker("timeout")
+        own = (
+            float(marker.args[0])
+            if marker and marker.args
+            else float(item.config.getini("timeout"))
+        )
+        item.add_marker(pytest.mark.timeout(min(own, seconds_left() + 60)), append=False)
+    yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import processes
 import pytest
 
 WORKER = Path(__file__).with_name("mpi_worker.py")
@@ -17,11 +18,9 @@ def mpiexec(ranks: int, *args: str, timeout: float = 1000) -> subprocess.Complet
     env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}"}
     # One thread per rank: 2 ranks on 2 cores, as a node would be split between ranks.
     env |= {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
-    return subprocess.run(
+    return processes.run(
         ["mpiexec", "-n", str(ranks), sys.executable, *args],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=timeout,
         cwd=Path(__file__).parents[1],
     )

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import numpy as np
+import processes
 import pytest
 from cloudvolume import CloudVolume
 
@@ -272,7 +273,6 @@ def _can_mount_tmpfs(tmp_path) -> bool:
 
 
 def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_path):
-    import subprocess
     import sys
 
     if not shutil.which("unshare") or not _can_mount_tmpfs(tmp_path):
@@ -286,9 +286,9 @@ def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_p
         f"--segmentation {tmp_path}/in.h5:segmentation --out {disk}/out"
     )
     # The tmpfs lives as long as the namespace: list what the failed export left, from inside.
-    done = subprocess.run(
+    done = processes.run(
         _tmpfs_command("48k", disk, f"{export_cli}; echo exit=$?; ls -A {disk}"),
-        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=900,
+        cwd=os.path.dirname(os.path.dirname(__file__)), timeout=900,
     )  # fmt: skip
     assert "exit=1" in done.stdout, done.stdout + done.stderr
     # Besides the progress bar's redrawn lines, one line: the error, naming where it wrote.

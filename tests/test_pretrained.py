@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import processes
 import pytest
 
 from pipeline.errors import CheckpointError
@@ -372,13 +373,8 @@ def test_conversion_is_atomic_and_does_not_overwrite_by_default(tmp_path, fresh_
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.pretrained", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    return processes.run(
+        [sys.executable, "-m", "pipeline.pretrained", *args], cwd=REPO, env=env, timeout=900
     )
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 
 import numpy as np
+import processes
 import psutil
 import pytest
 from workflow_runs import (
@@ -182,13 +183,18 @@ class TestLostOutputAndWorker:
         process = subprocess.Popen(
             [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir), "--resume"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
         )  # fmt: skip
         lines, killed = [], None
-        for line in process.stdout:
-            lines.append(line)
-            if "infer[0] started" in line:
-                killed = kill_worker_reading(run_dir, "staged/eval.h5")
-        process.wait(timeout=600)
+        try:
+            for line in process.stdout:
+                lines.append(line)
+                if "infer[0] started" in line:
+                    killed = kill_worker_reading(run_dir, "staged/eval.h5")
+            process.wait(timeout=min(600, processes.seconds_left()))
+        finally:
+            if process.poll() is None:
+                processes.stop_tree(process)
         return {
             "run_dir": run_dir,
             "out": "".join(lines),
@@ -272,14 +278,18 @@ def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 600
-    while process.poll() is None and time.monotonic() < deadline:
-        if len(ranks(run_dir)) == 2:  # both Horovod ranks started (the tiny training is short)
-            break
-        time.sleep(0.2)
-    assert len(ranks(run_dir)) == 2, "the ranks should be training"
-    process.send_signal(signal.SIGTERM)
-    out, _ = process.communicate(timeout=300)
+    try:
+        deadline = time.monotonic() + min(600, processes.seconds_left())
+        while process.poll() is None and time.monotonic() < deadline:
+            if len(ranks(run_dir)) == 2:  # both Horovod ranks started (the tiny training is short)
+                break
+            time.sleep(0.2)
+        assert len(ranks(run_dir)) == 2, "the ranks should be training"
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            processes.stop_tree(process)
     assert process.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped by SIGTERM" in out
     time.sleep(1)

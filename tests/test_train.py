@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import processes
 import pytest
 
 from pipeline.errors import ConfigError
@@ -51,13 +52,7 @@ def train_command(data: dict, train_dir: Path, *flags: str) -> list[str]:
 
 
 def train(data: dict, train_dir: Path, *flags: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        train_command(data, train_dir, *flags),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    done = processes.run(train_command(data, train_dir, *flags), cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done
 
@@ -189,13 +184,7 @@ def test_a_bad_learning_rate_decay_is_refused(settings):
 
 
 def run_cli(data: dict, train_dir: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        train_command(data, train_dir, *flags),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    return processes.run(train_command(data, train_dir, *flags), cwd=ROOT, timeout=600)
 
 
 SHORT = ("--log-every-steps", "2", "--checkpoint-every-steps", "4", "--deterministic")

@@ -1,9 +1,9 @@
 """The whole DAG through Parsl on the local site: what a run leaves, and what the CLI refuses.
 How a run resumes after changes and faults: tests/test_resume.py."""
 
-import subprocess
 import sys
 
+import processes
 import pytest
 from workflow_runs import IMPORT_TRACE, ROOT, TINY, imported, workflow
 
@@ -43,9 +43,9 @@ class TestLocalRun:
         assert f"{tiny_run}/runinfo/000/parsl.log" in done.stdout
 
     def test_rerun_without_resume_is_refused(self, tiny_run):
-        done = subprocess.run(
+        done = processes.run(
             [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(tiny_run)],
-            cwd=ROOT, capture_output=True, text=True,
+            cwd=ROOT, timeout=900,
         )  # fmt: skip
         assert done.returncode == 2 and "add --resume" in done.stderr
 
@@ -57,9 +57,9 @@ def test_dry_run_on_theta_needs_no_scheduler():
 
 
 def test_stages_left_out_must_have_their_outputs(tmp_path):
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(tmp_path), "--stages", "train"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        cwd=ROOT, timeout=900,
     )  # fmt: skip
     assert done.returncode == 2
     assert "--stages leaves out 'stage', but 'train' needs its output" in done.stderr
@@ -128,9 +128,9 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
     import os
 
     env = os.environ | {"FFN_QUEUE": "prod"}
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "workflow.py", "--site", "polaris", "--dry-run", "--account", "abc123"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=900,
+        cwd=ROOT, env=env, timeout=900,
     )  # fmt: skip
     assert "account: abc123" in done.stdout and "queue: prod" in done.stdout
     assert "placeholder" not in done.stdout
@@ -148,12 +148,8 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
 def test_help_imports_neither_tensorflow_nor_parsl(command):
     # What makes --help take seconds is loading TensorFlow or Parsl; asserting on what is imported
     # (not on seconds) holds on a slow machine too.
-    done = subprocess.run(
-        [sys.executable, *command, "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=IMPORT_TRACE,
+    done = processes.run(
+        [sys.executable, *command, "--help"], cwd=ROOT, env=IMPORT_TRACE, timeout=300
     )
     assert done.returncode == 0 and "usage:" in done.stdout
     modules = imported(done.stderr)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import processes
 
 from pipeline.volumes import open_volume
 
@@ -18,14 +19,7 @@ TINY = ROOT / "configs" / "tiny.toml"
 def workflow(
     *args: str, timeout: float = 1700, expect: int = 0, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "workflow.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    done = processes.run([sys.executable, "workflow.py", *args], cwd=ROOT, timeout=timeout, env=env)
     assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
