@@ -19,7 +19,9 @@ such weights; `write_pretrained_selection` makes a converted model the inference
 `write_tf1_checkpoint` goes the other way, for the reference code.
 
 CLI: `python -m pipeline.pretrained --checkpoint ../shared/models/google-ffn-fib25/model.ckpt-27465036
---out data/models/fib25 [--fov-zyx 33 33 33 --deltas-zyx 8 8 8]`.
+--out data/models/fib25 [--fov-zyx 33 33 33 --deltas-zyx 8 8 8]`. Given one of our own
+checkpoints (`TRAIN_DIR/checkpoints/ckpt-N`) it writes the same folder from it
+(`ship_checkpoint`: the weights only, as `models/demo-synthetic` was made).
 """
 
 import argparse
@@ -285,7 +287,6 @@ def convert_checkpoint(
     Atomic: the folder is built beside OUT and renamed into place, so OUT is either absent, the
     previous version or complete. An existing OUT is replaced only with `overwrite`.
     """
-    import tensorflow as tf
 
     from pipeline.train_config import TrainConfig
 
@@ -307,6 +308,14 @@ def convert_checkpoint(
             "features": weights.features,
         },
     }
+    return _write_model_folder(model, record, out)
+
+
+def _write_model_folder(model, record: dict, out: Path) -> Path:
+    """`OUT/checkpoints/ckpt-0` (the weights only) + `OUT/config.json`, built beside OUT and
+    renamed into place."""
+    import tensorflow as tf
+
     with atomic_dir(out) as tmp:
         manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(model=model), str(tmp / "checkpoints"), max_to_keep=None
@@ -314,6 +323,46 @@ def convert_checkpoint(
         manager.save(checkpoint_number=CHECKPOINT_NUMBER)  # state file with a relative path
         (tmp / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return converted_checkpoint(out)
+
+
+def ship_checkpoint(
+    checkpoint: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False
+) -> Path:
+    """One checkpoint of a training run of ours (`TRAIN_DIR/checkpoints/ckpt-N`) as a model folder
+    of the same layout as `convert_checkpoint`'s: the weights only (no optimizer state, a third of
+    the size), the run's settings and where they came from. Small enough to keep in a repository
+    and start a fine-tuning from (`train_init_from`), as the demo does."""
+    from pipeline.inference import checkpoint_model_config
+    from pipeline.model import build_model, load_weights
+    from pipeline.train_config import TrainConfig
+
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise CheckpointError(f"{out}: already exists (pass --overwrite to replace it)")
+    prefix = _resolve(checkpoint)
+    config = checkpoint_model_config(prefix)
+    model = load_weights(build_model(config), prefix)
+    run = json.loads((Path(prefix).parent.parent / "config.json").read_text())
+    record = {
+        "inputs": run["inputs"],
+        "config": config_io.to_dict(TrainConfig(model=config)),
+        "world_size": None,
+        "pretrained": {
+            "format": "ffn-workflow training checkpoint",
+            "source": str(Path(prefix).resolve()),
+            "global_step": int(prefix.rpartition("-")[2]),
+            "depth": config.depth,
+            "features": config.features,
+            "trained_with": run["config"],
+        },
+    }
+    return _write_model_folder(model, record, out)
+
+
+def is_convstack_checkpoint(checkpoint: str | os.PathLike) -> bool:
+    """Whether a checkpoint is the reference code's (TF1 convstack_3d), not one of ours."""
+    names = _reader(_resolve(checkpoint)).get_variable_to_shape_map()
+    return any(name.startswith(f"{SCOPE}/") for name in names)
 
 
 def load_pretrained_weights(model, source: str | os.PathLike) -> str:
@@ -332,8 +381,7 @@ def load_pretrained_weights(model, source: str | os.PathLike) -> str:
             raise CheckpointError(f"{path}: no checkpoint in {path / 'checkpoints'}")
         path = Path(latest)
     prefix = _resolve(path)
-    names = _reader(prefix).get_variable_to_shape_map()
-    if not any(name.startswith(f"{SCOPE}/") for name in names):
+    if not is_convstack_checkpoint(prefix):
         load_weights(model, prefix)  # ours: tf.train.Checkpoint(model=...)
         return prefix
     weights = read_convstack_checkpoint(prefix)
@@ -399,7 +447,12 @@ def _parser() -> argparse.ArgumentParser:
         "model) into this workflow's format: OUT/checkpoints/ckpt-0 + OUT/config.json.",
     )
     add = parser.add_argument
-    add("--checkpoint", required=True, help="TF1 checkpoint prefix (PATH.index must exist)")
+    add(
+        "--checkpoint",
+        required=True,
+        help="TF1 checkpoint prefix (PATH.index must exist); or one of ours "
+        "(TRAIN_DIR/checkpoints/ckpt-N): its weights and its run's settings, the options below unused",
+    )
     add("--out", required=True, type=Path, help="folder to write (a train-dir-like layout)")
     add(
         "--fov-zyx",
@@ -434,6 +487,11 @@ def _parser() -> argparse.ArgumentParser:
 @one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not is_convstack_checkpoint(args.checkpoint):
+        path = ship_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+        source = json.loads((args.out / "config.json").read_text())["pretrained"]
+        print(f"wrote {path}: the weights of {source['source']} (step {source['global_step']})")
+        return 0
     path = convert_checkpoint(
         args.checkpoint,
         args.out,

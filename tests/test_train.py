@@ -163,12 +163,26 @@ def test_threads_can_be_set_per_rank(training_data, tmp_path):
     assert env == os.environ
 
 
-def test_fine_tuning_starts_from_given_weights_with_a_fresh_optimizer(training_data, tmp_path):
+@pytest.mark.parametrize("start", ["checkpoint", "shipped-folder"])
+def test_fine_tuning_starts_from_given_weights_with_a_fresh_optimizer(
+    training_data, tmp_path, start
+):
+    from pipeline.inference import predictor_from_checkpoint
+    from pipeline.pretrained import ship_checkpoint
+
     train(training_data, tmp_path / "base", "--max-steps", "4", "--checkpoint-every-steps", "4")
-    done = train(
-        training_data, tmp_path / "tuned", "--max-steps", "3",
-        "--init-from", str(tmp_path / "base" / "checkpoints" / "ckpt-4"),
-    )  # fmt: skip
+    source = tmp_path / "base" / "checkpoints" / "ckpt-4"
+    if start == "shipped-folder":  # as models/demo-synthetic was made: the weights only
+        shipped = ship_checkpoint(source, tmp_path / "shipped")
+        images, seeds = np.random.default_rng(0).normal(size=(2, 1, 9, 17, 17, 1)).astype("f4")
+        np.testing.assert_array_equal(
+            predictor_from_checkpoint(shipped)(images, seeds),
+            predictor_from_checkpoint(source)(images, seeds),
+        )
+        size = lambda prefix: Path(f"{prefix}.data-00000-of-00001").stat().st_size  # noqa: E731
+        assert size(shipped) < size(source) / 2  # no optimizer state
+        source = tmp_path / "shipped"
+    done = train(training_data, tmp_path / "tuned", "--max-steps", "3", "--init-from", str(source))
     assert "[train] initialised weights from" in done.stdout
     summary = json.loads((tmp_path / "tuned" / "train_summary.json").read_text())
     assert summary["step"] == 3 and summary["optimizer_iterations"] == 3  # Adam starts afresh
