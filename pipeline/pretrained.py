@@ -334,7 +334,6 @@ def ship_checkpoint(
     and start a fine-tuning from (`train_init_from`), as the demo does."""
     from pipeline.inference import checkpoint_model_config
     from pipeline.model import build_model, load_weights
-    from pipeline.train_config import TrainConfig
 
     out = Path(out_dir)
     if out.exists() and not overwrite:
@@ -344,16 +343,15 @@ def ship_checkpoint(
     model = load_weights(build_model(config), prefix)
     run = json.loads((Path(prefix).parent.parent / "config.json").read_text())
     record = {
-        "inputs": run["inputs"],
-        "config": config_io.to_dict(TrainConfig(model=config)),
-        "world_size": None,
+        "inputs": run["inputs"],  # what it was trained on
+        "config": run["config"],  # and how
+        "world_size": run.get("world_size"),
         "pretrained": {
             "format": "ffn-workflow training checkpoint",
-            "source": str(Path(prefix).resolve()),
+            "source": str(prefix),
             "global_step": int(prefix.rpartition("-")[2]),
             "depth": config.depth,
             "features": config.features,
-            "trained_with": run["config"],
         },
     }
     return _write_model_folder(model, record, out)

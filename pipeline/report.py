@@ -99,16 +99,22 @@ def write_report(run_dir: str | Path) -> Path:
         "| stage | tasks in the latest Parsl run | wall time |",
         "|---|---|---|",
     ]
-    for stage in STAGE_OF_APP.values():
+    for stage in dict.fromkeys(STAGE_OF_APP.values()):  # stitching is four apps, one stage
         if stage in states or stage in times:
             tasks = len(states[stage]) if stage in states else "- (up to date)"
             wall = f"{times[stage]:.1f} s" if stage in times else "-"
             lines.append(f"| {stage} | {tasks} | {wall} |")
     train = _read_json(run_dir / "train" / "train_summary.json")
     if train:
+        inputs = (_read_json(run_dir / "train" / "config.json") or {}).get("inputs", {})
+        start = (
+            f"from the weights of `{inputs['init_from']}`"
+            if inputs.get("init_from")
+            else "from scratch"
+        )
         lines += [
             "", "## Training", "",
-            f"{train['step']} steps on {train['world_size']} rank(s), {train['fov_per_s']:.1f} FOV/s "
+            f"{train['step']} steps {start} on {train['world_size']} rank(s), {train['fov_per_s']:.1f} FOV/s "
             f"in the last interval; final loss {train['loss']:.3f}, voxel F1 {train['f1']:.3f}, "
             f"accuracy {train['accuracy']:.3f}.",
             "", "![training curves](train/curves.png)",

@@ -36,3 +36,14 @@ def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
     assert len(flyem) == 4
     assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in flyem}) == 1
+
+
+def test_the_demo_fine_tunes_the_shipped_model_and_a_config_file_starts_from_scratch():
+    from pipeline.run_config import DEMO_MODEL
+    from pipeline.train_config import load_train_config
+
+    demo = load_run_config(None)
+    assert Path(demo.train_init_from) == DEMO_MODEL
+    shipped = load_train_config(DEMO_MODEL / "config.json").model
+    assert shipped == demo.train.model  # same shape and image normalisation
+    assert all(load_run_config(path).train_init_from != str(DEMO_MODEL) for path in CONFIGS)

@@ -85,7 +85,7 @@ def test_a_config_section_changes_only_the_keys_it_names(tmp_path):
     # ... and the run says which model it trains before the first step (the dry run too).
     done = workflow("--config", str(path), "--dry-run")
     assert (
-        "model: depth 5, 16 features, FOV 17x33x33 (z, y, x), 63,249 weights; batch 2 per rank"
+        "model: depth 5, 16 features, FOV 9x17x17 (z, y, x), 63,249 weights; batch 2 per rank"
         in done.stdout
     )
 
