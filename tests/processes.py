@@ -3,11 +3,12 @@ suite's time budget, and never left running. A timed-out `mpiexec` killed alone 
 busy-polling both cores, and every later test then crawls: that turned one slow CI test into a
 suite that did not finish in 90 minutes."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import psutil
 import pytest
@@ -58,20 +59,27 @@ def stop_tree(process: subprocess.Popen) -> None:
         pass
 
 
+@contextlib.contextmanager
+def started(command: Sequence[str], **popen_args: object) -> Iterator[subprocess.Popen]:
+    """`command` in a session of its own, its output (stdout and stderr merged unless
+    `popen_args` say otherwise) as text; whatever still runs when the block ends, by an error or
+    not, is stopped with all it started."""
+    options = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True} | popen_args
+    with subprocess.Popen(list(command), start_new_session=True, **options) as process:
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                stop_tree(process)
+
+
 def run(
     command: Sequence[str], *, timeout: float, **popen_args: object
 ) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True)` that past `timeout` seconds, or
     past the suite's budget, stops the whole process tree and fails the test with its output."""
     limit = min(timeout, seconds_left())
-    with subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        **popen_args,
-    ) as process:
+    with started(command, stderr=subprocess.PIPE, **popen_args) as process:
         try:
             out, err = process.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -82,7 +90,4 @@ def run(
                 f"(suite at {minutes_spent():.1f} min): stopped it and all it started\n"
                 f"stdout tail:\n{out[-2000:]}\nstderr tail:\n{err[-3000:]}"
             )
-        except BaseException:  # a test interrupted by pytest-timeout or Ctrl-C
-            stop_tree(process)
-            raise
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -180,21 +179,16 @@ class TestLostOutputAndWorker:
         (block,) = sorted((run_dir / "inference" / "blocks").glob("block_0_0_0.npz"))
         block.unlink()
         shutil.rmtree(run_dir / "inference" / "segmentation.zarr")
-        process = subprocess.Popen(
-            [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir), "--resume"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )  # fmt: skip
         lines, killed = [], None
-        try:
+        with processes.started(
+            [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir), "--resume"],
+            cwd=ROOT,
+        ) as process:  # fmt: skip
             for line in process.stdout:
                 lines.append(line)
                 if "infer[0] started" in line:
                     killed = kill_worker_reading(run_dir, "staged/eval.h5")
             process.wait(timeout=min(600, processes.seconds_left()))
-        finally:
-            if process.poll() is None:
-                processes.stop_tree(process)
         return {
             "run_dir": run_dir,
             "out": "".join(lines),
@@ -270,15 +264,7 @@ def processes_of(run_dir, session: int) -> list[str]:
 def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
     run_dir = tmp_path / "stopped"
     command = [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir)]
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    with processes.started(command, cwd=ROOT) as process:
         deadline = time.monotonic() + min(600, processes.seconds_left())
         while process.poll() is None and time.monotonic() < deadline:
             if len(ranks(run_dir)) == 2:  # both Horovod ranks started (the tiny training is short)
@@ -287,9 +273,6 @@ def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
         assert len(ranks(run_dir)) == 2, "the ranks should be training"
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            processes.stop_tree(process)
     assert process.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped by SIGTERM" in out
     time.sleep(1)
