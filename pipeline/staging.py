@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from pipeline.errors import ConfigError, EmptyLabelsError, VolumeShapeError, VoxelSizeError
 from pipeline.roi import Roi, check_apart, check_roi
-from pipeline.stamps import digest_arrays
+from pipeline.stamps import ArraysDigest, digest_arrays
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import (
     VolumeSpec,
+    new_volumes,
     read_header,
-    read_raw,
-    read_volume_pair,
-    volume_shape,
+    read_slabs,
     write_volumes,
 )
 
@@ -210,22 +210,23 @@ def stage_files(
     context_zyx: Sequence[int] = (0, 0, 0),
 ) -> str:
     """Validate the user's volume(s) and copy them, or their `roi` with `context_zyx` around it,
-    in; labels are optional (then nothing is scored). Only the staged region is read, so a part
-    of a volume larger than memory can be staged. The scored part within the staged volume is
-    its attribute `scored_roi`. Returns the digest of the content read."""
-    shape = volume_shape(raw_spec)
+    in; labels are optional (then nothing is scored). The staged region is copied slab by slab
+    (`volumes.read_slabs`), so the memory of staging does not grow with the volume. The scored
+    part within the staged volume is its attribute `scored_roi`. Returns the digest of the
+    content read."""
+    raw = read_header(raw_spec, voxel_size_nm)
+    shape, voxel_size = raw.shape, raw.voxel_size_nm
+    sources = {"raw": raw}
+    if labels_spec:
+        sources["labels"] = read_header(labels_spec, voxel_size, labels=True)
+        if sources["labels"].shape != shape:
+            raise VolumeShapeError(
+                f"{labels_spec}: labels shape {sources['labels'].shape} differs from raw "
+                f"{raw_spec} shape {shape}"
+            )
     part = Roi.parse(roi) if roi else Roi.whole(shape)
     check_roi(part, shape, (1, 1, 1), f"{raw_spec}: ROI")
     staged = part.grown(context_zyx, shape)
-    region = staged.slices if roi else None
-    if labels_spec:
-        volume = read_volume_pair(raw_spec, labels_spec, voxel_size_nm=voxel_size_nm, region=region)
-        arrays, voxel_size = {"raw": volume.raw, "labels": volume.labels}, volume.voxel_size_nm
-    else:
-        raw, voxel_size = read_raw(raw_spec, voxel_size_nm, region)
-        arrays = {"raw": raw}
-    if "labels" in arrays and not arrays["labels"][part.relative_to(staged).slices].any():
-        raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
     provenance = json.dumps(
         {
             "raw": str(VolumeSpec.parse(raw_spec)),
@@ -240,8 +241,24 @@ def stage_files(
     if roi:  # the digest of a whole volume is the same, staged from a file or generated
         attrs[SCORED_ATTR] = str(part.relative_to(staged))
         described = [described, attrs[SCORED_ATTR]]
-    write_volumes(path, arrays, voxel_size, attrs)
-    return digest_arrays(arrays, described)
+    dtypes = {"raw": np.uint8, "labels": np.uint64}
+    layout = {name: (staged.shape, dtypes[name]) for name in sources}
+    sha, labeled = ArraysDigest(described), False
+    scored = part.relative_to(staged)
+    with new_volumes(path, layout, voxel_size, attrs) as datasets:
+        for name in sorted(sources):
+            sha.begin(name, dtypes[name], staged.shape)
+            for z, slab in read_slabs(sources[name].spec, staged.slices, labels=name == "labels"):
+                datasets[name][z] = slab
+                sha.update(slab)
+                if name == "labels" and not labeled:
+                    zs = slice(max(z.start, scored.start[0]), min(z.stop, scored.stop[0]))
+                    if zs.start < zs.stop:
+                        inside = (slice(zs.start - z.start, zs.stop - z.start), *scored.slices[1:])
+                        labeled = bool(slab[inside].any())
+        if labels_spec and not labeled:
+            raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
+    return sha.hexdigest()
 
 
 def scored_part(path: str | Path) -> Roi | None:

@@ -44,13 +44,29 @@ def digest(value: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class ArraysDigest:
+    """`digest_arrays` fed part by part, for arrays too large to hold: `begin` each array (in
+    name order), then `update` with its parts in C order (slabs along the first axis)."""
+
+    def __init__(self, extra: object = None) -> None:
+        self._sha = hashlib.sha256(json.dumps(extra, default=str).encode())
+
+    def begin(self, name: str, dtype: np.dtype, shape: Sequence[int]) -> None:
+        self._sha.update(f"{name}:{np.dtype(dtype)}:{tuple(int(n) for n in shape)}".encode())
+
+    def update(self, part: np.ndarray) -> None:
+        self._sha.update(np.ascontiguousarray(part).data)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
 def digest_arrays(arrays: dict[str, np.ndarray], extra: object = None) -> str:
     """sha256 over named arrays (name, dtype, shape and bytes) and `extra` (e.g. a voxel size)."""
-    sha = hashlib.sha256(json.dumps(extra, default=str).encode())
+    sha = ArraysDigest(extra)
     for name in sorted(arrays):
-        array = np.ascontiguousarray(arrays[name])
-        sha.update(f"{name}:{array.dtype}:{array.shape}".encode())
-        sha.update(array.data)
+        sha.begin(name, arrays[name].dtype, arrays[name].shape)
+        sha.update(arrays[name])
     return sha.hexdigest()
 
 

@@ -41,6 +41,8 @@ VOXEL_SIZE_ATTR = "voxel_size_nm"
 # project's attribute, then CREMI's (and many HDF5 stacks') `resolution`.
 VOXEL_SIZE_ATTRS = (VOXEL_SIZE_ATTR, "resolution")
 ZYX = tuple[int, int, int]
+# Voxels read at once where a volume is copied part by part: 128 MiB of uint64 labels.
+SLAB_VOXELS = 1 << 24
 VoxelSize = tuple[float, float, float]
 
 
@@ -382,20 +384,47 @@ def _create(
 
 
 @contextlib.contextmanager
-def new_volume(
+def new_volumes(
     path: str | Path,
-    name: str,
-    shape: Sequence[int],
-    dtype: np.dtype,
+    datasets: dict[str, tuple[Sequence[int], np.dtype]],
     voxel_size_nm: Sequence[float],
-) -> Iterator[h5py.Dataset]:
-    """A new HDF5 volume to be written part by part (what one process cannot hold whole): the
-    file appears under `path` only when the block exits without an error."""
+    attrs: dict[str, object] | None = None,
+) -> Iterator[dict[str, h5py.Dataset]]:
+    """A new HDF5 file of empty volumes {name: (shape, dtype)}, to be written part by part (what
+    one process cannot hold whole): the file appears under `path` only when the block exits
+    without an error. `attrs` go on the file's root."""
     voxel_size = _check_voxel_size(voxel_size_nm, path)
-    if len(shape) != 3:
-        raise VolumeShapeError(f"{path}: a volume is 3-D, got shape {tuple(shape)}")
+    for name, (shape, _) in datasets.items():
+        if len(shape) != 3:
+            raise VolumeShapeError(f"{path}: volume {name!r} must be 3-D, got shape {tuple(shape)}")
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        yield _create(f, name, tuple(shape), np.dtype(dtype), voxel_size)
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
+        yield {
+            name: _create(f, name, tuple(shape), np.dtype(dtype), voxel_size)
+            for name, (shape, dtype) in datasets.items()
+        }
+
+
+def read_slabs(
+    spec: "str | VolumeSpec", region: Region, labels: bool = False, max_voxels: int | None = None
+) -> Iterator[tuple[slice, np.ndarray]]:
+    """The voxels of `region` in slabs along z of at most `max_voxels` (default `SLAB_VOXELS`;
+    one plane at least),
+    checked and converted as `read_raw` / `read_labels` do (uint8 image; uint64 ids, where a slab
+    may be all zero): (the slab's z range within the region, its voxels)."""
+    spec = VolumeSpec.parse(spec)
+    z, y, x = region
+    plane = (y.stop - y.start) * (x.stop - x.start)
+    step = max(1, (max_voxels or SLAB_VOXELS) // max(plane, 1))
+    with _checked_dataset(spec) as dataset:
+        for start in range(z.start, z.stop, step):
+            stop = min(start + step, z.stop)
+            array = dataset[start:stop, y, x]
+            yield (
+                slice(start - z.start, stop - z.start),
+                label_ids(array, spec) if labels else _as_raw(array, spec),
+            )
 
 
 def new_chunked_volume(

@@ -75,6 +75,43 @@ def test_an_evaluated_part_is_staged_with_context_and_scored_inside(tmp_path):
     )  # no context: not scored
 
 
+def test_a_part_is_staged_slab_by_slab_with_the_digest_of_the_whole(tmp_path, monkeypatch):
+    from pipeline import volumes
+    from pipeline.stamps import digest_arrays
+
+    whole = stage_role(tmp_path / "whole.h5", role_settings(one_file(), "eval", (4, 8, 8)))
+    reads = []
+    monkeypatch.setattr(volumes, "SLAB_VOXELS", 3 * 40 * 32)  # 3 planes of the staged part
+    monkeypatch.setattr(volumes, "_as_raw", lambda a, s: reads.append(a.shape) or a)
+    sliced = stage_role(tmp_path / "slabs.h5", role_settings(one_file(), "eval", (4, 8, 8)))
+    assert reads[0] == (3, 40, 32) and len(reads) == 11  # 32 planes: 10 slabs of 3, one of 2
+    assert sliced == whole
+    with h5py.File(tmp_path / "whole.h5") as a, h5py.File(tmp_path / "slabs.h5") as b:
+        arrays = {name: b[name][...] for name in ("raw", "labels")}
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(a[name][...], array)
+        assert digest_arrays(arrays, [[10.0, 10.0, 10.0], "0:32, 8:40, 8:32"]) == whole
+
+
+def test_a_part_with_no_label_inside_its_roi_is_refused_and_nothing_is_staged(tmp_path):
+    from pipeline.errors import EmptyLabelsError
+
+    path = tmp_path / "file.h5"
+    labels = np.zeros((32, 64, 64), np.uint64)
+    labels[:, :, :8] = 7  # labeled only outside the evaluated part (and its context)
+    with h5py.File(path, "w") as f:
+        f["raw"] = np.zeros((32, 64, 64), np.uint8)
+        f["labels"] = labels
+        for name in ("raw", "labels"):
+            f[name].attrs["resolution"] = (10, 10, 10)
+    data = DataConfig(
+        eval_raw=f"{path}:raw", eval_labels=f"{path}:labels", eval_roi="0:32, 0:64, 32:64"
+    )
+    with pytest.raises(EmptyLabelsError, match="no labeled voxel in the ROI"):
+        stage_role(tmp_path / "eval.h5", role_settings(data, "eval"))
+    assert not list(tmp_path.glob("eval*")) and not list(tmp_path.glob(".eval*"))
+
+
 @pytest.mark.parametrize(
     "changes, error, message",
     [
