@@ -20,8 +20,10 @@ CLI: `python -m pipeline.export --raw vol.h5:raw --segmentation seg.h5:segmentat
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import math
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -33,7 +35,7 @@ import numpy as np
 import tinybrain
 from tqdm import tqdm
 
-from pipeline.atomic import atomic_dir
+from pipeline.atomic import atomic_dir, atomic_path
 from pipeline.cli import one_line_errors
 from pipeline.errors import (
     ConfigError,
@@ -43,6 +45,7 @@ from pipeline.errors import (
     VolumeShapeError,
     VoxelSizeError,
 )
+from pipeline.roi import Roi
 from pipeline.volumes import ZYX, VoxelSize, read_labels, read_raw
 
 IMAGE_LAYER = "image"
@@ -58,8 +61,6 @@ REQUIRED_FILES = (
     f"{SEGMENTATION_LAYER}/{MESH_DIR}/info",
     f"{SEGMENTATION_LAYER}/{PROPERTIES_DIR}/info",
 )
-# Voxels per meshing task along each axis: bounds its memory (256^3 uint64 labels = 128 MiB).
-MESH_TASK_VOXELS = 256
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,15 @@ class ExportConfig:
     # gzip chunks and mesh fragments (stored as `*.gz`): cloud-volume and `pipeline.viewer`
     # serve them, a plain static web server does not, so the default keeps files plain.
     gzip: bool = False
+    # Voxels per export and meshing task along each axis (an export task's region is rounded up
+    # to whole chunks of the coarsest scale): bounds each task's memory, 256^3 uint64 = 128 MiB.
+    task_voxels: int = 256
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.task_voxels, int) and 16 <= self.task_voxels <= 4096):
+            raise ConfigError(
+                f"export config: task_voxels must be an integer in [16, 4096], got {self.task_voxels!r}"
+            )
         if not (isinstance(self.chunk_voxels, int) and 8 <= self.chunk_voxels <= 1024):
             raise ConfigError(
                 f"export config: chunk_voxels must be an integer in [8, 1024], got {self.chunk_voxels!r}"
@@ -201,69 +209,155 @@ def _layer_url(folder: Path, layer: str) -> str:
     return f"file://{(folder / layer).resolve()}"
 
 
-def _write_layer(
-    folder: Path, layer: str, array: np.ndarray, scales: list[Scale], config: ExportConfig
-) -> None:
-    """Write every scale of one layer: the array, then its downsamplings, chunk by chunk.
+def _scale_factors(scales: Sequence[Scale]) -> list[ZYX]:
+    """Each scale's voxel size in full-resolution voxels (z, y, x)."""
+    first = scales[0].voxel_size_nm
+    return [
+        tuple(round(s / f) for s, f in zip(scale.voxel_size_nm, first, strict=True))
+        for scale in scales
+    ]
 
-    Downsampling runs here on the whole array with tinybrain (what igneous's downsampling tasks
-    call): the volume is in memory anyway, and igneous's tasks build a scale only from whole
-    chunks of it, so they silently leave out the last scales of small volumes.
-    """
+
+def export_regions(shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig) -> list[Roi]:
+    """The regions that export tasks write, one each, at every scale: about `task_voxels` along
+    each axis, rounded up to whole chunks of every scale, so that a region's downsamplings are
+    its own (tinybrain reduces whole 2 x 2 x 2 blocks) and no two tasks share a chunk file."""
+    scales = plan_scales(shape_zyx, voxel_size_nm, config)
+    factors = _scale_factors(scales)
+    align = [
+        max(s.chunk_zyx[a] * f[a] for s, f in zip(scales, factors, strict=True)) for a in range(3)
+    ]
+    edge = [-(-config.task_voxels // a) * a for a in align]
+    starts = itertools.product(*(range(0, n, e) for n, e in zip(shape_zyx, edge, strict=True)))
+    return [
+        Roi(
+            tuple(start),
+            tuple(min(a + e, n) for a, e, n in zip(start, edge, shape_zyx, strict=True)),
+        )
+        for start in starts
+    ]
+
+
+def _new_layer(folder: Path, layer: str, scales: Sequence[Scale], config: ExportConfig) -> None:
+    """One layer's `info`: every scale, no voxels yet."""
     from cloudvolume import CloudVolume
 
     segmentation = layer == SEGMENTATION_LAYER
-    url = _layer_url(folder, layer)
-    compress = "gzip" if config.gzip else False
     info = CloudVolume.create_new_info(
         num_channels=1,
         layer_type="segmentation" if segmentation else "image",
-        data_type=str(array.dtype),
+        data_type="uint64" if segmentation else "uint8",
         encoding="compressed_segmentation" if segmentation else "raw",
         # Whole numbers as ints: scale folders are named after them (10_10_20, not 10.0_10.0_20.0).
         resolution=[int(v) if v.is_integer() else v for v in _xyz(scales[0].voxel_size_nm)],
         voxel_offset=[0, 0, 0],
-        volume_size=_xyz(array.shape),
+        volume_size=_xyz(scales[0].shape_zyx),
         chunk_size=_xyz(scales[0].chunk_zyx),
     )
-    volume = CloudVolume(url, info=info, compress=compress, progress=False)
-    for scale in scales[1:]:
-        first = scales[0].voxel_size_nm
-        factor = [round(s / f) for s, f in zip(scale.voxel_size_nm, first, strict=True)]
+    if segmentation:  # named now: meshing and the properties then only add files
+        info["mesh"], info["segment_properties"] = MESH_DIR, PROPERTIES_DIR
+    volume = CloudVolume(_layer_url(folder, layer), info=info, progress=False)
+    for scale, factor in zip(scales[1:], _scale_factors(scales)[1:], strict=True):
         volume.add_scale(_xyz(factor), chunk_size=_xyz(scale.chunk_zyx))
     volume.commit_info()
-    # The one transpose: (z, y, x) in C order is (x, y, z) in Fortran order, so no copy is made.
-    data = array.T
-    downsample = (
-        tinybrain.downsample_segmentation if segmentation else tinybrain.downsample_with_averaging
-    )
-    for mip, scale in enumerate(scales):
-        if mip:
-            last = scales[mip - 1].voxel_size_nm
-            factor = [round(s / f) for s, f in zip(scale.voxel_size_nm, last, strict=True)]
-            data = downsample(data, _xyz(factor))[0]
-        CloudVolume(url, mip=mip, compress=compress, progress=False)[:, :, :] = data
 
 
-def _mesh(folder: Path, config: ExportConfig) -> None:
-    """Mesh every segment at full resolution, then write the manifests Neuroglancer looks up.
+def begin_export(
+    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig
+) -> list[Scale]:
+    """Empty `folder` (only an earlier export may be there) and write both layers' `info`: what
+    the region tasks write into. The record `export.json` goes first, so a folder being
+    rewritten is never taken for a finished export."""
+    folder = Path(folder)
+    _check_replaceable(folder)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    scales = plan_scales(shape_zyx, voxel_size_nm, config)
+    for layer in (IMAGE_LAYER, SEGMENTATION_LAYER):
+        _new_layer(folder, layer, scales, config)
+    return scales
 
-    igneous's tasks run here one by one, as `LocalTaskQueue(parallel=1)` would run them, but
-    without its process-wide switch of multiprocessing to "spawn", which would change how the rest
-    of the workflow starts processes.
-    """
+
+def _chunk_files(region: Roi, scale: Scale, factor: ZYX, key: str, gzip: bool) -> list[str]:
+    """The chunk files (relative to the layer) that writing `region` at `scale` makes."""
+    lo = [a // f for a, f in zip(region.start, factor, strict=True)]
+    hi = [min(-(-b // f), n) for b, f, n in zip(region.stop, factor, scale.shape_zyx, strict=True)]
+    ranges = [
+        [(c, min(c + size, h)) for c in range(low, h, size)]
+        for low, h, size in zip(lo, hi, scale.chunk_zyx, strict=True)
+    ]
+    return [
+        f"{key}/{x[0]}-{x[1]}_{y[0]}-{y[1]}_{z[0]}-{z[1]}" + (".gz" if gzip else "")
+        for z, y, x in itertools.product(*ranges)
+    ]
+
+
+def write_region(
+    folder: str | Path,
+    region: Roi,
+    raw: np.ndarray,
+    segmentation: np.ndarray,
+    config: ExportConfig,
+) -> dict:
+    """Write `region` (its voxels: `raw` uint8, `segmentation` uint64) of both layers at every
+    scale into an export `begin_export` made. Returns what a region task records: the segment
+    ids in it with their voxel counts, and every file it wrote with its size."""
+    from cloudvolume import CloudVolume
+
+    folder = Path(folder)
+    compress = "gzip" if config.gzip else False
+    files: dict[str, int] = {}
+    for layer, array in ((IMAGE_LAYER, raw), (SEGMENTATION_LAYER, segmentation)):
+        url = _layer_url(folder, layer)
+        volume = CloudVolume(url, progress=False)
+        scales = [
+            Scale(
+                tuple(float(v) for v in s["resolution"][::-1]),
+                tuple(s["size"][::-1]),
+                tuple(s["chunk_sizes"][0][::-1]),
+            )
+            for s in volume.info["scales"]
+        ]
+        downsample = (
+            tinybrain.downsample_segmentation
+            if layer == SEGMENTATION_LAYER
+            else tinybrain.downsample_with_averaging
+        )
+        # The one transpose: (z, y, x) in C order is (x, y, z) in Fortran order: no copy.
+        data = array.T
+        for mip, (scale, factor) in enumerate(zip(scales, _scale_factors(scales), strict=True)):
+            if mip:
+                step = [
+                    a // b for a, b in zip(factor, _scale_factors(scales)[mip - 1], strict=True)
+                ]
+                data = downsample(data, _xyz(step))[0]
+            lo = [a // f for a, f in zip(region.start, factor, strict=True)]
+            box = tuple(slice(a, a + n) for a, n in zip(_xyz(lo), data.shape[:3], strict=True))
+            CloudVolume(url, mip=mip, compress=compress, progress=False)[box] = data
+            key = volume.info["scales"][mip]["key"]
+            for name in _chunk_files(region, scale, factor, key, config.gzip):
+                files[f"{layer}/{name}"] = (folder / layer / name).stat().st_size
+    ids, counts = fastremap.unique(segmentation, return_counts=True)
+    keep = ids != 0
+    return {"ids": ids[keep], "counts": counts[keep], "files": files}
+
+
+def _meshing_tasks(folder: Path, config: ExportConfig) -> list:
+    """igneous's meshing tasks over the whole segmentation, in its (fixed) order: a region of
+    `task_voxels` per axis each (its memory), meshed at full resolution."""
     # igneous imports its skeletonising dependencies too (about 2 s): only exporting pays for it.
-    from igneous.task_creation import create_mesh_manifest_tasks, create_meshing_tasks
+    from igneous.task_creation import create_meshing_tasks
     from taskqueue import totask
 
-    url = _layer_url(folder, SEGMENTATION_LAYER)
-    # igneous prints the task set's bounds to stdout; the progress bar says enough.
+    # igneous prints the task set's bounds to stdout.
     with contextlib.redirect_stdout(io.StringIO()):
-        tasks = list(
-            create_meshing_tasks(
-                url,
+        return [
+            totask(task)
+            for task in create_meshing_tasks(
+                _layer_url(folder, SEGMENTATION_LAYER),
                 mip=0,
-                shape=(MESH_TASK_VOXELS,) * 3,
+                shape=(config.task_voxels,) * 3,
                 simplification=config.mesh_max_error_nm > 0,
                 max_simplification_error=config.mesh_max_error_nm,
                 mesh_dir=MESH_DIR,
@@ -271,18 +365,76 @@ def _mesh(folder: Path, config: ExportConfig) -> None:
                 spatial_index=False,
                 compress="gzip" if config.gzip else False,
             )
-        )
-    # The manifests list the fragments that the meshing tasks wrote, so they run last.
-    for task in [*tasks, *create_mesh_manifest_tasks(url)]:
+        ]
+
+
+def mesh_task_count(shape_zyx: ZYX, config: ExportConfig) -> int:
+    """How many meshing tasks `_meshing_tasks` makes for a volume of this shape."""
+    return math.prod(-(-n // config.task_voxels) for n in shape_zyx)
+
+
+def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str, int]:
+    """Run igneous's meshing task `index` (of `mesh_task_count`) on an export whose regions are
+    all written; returns the mesh fragments it wrote with their sizes."""
+    folder = Path(folder)
+    task = _meshing_tasks(folder, config)[index]
+    task.execute()
+    # Fragments are named `<id>:0:<the task's bounds>` (igneous MeshTask).
+    suffix = f":0:{task._bounds.to_filename()}"
+    mesh = folder / SEGMENTATION_LAYER / MESH_DIR
+    return {
+        path.relative_to(folder).as_posix(): path.stat().st_size
+        for path in mesh.iterdir()
+        if path.name.removesuffix(".gz").endswith(suffix)
+    }
+
+
+def damaged(folder: str | Path, files: dict[str, int]) -> bool:
+    """Whether any of `files` (a task's record: name relative to `folder`, size) is missing or
+    has another size."""
+    folder = Path(folder)
+    try:
+        return any((folder / name).stat().st_size != size for name, size in files.items())
+    except OSError:
+        return True
+
+
+def finish_export(
+    folder: str | Path,
+    regions: Sequence[dict],
+    shape_zyx: ZYX,
+    voxel_size_nm: VoxelSize,
+    config: ExportConfig,
+) -> tuple[int, int]:
+    """After every region and meshing task: the mesh manifests Neuroglancer looks up, the segment
+    properties from the regions' counts, then the record `export.json`, last. Returns (segments,
+    files)."""
+    from igneous.task_creation import create_mesh_manifest_tasks
+    from taskqueue import totask
+
+    folder = Path(folder)
+    # The manifests list the fragments that the meshing tasks wrote.
+    for task in create_mesh_manifest_tasks(_layer_url(folder, SEGMENTATION_LAYER)):
         totask(task).execute()
+    ids = np.concatenate([r["ids"] for r in regions]) if regions else np.zeros(0, np.uint64)
+    counts = np.concatenate([r["counts"] for r in regions]) if regions else np.zeros(0, np.int64)
+    if not ids.size:
+        # Nothing to show: the stage before failed, and a "successful" export would hide it.
+        raise EmptyLabelsError("export: segmentation is all zero (no segment to show or mesh)")
+    unique, where = np.unique(ids, return_inverse=True)
+    _write_segment_properties(folder, unique, np.bincount(where, weights=counts).astype(np.int64))
+    scales = plan_scales(shape_zyx, voxel_size_nm, config)
+    summary = {
+        "shape_zyx": list(shape_zyx),
+        "voxel_size_nm": list(voxel_size_nm),
+        "scales_nm": [list(s.voxel_size_nm) for s in scales],
+        "segment_count": int(unique.size),
+    }
+    return int(unique.size), _write_manifest(folder, summary)
 
 
-def _write_segment_properties(folder: Path, segmentation: np.ndarray) -> int:
-    """Record every segment's voxel count; returns the number of segments."""
-    from cloudvolume import CloudVolume
-
-    ids, counts = fastremap.unique(segmentation, return_counts=True)
-    ids, counts = ids[ids != 0], counts[ids != 0]
+def _write_segment_properties(folder: Path, ids: np.ndarray, counts: np.ndarray) -> None:
+    """Record every segment's voxel count (the segmentation's `info` names the folder)."""
     properties = {
         "@type": "neuroglancer_segment_properties",
         "inline": {
@@ -299,13 +451,10 @@ def _write_segment_properties(folder: Path, segmentation: np.ndarray) -> int:
             ],
         },
     }
-    layer = folder / SEGMENTATION_LAYER
-    (layer / PROPERTIES_DIR).mkdir()
-    (layer / PROPERTIES_DIR / "info").write_text(json.dumps(properties))
-    volume = CloudVolume(_layer_url(folder, SEGMENTATION_LAYER))
-    volume.info["segment_properties"] = PROPERTIES_DIR
-    volume.commit_info()
-    return len(ids)
+    properties_dir = folder / SEGMENTATION_LAYER / PROPERTIES_DIR
+    properties_dir.mkdir(exist_ok=True)
+    with atomic_path(properties_dir / "info") as tmp:
+        tmp.write_text(json.dumps(properties))
 
 
 def _write_manifest(folder: Path, summary: dict) -> int:
@@ -342,36 +491,37 @@ def export_precomputed(
     progress: bool = False,
 ) -> ExportResult:
     """Write `raw` (uint8) and `segmentation` (unsigned ints, 0 = background), both (z, y, x), as
-    precomputed layers `image` and `segmentation` with meshes under `out_dir`, atomically.
+    precomputed layers `image` and `segmentation` with meshes under `out_dir`, atomically: the
+    workflow's export tasks (`begin_export`, `write_region`, `mesh_part`, `finish_export`) run
+    here one after the other, on arrays in memory.
 
     An existing export at `out_dir` is replaced; any other non-empty folder there is an error.
     """
     started = time.perf_counter()
     segmentation, voxel_size = _check_inputs(raw, segmentation, voxel_size_nm)
-    scales = plan_scales(raw.shape, voxel_size, config)
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
+    shape = tuple(raw.shape)
+    regions = export_regions(shape, voxel_size, config)
+    meshes = mesh_task_count(shape, config)
     with (
         _naming(out_dir),
         atomic_dir(out_dir) as tmp,
-        tqdm(total=4, desc="export", unit="step", disable=not progress) as bar,
+        tqdm(
+            total=len(regions) + meshes + 1, desc="export", unit="task", disable=not progress
+        ) as bar,
     ):
-        for layer, array in ((IMAGE_LAYER, raw), (SEGMENTATION_LAYER, segmentation)):
-            bar.set_postfix_str(layer)
-            _write_layer(tmp, layer, array, scales, config)
+        scales = begin_export(tmp, shape, voxel_size, config)
+        records = []
+        for region in regions:
+            records.append(
+                write_region(tmp, region, raw[region.slices], segmentation[region.slices], config)
+            )
             bar.update()
-        bar.set_postfix_str("meshes")
-        _mesh(tmp, config)
-        bar.update()
-        bar.set_postfix_str("segment properties")
-        segment_count = _write_segment_properties(tmp, segmentation)
-        summary = {
-            "shape_zyx": list(raw.shape),
-            "voxel_size_nm": list(voxel_size),
-            "scales_nm": [list(s.voxel_size_nm) for s in scales],
-            "segment_count": segment_count,
-        }
-        file_count = _write_manifest(tmp, summary)
+        for index in range(meshes):
+            mesh_part(tmp, config, index)
+            bar.update()
+        segment_count, file_count = finish_export(tmp, records, shape, voxel_size, config)
         bar.update()
     return ExportResult(
         out_dir, tuple(scales), segment_count, file_count, time.perf_counter() - started

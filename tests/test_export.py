@@ -2,6 +2,7 @@
 meshes where the objects are, the completeness record, atomic output and one test per input error.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -111,6 +112,32 @@ def test_every_segment_has_a_mesh_inside_the_volume_where_its_voxels_are(volume,
         assert np.allclose(vertices.max(0), high, atol=tolerance)
 
 
+def test_an_export_cut_into_many_tasks_writes_the_same_chunks_as_one(volume, tmp_path):
+    raw, segmentation = volume
+    one = ExportConfig(chunk_voxels=8)  # every region of 16 voxels is whole chunks of all scales
+    small = dataclasses.replace(one, task_voxels=16)
+    regions = export.export_regions(SHAPE, VOXEL, small)
+    assert len(regions) == 8 and export.mesh_task_count(SHAPE, small) == 2 * 3 * 4
+    assert sum(np.prod(r.shape) for r in regions) == np.prod(SHAPE)
+    assert len(export.export_regions(SHAPE, VOXEL, one)) == 1
+    folder = tmp_path / "one"
+    whole = export_precomputed(raw, segmentation, VOXEL, folder, one)
+    cut = export_precomputed(raw, segmentation, VOXEL, tmp_path / "cut", small)
+    assert cut.segment_count == whole.segment_count
+    for layer in ("image", "segmentation"):
+        chunks = sorted(p.relative_to(folder) for p in (folder / layer).glob("*_*_*/*"))
+        assert chunks and chunks == sorted(
+            p.relative_to(tmp_path / "cut") for p in (tmp_path / "cut" / layer).glob("*_*_*/*")
+        )
+        for chunk in chunks:
+            assert (folder / chunk).read_bytes() == (tmp_path / "cut" / chunk).read_bytes()
+    properties = "segmentation/segment_properties/info"
+    assert (folder / properties).read_text() == (tmp_path / "cut" / properties).read_text()
+    cut_mesh = CloudVolume(f"file://{tmp_path / 'cut' / 'segmentation'}", progress=False).mesh
+    for segment in np.unique(segmentation)[1:]:
+        assert len(cut_mesh.get(int(segment)).vertices)
+
+
 def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
     folder, result = exported
     assert export_complete(folder)
@@ -133,7 +160,7 @@ def test_failure_midway_leaves_no_destination_and_no_temporary(volume, tmp_path,
     def broken_mesh(*args, **kwargs):
         raise RuntimeError("meshing failed")
 
-    monkeypatch.setattr(export, "_mesh", broken_mesh)
+    monkeypatch.setattr(export, "mesh_part", broken_mesh)
     with pytest.raises(RuntimeError, match="meshing failed"):
         export_precomputed(raw, segmentation, VOXEL, tmp_path / "out", CONFIG)
     assert os.listdir(tmp_path) == []
