@@ -62,6 +62,7 @@ _LAYOUT = {
     "stitch_summary": "inference/stitch.json",
     "evaluation": "evaluation.json",
     "precomputed": "precomputed",
+    "export_dir": "export",
     "report": "report.md",
     "config": "config.json",
     "site": "site.json",
@@ -85,6 +86,17 @@ def _eval_shape(config: RunConfig) -> tuple[int, int, int]:
 
         return Roi.parse(config.data.eval_roi).grown(_eval_context(config), shape).shape
     return shape
+
+
+def _eval_voxel_size(config: RunConfig) -> tuple[float, float, float]:
+    """The evaluated volume's voxel size (nm), read from its metadata (or the given one)."""
+    if config.data.synthetic:
+        from pipeline.synthetic import PRESETS
+
+        return PRESETS[config.data.synthetic_preset].voxel_size_nm
+    from pipeline.volumes import read_header
+
+    return read_header(config.data.eval_raw, config.data.voxel_size_nm).voxel_size_nm
 
 
 def _eval_context(config: RunConfig) -> tuple[int, int, int]:
@@ -214,9 +226,8 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
         steps.append(_task(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
                            [block_path(paths.blocks_dir, block)], "infer.infer_block"))  # fmt: skip
     steps += _stitch_steps(config, paths, blocks)
+    steps += _export_steps(config, paths)
     segmented = [paths.eval_volume, paths.segmentation]
-    steps.append(_task("export", {"export": config_io.to_dict(config.export)}, segmented,
-                       [paths.precomputed], "export.export"))  # fmt: skip
     if _eval_has_labels(config):
         steps.append(_task("evaluate", {"watershed": config_io.to_dict(config.watershed)}, segmented,
                            [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
@@ -252,6 +263,34 @@ def _stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step
     every = {**base, "reads": list(range(len(blocks)))}
     steps.append(_task("stitch", every, [paths.eval_volume, table, *cores, *results],
                        [paths.stitch_summary, paths.segmentation], "stitch.finish_stitch", volume))  # fmt: skip
+    return steps
+
+
+def _export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
+    """One task begins the export, one per region writes every scale, one per igneous meshing
+    task meshes, the last checks and records (apps/export.py)."""
+    from pipeline.export import export_regions, mesh_task_count
+
+    shape = _eval_shape(config)
+    base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
+    segmented = [paths.eval_volume, paths.segmentation]
+    begun = paths.export_dir / "begun.json"
+    folder = str(paths.precomputed)  # an argument, not a setting: a moved run stays up to date
+    regions = export_regions(shape, _eval_voxel_size(config), config.export)
+    records = [paths.export_dir / "regions" / f"{k}.npz" for k in range(len(regions))]
+    meshes = [
+        paths.export_dir / "meshes" / f"{j}.json"
+        for j in range(mesh_task_count(shape, config.export))
+    ]
+    steps = [_task("export[begin]", base, segmented, [begun], "export.begin_export", folder)]
+    for k, (region, record) in enumerate(zip(regions, records, strict=True)):
+        steps.append(_task(f"export[region {k}]", {**base, "region": str(region)}, [begun, *segmented],
+                           [record], "export.export_region", folder))  # fmt: skip
+    for j, mesh in enumerate(meshes):
+        steps.append(_task(f"export[mesh {j}]", {**base, "mesh": j}, [begun, *records], [mesh],
+                           "export.export_meshes", folder))  # fmt: skip
+    steps.append(_task("export", {**base, "regions": len(records)}, [*segmented, *records, *meshes],
+                       [paths.precomputed], "export.finish_export", folder))  # fmt: skip
     return steps
 
 

@@ -1,4 +1,11 @@
-"""Neuroglancer precomputed layers (image, segmentation with meshes) of the segmented volume."""
+"""Neuroglancer precomputed layers (image, segmentation with meshes) of the segmented volume, as
+small tasks (pipeline.export): one begins the export, one per region writes every scale of both
+layers, one per igneous meshing task meshes, and the last one checks what they wrote, adds the
+manifests and segment properties and writes the completeness record. No task holds more than
+a region (`ExportConfig.task_voxels` per axis), whatever the volume's size.
+
+Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z0:z1, ..." or
+"mesh": index}; `folder` is the export's folder (an argument, so a moved run stays up to date)."""
 
 from parsl import python_app
 
@@ -6,21 +13,113 @@ from site_configs import CPU_LABEL
 
 
 @python_app(executors=[CPU_LABEL])
-def export(settings: dict, inputs=(), outputs=()):
-    """settings: {"export": ExportConfig}; inputs: staged volume, segmentation.zarr;
-    outputs[0]: the precomputed folder."""
-    from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, export_precomputed
-    from pipeline.stamps import run_once
-    from pipeline.volumes import read_labels, read_raw
+def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: staged volume, segmentation.zarr; outputs[0]: the voxel size the export was begun
+    with (.json). Empties `folder` and writes both layers' info."""
+    import json
 
-    volume, segmentation_path = (f.filepath for f in inputs)
-    folder = outputs[0].filepath
+    from pipeline.atomic import atomic_path
+    from pipeline.config import from_dict
+    from pipeline.export import ExportConfig, begin_export
+    from pipeline.stamps import run_once
+
+    volume = inputs[0].filepath
+    output = outputs[0].filepath
 
     def work() -> None:
-        raw, voxel_size = read_raw(f"{volume}:raw")
-        segmentation, _ = read_labels(f"{segmentation_path}:segmentation")
+        voxel_size = _voxel_size(volume)
         config = from_dict(ExportConfig, settings["export"])
-        export_precomputed(raw, segmentation, voxel_size, folder, config)
+        begin_export(folder, tuple(settings["shape"]), voxel_size, config)
+        with atomic_path(output) as tmp:
+            tmp.write_text(json.dumps({"voxel_size_nm": voxel_size}))
+        # No content digest: a new (empty) export must make every later export task run again.
 
-    return run_once(settings, [volume, segmentation_path], [folder], work)
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def export_region(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: the begun export's record, staged volume, segmentation.zarr; outputs[0]: the
+    region's record (.npz: its segments' voxel counts, the files it wrote)."""
+    from pipeline.config import from_dict
+    from pipeline.export import ExportConfig, save_region_record, write_region
+    from pipeline.roi import Roi
+    from pipeline.stamps import run_once
+
+    _, volume, segmentation = (f.filepath for f in inputs)
+    output = outputs[0].filepath
+
+    def work() -> None:
+        region = Roi.parse(settings["region"])
+        config = from_dict(ExportConfig, settings["export"])
+        raw, labels = _read_region(volume, segmentation, region)
+        save_region_record(output, region, write_region(folder, region, raw, labels, config))
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: the begun export's record, then every region's record; outputs[0]: the mesh
+    fragments igneous's meshing task `settings["mesh"]` wrote (.json)."""
+    import json
+
+    from pipeline.atomic import atomic_path
+    from pipeline.config import from_dict
+    from pipeline.export import ExportConfig, mesh_part
+    from pipeline.stamps import run_once
+
+    output = outputs[0].filepath
+
+    def work() -> None:
+        files = mesh_part(folder, from_dict(ExportConfig, settings["export"]), settings["mesh"])
+        with atomic_path(output) as tmp:
+            tmp.write_text(json.dumps(files))
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: staged volume, segmentation.zarr, every region's record, then every meshing
+    task's record (settings["regions"] of them); outputs[0]: the export's folder. Rewrites what
+    was lost or damaged since its task wrote it, then the manifests, the segment properties and
+    the record `export.json`."""
+    import json
+
+    from pipeline.config import from_dict
+    from pipeline.export import ExportConfig, finish_export, load_region_record, repair_export
+    from pipeline.stamps import run_once
+
+    paths = [f.filepath for f in inputs]
+    volume, segmentation = paths[:2]
+    count = settings["regions"]
+
+    def work() -> None:
+        config, shape = from_dict(ExportConfig, settings["export"]), tuple(settings["shape"])
+        voxel_size = _voxel_size(volume)
+        regions = [load_region_record(p) for p in paths[2 : 2 + count]]
+        meshes = [json.loads(open(p).read()) for p in paths[2 + count :]]
+        repaired = repair_export(
+            folder, regions, meshes, lambda roi: _read_region(volume, segmentation, roi),
+            shape, voxel_size, config,
+        )  # fmt: skip
+        finish_export(folder, regions, shape, voxel_size, config, repaired)
+
+    return run_once(settings, paths, [outputs[0].filepath], work)
+
+
+def _voxel_size(volume: str) -> tuple[float, float, float]:
+    from pipeline.volumes import read_header
+
+    return read_header(f"{volume}:raw").voxel_size_nm
+
+
+def _read_region(volume: str, segmentation: str, region):
+    """The staged image and the stitched segmentation within `region` (a Roi)."""
+    from pipeline.volumes import label_ids, open_volume, read_raw
+
+    raw, _ = read_raw(f"{volume}:raw", region=region.slices)
+    spec = f"{segmentation}:segmentation"
+    with open_volume(spec) as array:
+        return raw, label_ids(array[region.slices], spec)

@@ -26,7 +26,7 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -399,20 +399,79 @@ def damaged(folder: str | Path, files: dict[str, int]) -> bool:
         return True
 
 
+def save_region_record(path: str | Path, region: Roi, record: dict) -> None:
+    """A region task's record (`write_region`'s result), atomically."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(
+            f,
+            region=str(region),
+            ids=record["ids"],
+            counts=record["counts"],
+            files=json.dumps(record["files"]),
+        )
+
+
+def load_region_record(path: str | Path) -> dict:
+    with np.load(path) as f:
+        return {
+            "region": Roi.parse(str(f["region"])),
+            "ids": f["ids"],
+            "counts": f["counts"],
+            "files": json.loads(str(f["files"])),
+        }
+
+
+def repair_export(
+    folder: str | Path,
+    regions: list[dict],
+    meshes: list[dict[str, int]],
+    read_region: Callable[[Roi], tuple[np.ndarray, np.ndarray]],
+    shape_zyx: ZYX,
+    voxel_size_nm: VoxelSize,
+    config: ExportConfig,
+) -> list[str]:
+    """Rewrite what changed after its task wrote it (a lost or truncated chunk or mesh file; the
+    whole folder): the damaged regions from `read_region(roi) -> (raw, segmentation)`, then,
+    when a region was rewritten or a fragment is damaged, the meshing tasks. `regions` and
+    `meshes` (the tasks' records, in order) are updated in place. Returns what was repaired."""
+    folder = Path(folder)
+    (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
+    repaired = []
+    layers = [folder / layer / "info" for layer in (IMAGE_LAYER, SEGMENTATION_LAYER)]
+    if not all(info.is_file() for info in layers):
+        begin_export(folder, shape_zyx, voxel_size_nm, config)
+        repaired.append("layers")
+    for k, record in enumerate(regions):
+        if "layers" in repaired or damaged(folder, record["files"]):
+            raw, segmentation = read_region(record["region"])
+            regions[k] = {"region": record["region"]} | write_region(
+                folder, record["region"], raw, segmentation, config
+            )
+            repaired.append(f"region {record['region']}")
+    rewritten = bool(repaired)
+    for j, files in enumerate(meshes):
+        if rewritten or damaged(folder, files):
+            meshes[j] = mesh_part(folder, config, j)
+            repaired.append(f"mesh {j}")
+    return repaired
+
+
 def finish_export(
     folder: str | Path,
     regions: Sequence[dict],
     shape_zyx: ZYX,
     voxel_size_nm: VoxelSize,
     config: ExportConfig,
+    repaired: Sequence[str] = (),
 ) -> tuple[int, int]:
     """After every region and meshing task: the mesh manifests Neuroglancer looks up, the segment
-    properties from the regions' counts, then the record `export.json`, last. Returns (segments,
-    files)."""
+    properties from the regions' counts, then the record `export.json` (with what `repaired`
+    says was rewritten), last. Returns (segments, files)."""
     from igneous.task_creation import create_mesh_manifest_tasks
     from taskqueue import totask
 
     folder = Path(folder)
+    (folder / MANIFEST).unlink(missing_ok=True)  # not complete again until written last
     # The manifests list the fragments that the meshing tasks wrote.
     for task in create_mesh_manifest_tasks(_layer_url(folder, SEGMENTATION_LAYER)):
         totask(task).execute()
@@ -429,6 +488,7 @@ def finish_export(
         "voxel_size_nm": list(voxel_size_nm),
         "scales_nm": [list(s.voxel_size_nm) for s in scales],
         "segment_count": int(unique.size),
+        "repaired": list(repaired),
     }
     return int(unique.size), _write_manifest(folder, summary)
 
@@ -462,11 +522,10 @@ def _write_manifest(folder: Path, summary: dict) -> int:
     files = {
         path.relative_to(folder).as_posix(): path.stat().st_size
         for path in sorted(folder.rglob("*"))
-        if path.is_file()
+        if path.is_file() and path != folder / MANIFEST
     }
-    (folder / MANIFEST).write_text(
-        json.dumps({"format": MANIFEST_FORMAT, **summary, "files": files}, indent=1)
-    )
+    with atomic_path(folder / MANIFEST) as tmp:
+        tmp.write_text(json.dumps({"format": MANIFEST_FORMAT, **summary, "files": files}, indent=1))
     return len(files)
 
 

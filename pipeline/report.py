@@ -22,7 +22,10 @@ STAGE_OF_APP = {
     "relabel_block": "stitch",
     "finish_stitch": "stitch",
     "evaluate": "evaluate",
-    "export": "export",
+    "begin_export": "export",
+    "export_region": "export",
+    "export_meshes": "export",
+    "finish_export": "export",
 }
 
 

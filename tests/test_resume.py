@@ -31,9 +31,11 @@ from workflow_runs import (
     workflow,
 )
 
-from pipeline.report import task_states
+from pipeline.export import export_complete
+from pipeline.report import STAGE_OF_APP, task_states
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+EXPORT_APPS = {app for app, stage in STAGE_OF_APP.items() if stage == "export"}
 
 
 def resume(run_dir, config, *extra: str) -> str:
@@ -222,10 +224,29 @@ def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny
     out = resume(run_dir, TINY)
     assert "stitch     9/10 up to date; runs: stitch: output changed since it was made" in out
     # Of the stitching, only its last task ran (and what reads the segmentation after it).
-    assert set(tries(run_dir)) == {"finish_stitch", "evaluate", "export"}
+    assert set(tries(run_dir)) == {"finish_stitch", "evaluate", *EXPORT_APPS}
     summary = json.loads((run_dir / "inference" / "stitch.json").read_text())
     assert summary["repaired_blocks"] and lost.is_file()
     np.testing.assert_array_equal(segmentation(run_dir), segmentation(tiny_run))
+
+
+def test_a_lost_chunk_and_a_truncated_mesh_of_the_export_are_written_again(tiny_run, tmp_path):
+    run_dir = copy_run(tiny_run, tmp_path / "run")
+    folder = run_dir / "precomputed"
+    lost = sorted((folder / "segmentation").glob("*_*_*/*"))[-1]  # a chunk of the coarsest scale
+    fragment = next((folder / "segmentation" / "mesh").glob("*:0:*"))
+    sizes = lost.stat().st_size, fragment.stat().st_size
+    lost.unlink()
+    fragment.write_bytes(fragment.read_bytes()[: sizes[1] // 2])
+    assert not export_complete(folder)
+    out = resume(run_dir, TINY)
+    assert "export     3/4 up to date; runs: export: output changed since it was made" in out
+    assert set(tries(run_dir)) == {"finish_export"}  # the region and meshing tasks kept
+    assert (lost.stat().st_size, fragment.stat().st_size) == sizes and export_complete(folder)
+    assert json.loads((folder / "export.json").read_text())["repaired"] == [
+        "region 0:32, 0:64, 0:64",
+        "mesh 0",
+    ]
 
 
 def kill_worker_reading(run_dir, path: str, timeout: float = 300) -> int | None:
