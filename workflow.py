@@ -225,8 +225,8 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
         settings = {"inference": inference, "start": list(block.start), "stop": list(block.stop)}
         steps.append(_task(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
                            [block_path(paths.blocks_dir, block)], "infer.infer_block"))  # fmt: skip
-    steps += _stitch_steps(config, paths, blocks)
-    steps += _export_steps(config, paths)
+    steps += stitch_steps(config, paths, blocks)
+    steps += export_steps(config, paths)
     segmented = [paths.eval_volume, paths.segmentation]
     if _eval_has_labels(config):
         steps.append(_task("evaluate", {"watershed": config_io.to_dict(config.watershed)}, segmented,
@@ -234,7 +234,7 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     return steps
 
 
-def _stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]:
+def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]:
     """A pairs task per block, one join, a relabel task per block writing its core into the
     stitched volume, then the check that writes stitch.json (apps/stitch.py)."""
     from pipeline.blocks import block_path
@@ -266,7 +266,7 @@ def _stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step
     return steps
 
 
-def _export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
+def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     """One task begins the export, one per region writes every scale, one per igneous meshing
     task meshes, the last checks and records (apps/export.py)."""
     from pipeline.export import export_regions, mesh_task_count
@@ -483,7 +483,7 @@ def _stop(signum: int, frame) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-def _execute(
+def execute(
     steps: list[Step], reasons: dict[str, str | None], site, spec: SiteSpec, paths: RunPaths
 ) -> int:
     """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
@@ -596,7 +596,7 @@ def run(args: argparse.Namespace) -> int:
     if all(r is None for r in reasons.values()):
         _say("nothing to do: every task is up to date")
     else:
-        status = _execute(steps, reasons, site, spec, paths)
+        status = execute(steps, reasons, site, spec, paths)
         if status:
             return status
     from pipeline.report import write_report

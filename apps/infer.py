@@ -50,3 +50,26 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         return digest_arrays({"labels": result.labels})
 
     return run_once(settings, [volume, selection], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def ground_truth_block(settings: dict, inputs=(), outputs=()):
+    """A stand-in for infer_block that benchmarks of the data path use (bench/scale.py): the
+    block's ground truth as its result. settings: {"start": zyx, "stop": zyx}; inputs: the
+    staged labeled volume; outputs[0]: the block's result file."""
+    import h5py
+
+    from pipeline.blocks import Block, ground_truth_block, write_block_result
+    from pipeline.stamps import digest_arrays, run_once
+
+    volume, output = inputs[0].filepath, outputs[0].filepath
+
+    def work() -> str:
+        with h5py.File(volume, "r") as f:
+            result = ground_truth_block(
+                f["labels"], Block(tuple(settings["start"]), tuple(settings["stop"]))
+            )
+        write_block_result(output, result)
+        return digest_arrays({"labels": result.labels})
+
+    return run_once(settings, [volume], [output], work)

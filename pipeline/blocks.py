@@ -226,6 +226,16 @@ def _provenance(model: ModelConfig, config: InferenceConfig, extra: dict | None)
     return json.loads(json.dumps(record | (extra or {})))
 
 
+def ground_truth_block(labels: np.ndarray, block: Block) -> BlockResult:
+    """A stand-in for `segment_block` for benchmarks of the data path (bench/scale.py): the
+    block's ground truth (`labels`: anything that slices, e.g. an h5py dataset) with block-local
+    ids 1..n, as a block result. What follows inference (stitching, evaluation, export) then
+    runs on real files without the cost of a network."""
+    local, _ = fastremap.renumber(np.asarray(labels[block.slices]), preserve_zero=True)
+    stats = InferenceStats(voxels=local.size, objects=int(local.max()))
+    return BlockResult(block, local, stats, {"stand_in": "ground truth"})
+
+
 def block_path(blocks_dir: str | Path, block: Block) -> Path:
     return Path(blocks_dir) / f"{block.name}.npz"
 

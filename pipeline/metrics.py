@@ -73,6 +73,16 @@ class SegmentationScores:
         return dataclasses.asdict(self) | {"vi": self.vi}
 
 
+def _renumbered(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`values` as int64 indices 1..n, and the value of each index (index i: `ids[i - 1]`)."""
+    renumbered, mapping = fastremap.renumber(np.array(values), preserve_zero=False)
+    ids = np.zeros(len(mapping), values.dtype)
+    ids[np.fromiter(mapping.values(), np.int64, len(mapping)) - 1] = np.fromiter(
+        mapping.keys(), values.dtype, len(mapping)
+    )
+    return renumbered.astype(np.int64), ids
+
+
 @dataclass(frozen=True)
 class OverlapCounts:
     """Voxel counts of each (truth id, predicted id) pair over the voxels with truth > 0: all
@@ -98,9 +108,20 @@ class OverlapCounts:
 
     @classmethod
     def _of_pairs(cls, pairs: np.ndarray, voxels: np.ndarray) -> "OverlapCounts":
-        unique, inverse = np.unique(pairs.reshape(-1, 2), axis=0, return_inverse=True)
-        summed = np.bincount(inverse.ravel(), weights=voxels, minlength=len(unique))
-        return cls(unique[:, 0], unique[:, 1], summed.astype(np.int64))
+        # Each column's ids renumbered 1..n by hashing (fastremap), then each pair as one integer:
+        # no sort of the voxels, only of the distinct pairs (np.unique over rows is ~20x slower).
+        pairs = pairs.reshape(-1, 2)
+        truth, truth_ids = _renumbered(pairs[:, 0])
+        predicted, predicted_ids = _renumbered(pairs[:, 1])
+        width = len(predicted_ids) + 1
+        pair, pair_keys = _renumbered(truth * width + predicted)
+        summed = np.bincount(pair, weights=voxels, minlength=len(pair_keys) + 1)[1:]
+        truth_of, predicted_of = (
+            truth_ids[pair_keys // width - 1],
+            predicted_ids[pair_keys % width - 1],
+        )
+        order = np.lexsort((predicted_of, truth_of))
+        return cls(truth_of[order], predicted_of[order], summed[order].astype(np.int64))
 
     def __add__(self, other: "OverlapCounts") -> "OverlapCounts":
         pairs = np.concatenate(

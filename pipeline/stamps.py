@@ -23,9 +23,11 @@ mtime, ctime and inode, and staging records the digest of the content it read.
 run are known.
 """
 
+import contextlib
 import hashlib
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -188,9 +190,14 @@ def why_stale(settings: dict, inputs: Sequence[Path], outputs: Sequence[Path]) -
 
 
 def write_stamp(
-    settings: dict, inputs: Sequence[Path], outputs: Sequence[Path], token: str | None = None
+    settings: dict,
+    inputs: Sequence[Path],
+    outputs: Sequence[Path],
+    token: str | None = None,
+    measured: dict | None = None,
 ) -> dict:
-    """Record that `outputs` were made from `settings` and `inputs` (call after writing them)."""
+    """Record that `outputs` were made from `settings` and `inputs` (call after writing them);
+    `measured`: what making them cost (seconds, peak memory)."""
     settings, tokens = _plain(settings), [input_token(p) for p in inputs]
     record = {
         "identity": task_identity(settings, tokens),
@@ -198,6 +205,7 @@ def write_stamp(
         "inputs": [[_display(p), t] for p, t in zip(inputs, tokens, strict=True)],
         "outputs": {Path(o).name: output_state(o) for o in outputs},
         "token": token or uuid.uuid4().hex,
+        "measured": measured or {},
     }
     for output in outputs:
         with atomic_path(stamp_path(output)) as tmp:
@@ -211,19 +219,47 @@ def run_once(
     outputs: Iterable[str | os.PathLike],
     work: Callable[[], str | None],
 ) -> str:
-    """Run `work` unless the outputs are up to date; stamp them after. `work` may return a
-    digest of the content it wrote (the token). Returns "ran" or "up to date"."""
+    """Run `work` unless the outputs are up to date; stamp them after, with its wall time and
+    the peak resident memory of this process while it ran (`peak_memory_mib`). `work` may return
+    a digest of the content it wrote (the token). Returns "ran" or "up to date"."""
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
     if why_stale(settings, inputs, outputs) is None:
         return "up to date"
     # Gone before the outputs change: a task killed half-way is never taken for done.
     for output in outputs:
         stamp_path(output).unlink(missing_ok=True)
+    reset_peak_memory()
+    started = time.perf_counter()
     token = work()
     if token is not None and not isinstance(token, str):
         raise TypeError(f"run_once: work() must return a digest (str) or None, got {token!r}")
-    write_stamp(settings, inputs, outputs, token)
+    measured = {
+        "seconds": round(time.perf_counter() - started, 3),
+        "peak_rss_mib": peak_memory_mib(),
+    }
+    write_stamp(settings, inputs, outputs, token, measured)
     return "ran"
+
+
+def reset_peak_memory() -> None:
+    """Start this process's peak resident memory (Linux's VmHWM) afresh from what it holds now,
+    so that a worker that runs many tasks reports each one's own peak (Linux 4.0+; elsewhere
+    the peak stays the process's lifetime one)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_mib() -> float | None:
+    """This process's peak resident memory since it started or since `reset_peak_memory`, in
+    MiB (None where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,20 @@ def test_a_stamp_records_what_a_person_can_read(tmp_path, source):
         "outputs",
         "token",
     }
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc")
+def test_each_task_of_one_worker_records_its_own_peak_memory(tmp_path, source):
+    import numpy as np
+
+    def task(name: str, megabytes: int):
+        def run() -> None:
+            np.ones(megabytes << 17).sum()  # 8-byte floats: `megabytes` MiB, resident while summed
+            (tmp_path / name).write_text(name)
+
+        run_once({"name": name}, [source], [tmp_path / name], run)
+        return json.loads(stamp_path(tmp_path / name).read_text())["measured"]
+
+    large, small = task("large", 400), task("small", 10)
+    assert large["peak_rss_mib"] - small["peak_rss_mib"] > 350  # not the process's lifetime peak
+    assert large["seconds"] > 0

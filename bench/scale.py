@@ -1,0 +1,261 @@
+"""The data path at growing volume sizes: memory of every task, wall time, workers.
+
+Run by hand (not a test), from the repository root, on an otherwise idle machine:
+
+    PATH=.venv/bin:$PATH python bench/scale.py [--edges 256 512 1024] [--workers 2]
+        [--speedup-edge 512]
+
+For each edge N it writes a synthetic N^3 volume as zarr (`data/bench/scale/volume_N.zarr`:
+`raw` uint8 and `labels` uint64, 10 nm voxels; cells of about 64^3 voxels on a smoothly
+distorted grid, dark membranes between them, noise), then runs the workflow's own tasks on it
+through Parsl on the local site: staging of the zarr volume (slab by slab), one task per block
+that stands in for inference (`apps.infer.ground_truth_block`: the block's ground truth with
+block-local ids, so no network runs and what is measured is the data path), stitching (pairs,
+join, relabel into the chunked segmentation, check), evaluation (VI / adapted Rand counted slab
+by slab; no watershed) and the export as tasks (regions, igneous meshing, record). Every task's
+stamp records its wall time and the peak resident memory of its worker process while it ran
+(`pipeline.stamps.run_once`); the script reports, per kind of task, the largest of them.
+
+Then, at `--speedup-edge`, the same run with 1 worker, for the speed-up of 2 workers, and, at the
+smallest edge, the stitched volume against the in-memory stitching of the same block results
+(`pipeline.stitching.stitch`): the same partition of the voxels or not.
+
+Prints Markdown tables and writes everything to --output (JSON).
+"""
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import workflow  # noqa: E402
+from pipeline import config as config_io  # noqa: E402
+from pipeline.atomic import atomic_path  # noqa: E402
+from pipeline.blocks import BlockConfig, block_path, plan_blocks  # noqa: E402
+from pipeline.metrics import WatershedConfig  # noqa: E402
+from pipeline.run_config import RunConfig  # noqa: E402
+from pipeline.staging import DataConfig, role_settings, source_files  # noqa: E402
+from pipeline.stamps import read_stamp  # noqa: E402
+from pipeline.zarr_volumes import COMPRESSOR, open_zarr  # noqa: E402
+from site_configs import local  # noqa: E402
+
+VOXEL_NM = (10.0, 10.0, 10.0)
+CELL = 64  # voxels: the synthetic cells' edge
+CHUNK = 128  # voxels: the synthetic volume's zarr chunks, written one per call
+# Blocks of 128^3 overlapping by 32: a 256^3 volume already has an interior block (27 blocks
+# overlap its core), so no kind of task meets more neighbours in a larger volume.
+BLOCKS = BlockConfig(block_shape_zyx=(128, 128, 128), overlap_zyx=(32, 32, 32))
+
+
+def _labels(start: tuple[int, int, int], shape: tuple[int, ...], edge: int) -> np.ndarray:
+    """Cell ids of the voxels [start, start + shape): a grid of CELL^3 cells, its axes bent by
+    sums of sines of the other coordinates (smooth, so cells stay whole and connected)."""
+    z, y, x = np.meshgrid(
+        *(np.arange(a, a + n, dtype=np.float32) for a, n in zip(start, shape, strict=True)),
+        indexing="ij",
+    )
+    two_pi = np.float32(2 * np.pi)
+    bent = (
+        z + 9 * np.sin(two_pi * x / 197) + 6 * np.sin(two_pi * y / 151),
+        y + 9 * np.sin(two_pi * z / 181) + 6 * np.sin(two_pi * x / 163),
+        x + 9 * np.sin(two_pi * y / 173) + 6 * np.sin(two_pi * z / 157),
+    )
+    side = edge // CELL + 2
+    index = [np.floor_divide(b, CELL).astype(np.int64) + 1 for b in bent]
+    return (1 + (index[0] * side + index[1]) * side + index[2]).astype(np.uint64)
+
+
+def _write_chunk(args: tuple[Path, int, tuple[int, int, int]]) -> None:
+    path, edge, start = args
+    stop = [min(a + CHUNK, edge) for a in start]
+    shape = tuple(b - a for a, b in zip(start, stop, strict=True))
+    # One voxel more along every axis: a membrane where the next voxel is another cell.
+    grown = _labels(start, tuple(n + 1 for n in shape), edge)
+    labels = grown[:-1, :-1, :-1]
+    membrane = (
+        (labels != grown[1:, :-1, :-1])
+        | (labels != grown[:-1, 1:, :-1])
+        | (labels != grown[:-1, :-1, 1:])
+    )
+    rng = np.random.default_rng(list(start))
+    raw = np.where(membrane, 60, 170) + rng.normal(0, 12, shape)
+    region = tuple(slice(a, b) for a, b in zip(start, stop, strict=True))
+    open_zarr(path, "raw", "r+")[region] = np.clip(raw, 0, 255).astype(np.uint8)
+    open_zarr(path, "labels", "r+")[region] = labels
+
+
+def make_volume(path: Path, edge: int, processes: int) -> None:
+    """The synthetic edge^3 volume, chunk by chunk (bounded memory), unless it exists."""
+    if (path / ".complete").is_file():
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    group = zarr.open_group(str(path), mode="w")
+    for name, dtype in (("raw", np.uint8), ("labels", np.uint64)):
+        array = group.create_dataset(
+            name, shape=(edge,) * 3, chunks=(CHUNK,) * 3, dtype=dtype, compressor=COMPRESSOR
+        )
+        array.attrs["voxel_size_nm"] = list(VOXEL_NM)
+    starts = [(z, y, x) for z in range(0, edge, CHUNK) for y in range(0, edge, CHUNK)
+              for x in range(0, edge, CHUNK)]  # fmt: skip
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        pool.map(_write_chunk, [(path, edge, s) for s in starts])
+    (path / ".complete").write_text("")
+
+
+def run_config(volume: Path, name: str) -> RunConfig:
+    data = DataConfig(eval_raw=f"{volume}:raw", eval_labels=f"{volume}:labels")
+    return RunConfig(
+        name=name,
+        data=data,
+        blocks=BLOCKS,
+        watershed=WatershedConfig(enabled=False),  # the baseline needs the whole image
+    )
+
+
+def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.Step]:
+    """The workflow's tasks from staging to export, inference replaced by its stand-in."""
+    steps = [
+        workflow._task("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
+                       [paths.eval_volume], "stage.stage_volume"),
+    ]  # fmt: skip
+    blocks = plan_blocks(workflow._eval_shape(config), config.blocks)
+    for i, block in enumerate(blocks):
+        settings = {"start": list(block.start), "stop": list(block.stop)}
+        steps.append(workflow._task(f"infer[{i}]", settings, [paths.eval_volume],
+                                    [block_path(paths.blocks_dir, block)], "infer.ground_truth_block"))  # fmt: skip
+    steps += workflow.stitch_steps(config, paths, blocks)
+    steps += workflow.export_steps(config, paths)
+    steps.append(workflow._task("evaluate", {"watershed": config_io.to_dict(config.watershed)},
+                                [paths.eval_volume, paths.segmentation], [paths.evaluation],
+                                "evaluate.evaluate"))  # fmt: skip
+    return steps
+
+
+def run(volume: Path, edge: int, workers: int, runs_dir: Path) -> dict:
+    """One fresh run of the data path on `volume` with `workers` cpu workers."""
+    name = f"scale-{edge}-w{workers}"
+    paths = workflow.RunPaths(runs_dir / name)
+    shutil.rmtree(paths.root, ignore_errors=True)
+    config = run_config(volume, name)
+    spec = dataclasses.replace(local.SITE, cpu_workers_per_node=workers)
+    steps = bench_steps(config, paths)
+    started = time.perf_counter()
+    status = workflow.execute(steps, workflow.plan_run(steps), local, spec, paths)
+    seconds = time.perf_counter() - started
+    if status:
+        raise SystemExit(f"{name}: the workflow failed (status {status}); see {paths.root}/runinfo")
+    tasks: dict[str, dict] = {}
+    for step in steps:
+        measured = (read_stamp(step.task.outputs[0]) or {}).get("measured", {})
+        kind = tasks.setdefault(step.app, {"tasks": 0, "peak_rss_mib": 0.0, "seconds": 0.0})
+        kind["tasks"] += 1
+        kind["peak_rss_mib"] = max(kind["peak_rss_mib"], measured.get("peak_rss_mib") or 0.0)
+        kind["seconds"] += measured.get("seconds", 0.0)
+    scores = json.loads(paths.evaluation.read_text())["ffn"]
+    return {
+        "edge": edge,
+        "voxels": edge**3,
+        "workers": workers,
+        "wall_seconds": round(seconds, 1),
+        "blocks": len(plan_blocks((edge,) * 3, config.blocks)),
+        "tasks": tasks,
+        "variation_of_information": scores.get("variation_of_information"),
+        "run_dir": str(paths.root),
+    }
+
+
+def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two label volumes cut the voxels into the same sets (ids may differ)."""
+    pairs = np.unique(np.stack([a.ravel(), b.ravel()]), axis=1)
+    return pairs.shape[1] == len(np.unique(a)) == len(np.unique(b))
+
+
+def check_stitching(result: dict) -> bool:
+    """The tasks' stitched volume against the in-memory stitching of the same block results."""
+    from pipeline.blocks import read_block_result
+    from pipeline.stitching import stitch
+    from pipeline.volumes import read_labels
+
+    paths = workflow.RunPaths(Path(result["run_dir"]))
+    blocks = plan_blocks((result["edge"],) * 3, BLOCKS)
+    results = [read_block_result(block_path(paths.blocks_dir, b), b) for b in blocks]
+    in_memory, _ = stitch(results, (result["edge"],) * 3, BLOCKS)
+    tasks, _ = read_labels(f"{paths.segmentation}:segmentation")
+    return same_partition(in_memory, tasks)
+
+
+def table(results: list[dict]) -> str:
+    kinds = list(results[0]["tasks"])
+    first = results[0]
+    lines = [
+        "| volume | workers | blocks | wall time | s per 10^6 voxels | "
+        + " | ".join(k.split(".")[1] for k in kinds) + " |",
+        "|---" * (4 + len(kinds)) + "|---|",
+    ]  # fmt: skip
+    for r in results:
+        memory = [
+            f"{r['tasks'][k]['peak_rss_mib']:.0f} MiB "
+            f"({r['tasks'][k]['peak_rss_mib'] / first['tasks'][k]['peak_rss_mib']:.2f}x)"
+            for k in kinds
+        ]
+        lines.append(
+            f"| {r['edge']}^3 | {r['workers']} | {r['blocks']} | {r['wall_seconds']:.0f} s | "
+            f"{r['wall_seconds'] / r['voxels'] * 1e6:.3f} | " + " | ".join(memory) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--edges", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--speedup-edge", type=int, default=512, help="0: no 1-worker run")
+    parser.add_argument("--volumes-dir", type=Path, default=ROOT / "data" / "bench" / "scale")
+    parser.add_argument("--output", type=Path, default=ROOT / "data" / "bench" / "scale.json")
+    args = parser.parse_args()
+    results = []
+    for edge in args.edges:
+        volume = args.volumes_dir / f"volume_{edge}.zarr"
+        started = time.perf_counter()
+        make_volume(volume, edge, args.workers)
+        print(f"[scale] volume {edge}^3 ready ({time.perf_counter() - started:.0f} s)", flush=True)
+        results.append(run(volume, edge, args.workers, args.volumes_dir / "runs"))
+        print(
+            f"[scale] {edge}^3, {args.workers} workers: {results[-1]['wall_seconds']} s", flush=True
+        )
+    stitched_same = check_stitching(results[0])
+    one_worker = None
+    if args.speedup_edge:
+        volume = args.volumes_dir / f"volume_{args.speedup_edge}.zarr"
+        make_volume(volume, args.speedup_edge, args.workers)
+        one_worker = run(volume, args.speedup_edge, 1, args.volumes_dir / "runs")
+    record = {
+        "machine": f"{platform.processor() or platform.machine()}, {multiprocessing.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"),
+        "runs": results + ([one_worker] if one_worker else []),
+        "stitched_same_as_in_memory": stitched_same,
+    }
+    with atomic_path(args.output) as tmp:
+        tmp.write_text(json.dumps(record, indent=2))
+    print(table(record["runs"]))
+    print(f"\nstitched {results[0]['edge']}^3 by tasks = in-memory stitching: {stitched_same}")
+    if one_worker:
+        two = next(r for r in results if r["edge"] == args.speedup_edge)
+        speedup = one_worker["wall_seconds"] / two["wall_seconds"]
+        print(f"{args.speedup_edge}^3: {args.workers} workers {speedup:.2f}x faster than 1")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
