@@ -8,8 +8,14 @@ The export folder (one atomic unit: built beside its destination, then renamed i
         segment_properties/  every segment id with its voxel count (Neuroglancer lists and sorts them)
     export.json            what was written, every file with its size: the completeness record
 
-cloud-volume writes mip 0; igneous (over cloud-volume) adds the downsampled scales, the meshes and
-the mesh manifests. Its tasks run here, one after the other, in this process.
+The export is cut into tasks that the workflow spreads over its workers (apps/export.py), each
+holding no more than a region of `task_voxels` per axis: `begin_export` writes both layers'
+`info`; `write_region`, one per region of `export_regions` (whole chunks of every scale),
+writes its voxels at full resolution through cloud-volume and downsamples them itself with
+tinybrain (what igneous's downsampling tasks call), so no task reads what another wrote;
+`mesh_part`, one per igneous meshing task, meshes the finished segmentation; `finish_export`
+adds igneous's mesh manifests, the segment properties (from the regions' counts) and, last, the
+record. `export_precomputed` runs the same steps in turn on arrays in memory (the CLI, tests).
 
 Axes: this project is (z, y, x) everywhere; cloud-volume and the precomputed format are (x, y, z).
 Sizes are reversed only by `_xyz` and arrays transposed only in `_write_mip0`.

@@ -24,6 +24,7 @@ run are known.
 """
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -244,7 +245,10 @@ def run_once(
 def reset_peak_memory() -> None:
     """Start this process's peak resident memory (Linux's VmHWM) afresh from what it holds now,
     so that a worker that runs many tasks reports each one's own peak (Linux 4.0+; elsewhere
-    the peak stays the process's lifetime one)."""
+    the peak stays the process's lifetime one). Memory freed by earlier tasks but kept by the
+    C allocator is handed back first, so it does not count as this task's."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
 
