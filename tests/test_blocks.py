@@ -22,6 +22,7 @@ from pipeline.blocks import (
     block_done,
     block_path,
     face_padding,
+    ground_truth_block,
     plan_blocks,
     read_block_result,
     segment_block,
@@ -282,3 +283,16 @@ def test_only_the_volumes_own_faces_are_padded():
     # A scored part with context around it: only what the context lacks is reflected.
     part = Roi((2, 3, 10), (16, 40, 40))
     assert face_padding(first, (16, 40, 40), MODEL, part) == ((0, 2), (1, 0), (0, 0))
+
+
+def test_the_ground_truth_stand_in_gives_block_results_that_stitch_back_to_the_truth():
+    truth = np.zeros((24, 40, 40), np.uint64)
+    truth[:, :20], truth[:, 20:, :25], truth[:, 20:, 25:] = 7, 1_000_000_000_000, 3
+    config = BlockConfig(block_shape_zyx=(16, 24, 24), overlap_zyx=(8, 8, 8))
+    blocks = plan_blocks(truth.shape, config)
+    results = [ground_truth_block(truth, b) for b in blocks]
+    for result in results:  # block-local ids 1..n, as inference writes them
+        assert result.labels.max() == len(np.unique(result.labels[result.labels > 0]))
+    stitched, _ = stitch(results, truth.shape, config)
+    pairs = np.unique(np.stack([truth.ravel(), stitched.ravel()]), axis=1)
+    assert pairs.shape[1] == 3 == len(np.unique(stitched))  # the same three objects
