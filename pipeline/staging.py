@@ -15,15 +15,16 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from pipeline import stamps
 from pipeline.errors import ConfigError, EmptyLabelsError, VolumeShapeError, VoxelSizeError
 from pipeline.roi import Roi, check_apart, check_roi
-from pipeline.stamps import ArraysDigest, digest_arrays
+from pipeline.stamps import VolumeDigest, digest_volumes
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import (
     VolumeSpec,
     new_volumes,
+    read_bricks,
     read_header,
-    read_slabs,
     write_volumes,
 )
 
@@ -198,7 +199,7 @@ def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) ->
     )
     arrays = {"raw": raw, "labels": labels}
     write_volumes(path, arrays, config.voxel_size_nm, {STAGED_ATTR: provenance})
-    return digest_arrays(arrays, [float(v) for v in config.voxel_size_nm])
+    return digest_volumes(arrays, [float(v) for v in config.voxel_size_nm])
 
 
 def stage_files(
@@ -210,8 +211,8 @@ def stage_files(
     context_zyx: Sequence[int] = (0, 0, 0),
 ) -> str:
     """Validate the user's volume(s) and copy them, or their `roi` with `context_zyx` around it,
-    in; labels are optional (then nothing is scored). The staged region is copied slab by slab
-    (`volumes.read_slabs`), so the memory of staging does not grow with the volume. The scored
+    in; labels are optional (then nothing is scored). The staged region is copied brick by brick
+    (`volumes.read_bricks`), so the memory of staging does not grow with the volume. The scored
     part within the staged volume is its attribute `scored_roi`. Returns the digest of the
     content read."""
     raw = read_header(raw_spec, voxel_size_nm)
@@ -243,19 +244,20 @@ def stage_files(
         described = [described, attrs[SCORED_ATTR]]
     dtypes = {"raw": np.uint8, "labels": np.uint64}
     layout = {name: (staged.shape, dtypes[name]) for name in sources}
-    sha, labeled = ArraysDigest(described), False
+    sha, labeled = VolumeDigest(described), False
     scored = part.relative_to(staged)
     with new_volumes(path, layout, voxel_size, attrs) as datasets:
-        for name in sorted(sources):
+        for name in sources:
             sha.begin(name, dtypes[name], staged.shape)
-            for z, slab in read_slabs(sources[name].spec, staged.slices, labels=name == "labels"):
-                datasets[name][z] = slab
-                sha.update(slab)
-                if name == "labels" and not labeled:
-                    zs = slice(max(z.start, scored.start[0]), min(z.stop, scored.stop[0]))
-                    if zs.start < zs.stop:
-                        inside = (slice(zs.start - z.start, zs.stop - z.start), *scored.slices[1:])
-                        labeled = bool(slab[inside].any())
+            bricks = read_bricks(sources[name].spec, staged.slices, stamps.BRICK, name == "labels")
+            for start, brick in bricks:
+                box = Roi(start, tuple(a + n for a, n in zip(start, brick.shape, strict=True)))
+                datasets[name][box.slices] = brick
+                sha.update(name, start, brick)
+                if name == "labels" and not labeled and box.overlaps(scored):
+                    low = np.maximum(box.start, scored.start) - box.start
+                    high = np.minimum(box.stop, scored.stop) - box.start
+                    labeled = bool(brick[tuple(map(slice, low, high))].any())
         if labels_spec and not labeled:
             raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
     return sha.hexdigest()

@@ -26,6 +26,7 @@ run are known.
 import contextlib
 import ctypes
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -47,29 +48,56 @@ def digest(value: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class ArraysDigest:
-    """`digest_arrays` fed part by part, for arrays too large to hold: `begin` each array (in
-    name order), then `update` with its parts in C order (slabs along the first axis)."""
+# Voxels per axis of the bricks a staged volume's digest is made of (`VolumeDigest`).
+BRICK = 128
+
+
+class VolumeDigest:
+    """A digest of named 3-D arrays made of one sha256 per brick (BRICK^3 on a grid from the
+    arrays' origin, clipped at their end), fed in any order: a volume too large to hold is
+    digested while it is copied, brick by brick, in the order its chunks are read. The same
+    voxels give the same digest whether held whole (`digest_volumes`) or fed brick by brick."""
 
     def __init__(self, extra: object = None) -> None:
-        self._sha = hashlib.sha256(json.dumps(extra, default=str).encode())
+        self._extra = extra
+        self._arrays: dict[str, list] = {}
+        self._bricks: dict[tuple[str, tuple[int, ...]], str] = {}
 
     def begin(self, name: str, dtype: np.dtype, shape: Sequence[int]) -> None:
-        self._sha.update(f"{name}:{np.dtype(dtype)}:{tuple(int(n) for n in shape)}".encode())
+        self._arrays[name] = [str(np.dtype(dtype)), [int(n) for n in shape]]
 
-    def update(self, part: np.ndarray) -> None:
-        self._sha.update(np.ascontiguousarray(part).data)
+    def update(self, name: str, start: Sequence[int], brick: np.ndarray) -> None:
+        """`brick`: array `name`'s voxels in the brick of the grid that starts at `start`."""
+        sha = hashlib.sha256(np.ascontiguousarray(brick).data).hexdigest()
+        self._bricks[(name, tuple(int(a) for a in start))] = sha
 
     def hexdigest(self) -> str:
-        return self._sha.hexdigest()
+        bricks = sorted([name, list(start), sha] for (name, start), sha in self._bricks.items())
+        return digest({"extra": self._extra, "arrays": self._arrays, "bricks": bricks})
+
+
+def brick_starts(shape: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The starts of the BRICK^3 grid over a volume of `shape`."""
+    return list(itertools.product(*(range(0, n, BRICK) for n in shape)))
+
+
+def digest_volumes(arrays: dict[str, np.ndarray], extra: object = None) -> str:
+    """`VolumeDigest` of named 3-D arrays held whole."""
+    sha = VolumeDigest(extra)
+    for name, array in arrays.items():
+        sha.begin(name, array.dtype, array.shape)
+        for start in brick_starts(array.shape):
+            sha.update(name, start, array[tuple(slice(a, a + BRICK) for a in start)])
+    return sha.hexdigest()
 
 
 def digest_arrays(arrays: dict[str, np.ndarray], extra: object = None) -> str:
     """sha256 over named arrays (name, dtype, shape and bytes) and `extra` (e.g. a voxel size)."""
-    sha = ArraysDigest(extra)
+    sha = hashlib.sha256(json.dumps(extra, default=str).encode())
     for name in sorted(arrays):
-        sha.begin(name, arrays[name].dtype, arrays[name].shape)
-        sha.update(arrays[name])
+        array = np.ascontiguousarray(arrays[name])
+        sha.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        sha.update(array.data)
     return sha.hexdigest()
 
 

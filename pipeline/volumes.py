@@ -11,6 +11,7 @@ names the file and the problem; writing is atomic (temporary file, then rename).
 """
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,6 @@ VOXEL_SIZE_ATTR = "voxel_size_nm"
 # project's attribute, then CREMI's (and many HDF5 stacks') `resolution`.
 VOXEL_SIZE_ATTRS = (VOXEL_SIZE_ATTR, "resolution")
 ZYX = tuple[int, int, int]
-# Voxels read at once where a volume is copied part by part: 128 MiB of uint64 labels.
-SLAB_VOXELS = 1 << 24
 VoxelSize = tuple[float, float, float]
 
 
@@ -406,25 +405,25 @@ def new_volumes(
         }
 
 
-def read_slabs(
-    spec: "str | VolumeSpec", region: Region, labels: bool = False, max_voxels: int | None = None
-) -> Iterator[tuple[slice, np.ndarray]]:
-    """The voxels of `region` in slabs along z of at most `max_voxels` (default `SLAB_VOXELS`;
-    one plane at least),
-    checked and converted as `read_raw` / `read_labels` do (uint8 image; uint64 ids, where a slab
-    may be all zero): (the slab's z range within the region, its voxels)."""
+def read_bricks(
+    spec: "str | VolumeSpec", region: Region, brick: int, labels: bool = False
+) -> Iterator[tuple[tuple[int, int, int], np.ndarray]]:
+    """The voxels of `region` in bricks of `brick`^3 on a grid from the region's start (clipped
+    at its end), checked and converted as `read_raw` / `read_labels` do (uint8 image; uint64
+    ids, where a brick may be all zero): (the brick's start within the region, its voxels).
+    Bricks, not slabs of whole planes: the memory stays a brick's however wide the volume, and
+    a chunked source aligned with the grid is decompressed once per chunk."""
     spec = VolumeSpec.parse(spec)
-    z, y, x = region
-    plane = (y.stop - y.start) * (x.stop - x.start)
-    step = max(1, (max_voxels or SLAB_VOXELS) // max(plane, 1))
+    origin = [r.start for r in region]
+    shape = [r.stop - r.start for r in region]
     with _checked_dataset(spec) as dataset:
-        for start in range(z.start, z.stop, step):
-            stop = min(start + step, z.stop)
-            array = dataset[start:stop, y, x]
-            yield (
-                slice(start - z.start, stop - z.start),
-                label_ids(array, spec) if labels else _as_raw(array, spec),
+        for start in itertools.product(*(range(0, n, brick) for n in shape)):
+            where = tuple(
+                slice(o + a, o + min(a + brick, n))
+                for o, a, n in zip(origin, start, shape, strict=True)
             )
+            array = dataset[where]
+            yield start, label_ids(array, spec) if labels else _as_raw(array, spec)
 
 
 def new_chunked_volume(

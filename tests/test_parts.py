@@ -75,22 +75,23 @@ def test_an_evaluated_part_is_staged_with_context_and_scored_inside(tmp_path):
     )  # no context: not scored
 
 
-def test_a_part_is_staged_slab_by_slab_with_the_digest_of_the_whole(tmp_path, monkeypatch):
-    from pipeline import volumes
-    from pipeline.stamps import digest_arrays
+def test_a_part_is_staged_brick_by_brick_with_the_digest_of_the_whole(tmp_path, monkeypatch):
+    from pipeline import stamps, volumes
 
     whole = stage_role(tmp_path / "whole.h5", role_settings(one_file(), "eval", (4, 8, 8)))
     reads = []
-    monkeypatch.setattr(volumes, "SLAB_VOXELS", 3 * 40 * 32)  # 3 planes of the staged part
+    monkeypatch.setattr(stamps, "BRICK", 16)  # the staged part, 32 x 40 x 32: 2 x 3 x 2 bricks
     monkeypatch.setattr(volumes, "_as_raw", lambda a, s: reads.append(a.shape) or a)
-    sliced = stage_role(tmp_path / "slabs.h5", role_settings(one_file(), "eval", (4, 8, 8)))
-    assert reads[0] == (3, 40, 32) and len(reads) == 11  # 32 planes: 10 slabs of 3, one of 2
-    assert sliced == whole
-    with h5py.File(tmp_path / "whole.h5") as a, h5py.File(tmp_path / "slabs.h5") as b:
+    bricked = stage_role(tmp_path / "bricks.h5", role_settings(one_file(), "eval", (4, 8, 8)))
+    assert sorted(reads) == sorted([(16, 8, 16)] * 4 + [(16, 16, 16)] * 8)
+    with h5py.File(tmp_path / "whole.h5") as a, h5py.File(tmp_path / "bricks.h5") as b:
         arrays = {name: b[name][...] for name in ("raw", "labels")}
         for name, array in arrays.items():
             np.testing.assert_array_equal(a[name][...], array)
-        assert digest_arrays(arrays, [[10.0, 10.0, 10.0], "0:32, 8:40, 8:32"]) == whole
+    extra = [[10.0, 10.0, 10.0], "0:32, 8:40, 8:32"]
+    assert bricked == stamps.digest_volumes(arrays, extra)  # fed brick by brick = held whole
+    monkeypatch.undo()
+    assert whole == stamps.digest_volumes(arrays, extra) != bricked  # the grid is part of it
 
 
 def test_a_part_with_no_label_inside_its_roi_is_refused_and_nothing_is_staged(tmp_path):
