@@ -25,6 +25,7 @@ run are known.
 
 import contextlib
 import ctypes
+import gc
 import hashlib
 import itertools
 import json
@@ -273,8 +274,9 @@ def run_once(
 def reset_peak_memory() -> None:
     """Start this process's peak resident memory (Linux's VmHWM) afresh from what it holds now,
     so that a worker that runs many tasks reports each one's own peak (Linux 4.0+; elsewhere
-    the peak stays the process's lifetime one). Memory freed by earlier tasks but kept by the
-    C allocator is handed back first, so it does not count as this task's."""
+    the peak stays the process's lifetime one). Earlier tasks' garbage (reference cycles) is
+    collected and memory the C allocator kept is handed back first: not this task's."""
+    gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     with contextlib.suppress(OSError):

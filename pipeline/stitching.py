@@ -332,16 +332,19 @@ def stitch_stats(records: Sequence[dict], lookup: np.ndarray, merges: int) -> St
     return StitchStats(len(records), len(lookup) - 1, merges, len(objects))
 
 
+def _read_block(blocks: Sequence[Block], paths: dict[int, str | Path], i: int) -> BlockResult:
+    return read_block_result(paths[i], blocks[i])
+
+
 class BlockReader:
     """Block results by block index, each read when first asked for and kept while it may be
     asked again (a block's neighbourhood); `paths[i]` is block i's result file."""
 
     def __init__(self, blocks: Sequence[Block], paths: dict[int, str | Path]) -> None:
-        self._blocks, self._paths = blocks, paths
-        self._read = functools.lru_cache(maxsize=32)(self._load)
-
-    def _load(self, i: int) -> BlockResult:
-        return read_block_result(self._paths[i], self._blocks[i])
+        # A cache of a function, not of a bound method: no reference cycle keeps a task's
+        # blocks in its worker's memory after the task.
+        read = functools.partial(_read_block, blocks, paths)
+        self._read = functools.lru_cache(maxsize=32)(read)
 
     def __call__(self, i: int) -> np.ndarray:
         return self._read(i).labels
