@@ -201,11 +201,13 @@ def _check_inputs(
 
 
 def _check_replaceable(final: Path) -> None:
-    """Only an earlier export (or nothing, or an empty folder) may be replaced."""
+    """Only an earlier export, finished or cut short (nothing but its layers), or nothing, or an
+    empty folder may be replaced."""
+    own = {IMAGE_LAYER, SEGMENTATION_LAYER, MANIFEST}
     replaceable = (
         not final.exists()
         or (final / MANIFEST).is_file()
-        or (final.is_dir() and not any(final.iterdir()))
+        or (final.is_dir() and {p.name for p in final.iterdir()} <= own)
     )
     if not replaceable:
         raise PrecomputedError(f"{final}: exists and is not an export; refusing to replace it")

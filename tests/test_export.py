@@ -190,6 +190,23 @@ def test_refuses_to_replace_a_folder_that_is_not_an_export(volume, tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
+def test_an_export_cut_short_is_begun_again_but_a_foreign_folder_is_not(volume, tmp_path):
+    raw, segmentation = volume
+    out = tmp_path / "out"
+    export.begin_export(out, SHAPE, VOXEL, CONFIG)  # then the run stopped: no record
+    region = export.export_regions(SHAPE, VOXEL, CONFIG)[0]
+    export.write_region(out, region, raw[region.slices], segmentation[region.slices], CONFIG)
+    assert not export_complete(out) and list((out / "image" / "10_10_20").glob("*"))
+    export.begin_export(out, SHAPE, VOXEL, CONFIG)
+    assert (out / "image" / "info").is_file() and not list(
+        (out / "image" / "10_10_20").glob("*")
+    )  # emptied, infos written again
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(PrecomputedError, match="not an export"):
+        export.begin_export(out, SHAPE, VOXEL, CONFIG)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
 def test_gzip_export_stores_gz_files_that_cloud_volume_reads(volume, tmp_path):
     raw, segmentation = volume
     out = tmp_path / "out"
