@@ -86,6 +86,7 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
     was lost or damaged since its task wrote it, then the manifests, the segment properties and
     the record `export.json`."""
     import json
+    from pathlib import Path
 
     from pipeline.config import from_dict
     from pipeline.export import ExportConfig, finish_export, load_region_record, repair_export
@@ -99,7 +100,7 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
         config, shape = from_dict(ExportConfig, settings["export"]), tuple(settings["shape"])
         voxel_size = _voxel_size(volume)
         regions = [load_region_record(p) for p in paths[2 : 2 + count]]
-        meshes = [json.loads(open(p).read()) for p in paths[2 + count :]]
+        meshes = [json.loads(Path(p).read_text()) for p in paths[2 + count :]]
         repaired = repair_export(
             folder, regions, meshes, lambda roi: _read_region(volume, segmentation, roi),
             shape, voxel_size, config,

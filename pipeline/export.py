@@ -333,12 +333,10 @@ def write_region(
             else tinybrain.downsample_with_averaging
         )
         # The one transpose: (z, y, x) in C order is (x, y, z) in Fortran order: no copy.
-        data = array.T
-        for mip, (scale, factor) in enumerate(zip(scales, _scale_factors(scales), strict=True)):
+        data, factors = array.T, _scale_factors(scales)
+        for mip, (scale, factor) in enumerate(zip(scales, factors, strict=True)):
             if mip:
-                step = [
-                    a // b for a, b in zip(factor, _scale_factors(scales)[mip - 1], strict=True)
-                ]
+                step = [a // b for a, b in zip(factor, factors[mip - 1], strict=True)]
                 data = downsample(data, _xyz(step))[0]
             lo = [a // f for a, f in zip(region.start, factor, strict=True)]
             box = tuple(slice(a, a + n) for a, n in zip(_xyz(lo), data.shape[:3], strict=True))

@@ -250,7 +250,7 @@ def run_once(
     work: Callable[[], str | None],
 ) -> str:
     """Run `work` unless the outputs are up to date; stamp them after, with its wall time and
-    the peak resident memory of this process while it ran (`peak_memory_mib`). `work` may return
+    the peak resident memory of this process while it ran (`measured`: seconds, peak_rss_mib). `work` may return
     a digest of the content it wrote (the token). Returns "ran" or "up to date"."""
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
     if why_stale(settings, inputs, outputs) is None:

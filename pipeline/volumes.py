@@ -348,15 +348,13 @@ def write_volumes(
 
     `attrs` go on the file's root (provenance such as the generator's settings).
     """
-    voxel_size = _check_voxel_size(voxel_size_nm, path)
     shapes = {name: a.shape for name, a in arrays.items()}
     if any(len(s) != 3 for s in shapes.values()) or len(set(shapes.values())) > 1:
         raise VolumeShapeError(f"{path}: arrays must be 3-D and of one shape, got {shapes}")
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        for key, value in (attrs or {}).items():
-            f.attrs[key] = value
+    layout = {name: (a.shape, a.dtype) for name, a in arrays.items()}
+    with new_volumes(path, layout, voxel_size_nm, attrs) as datasets:
         for name, array in arrays.items():
-            _create(f, name, array.shape, array.dtype, voxel_size, array)
+            datasets[name][...] = array
     return Path(path)
 
 
@@ -366,14 +364,12 @@ def _create(
     shape: Sequence[int],
     dtype: np.dtype,
     voxel_size: VoxelSize,
-    data: np.ndarray | None = None,
 ) -> h5py.Dataset:
     chunks = tuple(min(64, s) for s in shape)
     dataset = f.create_dataset(
         name,
         shape=shape,
         dtype=dtype,
-        data=data,
         chunks=chunks,
         compression="gzip",
         compression_opts=4,
