@@ -46,7 +46,7 @@ CRITERIA = ("fov_f1", "vi")
 
 @dataclass(frozen=True)
 class SelectionConfig:
-    last_checkpoints: int = 3  # the candidates: this many of the newest checkpoints
+    last_checkpoints: int = 3  # the candidates: this many of the newest (and a fine-tune's start)
     held_out_fovs: int = 128
     seed: int = 0  # sampling of the held-out coordinates
     batch_size: int = 8
@@ -75,6 +75,15 @@ def list_checkpoints(train_dir: str | Path) -> list[Path]:
         if match := re.fullmatch(r"ckpt-(\d+)\.index", index.name):
             found.append((int(match[1]), index.with_suffix("")))
     return [path for _, path in sorted(found)]
+
+
+def candidate_checkpoints(train_dir: str | Path, last: int) -> list[Path]:
+    """The newest `last` checkpoints, and a fine-tune's starting weights (step 0) where it wrote
+    them: fine-tuning is kept only where it beats what it started from."""
+    found = list_checkpoints(train_dir)
+    newest = found[-last:]
+    start = [c for c in found[:-last] if checkpoint_step(c) == 0]
+    return start + newest
 
 
 def checkpoint_step(checkpoint: str | Path) -> int:
@@ -160,10 +169,10 @@ def select_checkpoint(
     config: SelectionConfig | None = None,
     output: str | Path | None = None,
 ) -> dict:
-    """Score the last `config.last_checkpoints` checkpoints of `train_dir` on the held-out
-    `volume`, write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
+    """Score the last `config.last_checkpoints` checkpoints of `train_dir` (and a fine-tune's
+    starting weights, `candidate_checkpoints`) on the held-out `volume`, write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
     config = config or SelectionConfig()
-    candidates = list_checkpoints(train_dir)[-config.last_checkpoints :]
+    candidates = candidate_checkpoints(train_dir, config.last_checkpoints)
     if not candidates:
         raise CheckpointError(f"{train_dir}: no checkpoints (checkpoints/ckpt-N.index)")
     model_config = checkpoint_model_config(candidates[-1])
@@ -242,7 +251,9 @@ def selection_done(
     if train_dir is None:
         return True
     config = config or SelectionConfig()
-    current = [checkpoint_step(c) for c in list_checkpoints(train_dir)[-config.last_checkpoints :]]
+    current = [
+        checkpoint_step(c) for c in candidate_checkpoints(train_dir, config.last_checkpoints)
+    ]
     seen = [row.get("step") for row in record.get("candidates", [])]
     seen += [checkpoint_step(row["checkpoint"]) for row in record.get("skipped", [])]
     return sorted(seen) == current and record.get("config") == config_io.to_dict(config)

@@ -114,6 +114,7 @@ def make_train_step(model, optimizer, grad_clip: float):
     return train_step
 
 
+START_CHECKPOINT = "ckpt-0"  # a fine-tune's starting weights
 # Settings that change how long or how verbosely a run goes, not what it computes: a run that
 # changes only these goes on from the checkpoints of the earlier one.
 BOOKKEEPING = (
@@ -316,9 +317,8 @@ def run_training(
     )
     checkpoint_dir = train_dir / "checkpoints"
     restored, unreadable = _restore_newest_readable(checkpoint, manager, checkpoint_dir)
-    if (
-        not restored and inputs.init_from
-    ):  # fine-tuning: weights only; step 0, fresh Adam state, warm-up again
+    fine_tuning_starts = not restored and bool(inputs.init_from)
+    if fine_tuning_starts:  # weights only; step 0, fresh Adam state, warm-up again
         from pipeline.pretrained import load_pretrained_weights
 
         used = load_pretrained_weights(model, inputs.init_from)
@@ -326,6 +326,12 @@ def run_training(
             print(f"[train] initialised weights from {used}", flush=True)
     # Rank 0's state wins everywhere: identical start, even if ranks saw different files.
     hvd.broadcast_variables(model.variables + optimizer.variables + [step], root_rank=0)
+    if lead and fine_tuning_starts:
+        # The starting weights as ckpt-0, outside the manager (which would delete it as it rotates):
+        # selection weighs them against the fine-tune's checkpoints, so a fine-tune that made them
+        # worse on held-out data is not taken.
+        checkpoint.save_counter  # noqa: B018 (created on first access; loaders expect it)
+        checkpoint.write(str(checkpoint_dir / START_CHECKPOINT))
     if lead and unreadable:  # every rank has read what it needed
         _set_aside_unreadable(manager, checkpoint_dir, unreadable, restored)
         manager = tf.train.CheckpointManager(

@@ -67,6 +67,17 @@ def test_a_selection_goes_stale_when_training_goes_on(train_dir):
     assert not selection_done(path, train_dir, dataclasses.replace(FAST, held_out_fovs=9))
 
 
+def test_a_fine_tune_worse_than_its_starting_weights_is_not_taken(tmp_path):
+    run = tmp_path / "tuned"
+    make_checkpoint(run, 0, bright_weights)  # the starting weights (pipeline.train writes ckpt-0)
+    for step in (10, 20, 30):
+        make_checkpoint(run, step)  # fine-tuning lost what the weights knew
+    record = select_checkpoint(run, held_out(), FAST)
+    assert [row["step"] for row in record["candidates"]] == [0, 20, 30]
+    assert record["step"] == 0 and record["checkpoint"].endswith("ckpt-0")
+    assert selection_done(run / "selection.json", run, FAST)
+
+
 def test_selection_can_also_segment_a_crop(train_dir, tmp_path):
     config = SelectionConfig(
         last_checkpoints=1,

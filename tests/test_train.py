@@ -186,6 +186,12 @@ def test_fine_tuning_starts_from_given_weights_with_a_fresh_optimizer(
     assert "[train] initialised weights from" in done.stdout
     summary = json.loads((tmp_path / "tuned" / "train_summary.json").read_text())
     assert summary["step"] == 3 and summary["optimizer_iterations"] == 3  # Adam starts afresh
+    # The starting weights are kept as ckpt-0 for selection to weigh against the fine-tune.
+    images, seeds = np.random.default_rng(1).normal(size=(2, 1, 9, 17, 17, 1)).astype("f4")
+    np.testing.assert_array_equal(
+        predictor_from_checkpoint(tmp_path / "tuned" / "checkpoints" / "ckpt-0")(images, seeds),
+        predictor_from_checkpoint(tmp_path / "base" / "checkpoints" / "ckpt-4")(images, seeds),
+    )
 
 
 @pytest.mark.parametrize(
