@@ -41,6 +41,12 @@ class RunPaths:
     """Where every stage's outputs live in a run directory."""
 
     root: Path
+    # pipeline.staging.reads_in_place: the volume to segment is staged as a record, not a copy.
+    eval_in_place: bool = False
+
+    @property
+    def eval_volume(self) -> Path:
+        return self.root / _LAYOUT["eval_record" if self.eval_in_place else "eval_copy"]
 
     def __getattr__(self, name: str) -> Path:
         return self.root / _LAYOUT[name]
@@ -48,7 +54,8 @@ class RunPaths:
 
 _LAYOUT = {
     "train_volume": "staged/train.h5",
-    "eval_volume": "staged/eval.h5",
+    "eval_copy": "staged/eval.h5",
+    "eval_record": "staged/eval.json",
     "select_volume": "staged/select.h5",
     "partitions": "preprocess/partitions.h5",
     "coordinates": "preprocess/coordinates.npz",
@@ -126,9 +133,10 @@ def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
     return launch.command(shlex.join(program))
 
 
-# What a stage leaves behind, and which stages' outputs it reads: --stages checks these first.
+# What a stage leaves behind (a tuple: one of them), and which stages' outputs it reads: --stages
+# checks these first.
 _STAGE_OUTPUTS = {
-    "stage": [_LAYOUT["train_volume"], _LAYOUT["eval_volume"]],
+    "stage": [_LAYOUT["train_volume"], (_LAYOUT["eval_copy"], _LAYOUT["eval_record"])],
     "preprocess": [_LAYOUT["coordinates"]],
     "train": [_LAYOUT["train_summary"]],
     "select": [_LAYOUT["selection"]],
@@ -150,7 +158,8 @@ def check_stage_inputs(stages: frozenset[str], root: Path) -> None:
     """Every stage left out by --stages whose outputs a selected stage reads must have left them."""
     for stage in [s for s in STAGES if s in stages]:
         for needed in [n for n in _STAGE_INPUTS.get(stage, []) if n not in stages]:
-            missing = [p for p in _STAGE_OUTPUTS[needed] if not (root / p).exists()]
+            outputs = [(p,) if isinstance(p, str) else p for p in _STAGE_OUTPUTS[needed]]
+            missing = [ps[0] for ps in outputs if not any((root / p).exists() for p in ps)]
             if missing:
                 raise FFNError(
                     f"--stages leaves out {needed!r}, but {stage!r} needs its output {root / missing[0]}; run it too"
@@ -539,7 +548,7 @@ def _with_allocation(spec: SiteSpec, args: argparse.Namespace) -> SiteSpec:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.run_config import load_run_config
-    from pipeline.staging import check_sources
+    from pipeline.staging import check_sources, reads_in_place
     from site_configs import load_site
     from site_configs.base import sized_for_training
 
@@ -555,6 +564,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.config is None:  # the run's own settings, not the demo's
             config = load_run_config(paths.config)
+    paths = replace(paths, eval_in_place=reads_in_place(config.data))
     spec = sized_for_training(site.SITE, config.train_nodes)  # one job = the nodes training uses
     spec = _with_allocation(spec, args)
     check_sources(config.data, config.train.model.fov_shape_zyx)  # before a job is submitted
@@ -610,6 +620,7 @@ def status(args: argparse.Namespace) -> int:
     """What a run has done, from its stamps, monitoring.db and files; starts nothing."""
     from pipeline.report import task_states
     from pipeline.run_config import load_run_config
+    from pipeline.staging import reads_in_place
     from pipeline.train_metrics import last_metrics
     from site_configs.base import SiteSpec
 
@@ -617,6 +628,7 @@ def status(args: argparse.Namespace) -> int:
     if not paths.config.is_file() or not paths.site.is_file():
         raise FFNError(f"status: {paths.root} holds no run (no config.json / site.json)")
     config = load_run_config(paths.config)
+    paths = replace(paths, eval_in_place=reads_in_place(config.data))
     spec = config_io.load_json(SiteSpec, paths.site)
     steps = dag_steps(config, paths, spec)
     print(f"run {config.name} in {paths.root} (site {spec.name})")

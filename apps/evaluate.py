@@ -12,16 +12,18 @@ def evaluate(settings: dict, inputs=(), outputs=()):
     from pipeline.config import from_dict
     from pipeline.evaluation import evaluate_volume
     from pipeline.metrics import WatershedConfig
-    from pipeline.staging import scored_part
+    from pipeline.staging import read_staged
     from pipeline.stamps import run_once
 
     volume, segmentation = (f.filepath for f in inputs)
     output = outputs[0].filepath
 
     def work() -> None:
+        staged = read_staged(volume)
         evaluate_volume(
-            f"{volume}:raw", f"{volume}:labels", f"{segmentation}:segmentation",
-            from_dict(WatershedConfig, settings["watershed"]), output, scored_part(volume),
+            staged.raw, staged.labels, f"{segmentation}:segmentation",
+            from_dict(WatershedConfig, settings["watershed"]), output, staged.scored,
+            staged.voxel_size_nm,
         )  # fmt: skip
 
     return run_once(settings, [volume, segmentation], [output], work)

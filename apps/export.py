@@ -111,16 +111,18 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 def _voxel_size(volume: str) -> tuple[float, float, float]:
-    from pipeline.volumes import read_header
+    from pipeline.staging import read_staged
 
-    return read_header(f"{volume}:raw").voxel_size_nm
+    return read_staged(volume).voxel_size_nm
 
 
 def _read_region(volume: str, segmentation: str, region):
     """The staged image and the stitched segmentation within `region` (a Roi)."""
+    from pipeline.staging import read_staged
     from pipeline.volumes import label_ids, open_volume, read_raw
 
-    raw, _ = read_raw(f"{volume}:raw", region=region.slices)
+    staged = read_staged(volume)
+    raw, _ = read_raw(staged.raw, staged.voxel_size_nm, region.slices)
     spec = f"{segmentation}:segmentation"
     with open_volume(spec) as array:
         return raw, label_ids(array[region.slices], spec)

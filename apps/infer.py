@@ -8,10 +8,9 @@ from site_configs import CPU_LABEL
 @python_app(executors=[CPU_LABEL])
 def infer_block(settings: dict, inputs=(), outputs=()):
     """settings: {"inference": InferenceConfig, "start": zyx, "stop": zyx}; inputs: the staged
-    volume, selection.json; outputs[0]: the block's result file."""
+    volume (a copy or a record of where to read it), selection.json; outputs[0]: the block's
+    result file."""
     from pathlib import Path
-
-    import h5py
 
     from pipeline.blocks import (
         Block,
@@ -27,8 +26,9 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         predictor_from_checkpoint,
     )
     from pipeline.selection import chosen_checkpoint
-    from pipeline.staging import scored_part
+    from pipeline.staging import read_staged
     from pipeline.stamps import digest_arrays, input_token, run_once
+    from pipeline.volumes import open_volume
 
     volume, selection = (f.filepath for f in inputs)
     output = outputs[0].filepath
@@ -39,12 +39,13 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         block = Block(tuple(settings["start"]), tuple(settings["stop"]))
         # The weights' token keys the block's inference checkpoint: new weights, fresh start.
         provenance = {"checkpoint": str(checkpoint), "weights": input_token(selection)}
-        with h5py.File(volume, "r") as f:
+        staged = read_staged(volume)
+        with open_volume(staged.raw) as raw:
             result = segment_block(
-                f["raw"], block, predictor_from_checkpoint(checkpoint, model), model,
+                raw, block, predictor_from_checkpoint(checkpoint, model), model,
                 from_dict(InferenceConfig, settings["inference"]), provenance,
                 block_state_path(Path(output).parent, block), block_progress_path(output),
-                scored=scored_part(volume),
+                scored=staged.scored,
             )  # fmt: skip
         write_block_result(output, result)
         return digest_arrays({"labels": result.labels})
@@ -57,17 +58,17 @@ def ground_truth_block(settings: dict, inputs=(), outputs=()):
     """A stand-in for infer_block that benchmarks of the data path use (bench/scale.py): the
     block's ground truth as its result. settings: {"start": zyx, "stop": zyx}; inputs: the
     staged labeled volume; outputs[0]: the block's result file."""
-    import h5py
-
     from pipeline.blocks import Block, ground_truth_block, write_block_result
+    from pipeline.staging import read_staged
     from pipeline.stamps import digest_arrays, run_once
+    from pipeline.volumes import open_volume
 
     volume, output = inputs[0].filepath, outputs[0].filepath
 
     def work() -> str:
-        with h5py.File(volume, "r") as f:
+        with open_volume(read_staged(volume).labels) as labels:
             result = ground_truth_block(
-                f["labels"], Block(tuple(settings["start"]), tuple(settings["stop"]))
+                labels, Block(tuple(settings["start"]), tuple(settings["stop"]))
             )
         write_block_result(output, result)
         return digest_arrays({"labels": result.labels})

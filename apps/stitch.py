@@ -125,10 +125,11 @@ def _new_volume(settings: dict, volume: str, staged: str) -> None:
     """The stitched volume `volume`, empty: the staged volume's shape and voxel size."""
     from pipeline.blocks import BlockConfig
     from pipeline.config import from_dict
-    from pipeline.volumes import VolumeSpec, new_chunked_volume, read_header
+    from pipeline.staging import read_staged
+    from pipeline.volumes import VolumeSpec, new_chunked_volume
 
-    header, spec = read_header(f"{staged}:raw"), VolumeSpec.parse(volume)
-    chunks = from_dict(BlockConfig, settings["blocks"]).chunks
+    spec, chunks = VolumeSpec.parse(volume), from_dict(BlockConfig, settings["blocks"]).chunks
     new_chunked_volume(
-        spec.path, spec.dataset, header.shape, "uint64", header.voxel_size_nm, chunks
-    )
+        spec.path, spec.dataset, settings["shape"], "uint64", read_staged(staged).voxel_size_nm,
+        chunks,
+    )  # fmt: skip

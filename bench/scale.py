@@ -45,7 +45,7 @@ from pipeline.atomic import atomic_path  # noqa: E402
 from pipeline.blocks import BlockConfig, block_path, plan_blocks  # noqa: E402
 from pipeline.metrics import WatershedConfig  # noqa: E402
 from pipeline.run_config import RunConfig  # noqa: E402
-from pipeline.staging import DataConfig, role_settings, source_files  # noqa: E402
+from pipeline.staging import DataConfig, reads_in_place, role_settings, source_files  # noqa: E402
 from pipeline.stamps import read_stamp  # noqa: E402
 from pipeline.zarr_volumes import COMPRESSOR, open_zarr  # noqa: E402
 from site_configs import local  # noqa: E402
@@ -145,9 +145,9 @@ def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.St
 def run(volume: Path, edge: int, workers: int, runs_dir: Path) -> dict:
     """One fresh run of the data path on `volume` with `workers` cpu workers."""
     name = f"scale-{edge}-w{workers}"
-    paths = workflow.RunPaths(runs_dir / name)
-    shutil.rmtree(paths.root, ignore_errors=True)
     config = run_config(volume, name)
+    paths = workflow.RunPaths(runs_dir / name, reads_in_place(config.data))
+    shutil.rmtree(paths.root, ignore_errors=True)
     spec = dataclasses.replace(local.SITE, cpu_workers_per_node=workers)
     steps = bench_steps(config, paths)
     started = time.perf_counter()

@@ -49,7 +49,7 @@ from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
 from pipeline.roi import Roi  # noqa: E402
 from pipeline.run_config import load_run_config  # noqa: E402
-from pipeline.staging import scored_part  # noqa: E402
+from pipeline.staging import read_staged  # noqa: E402
 from pipeline.volumes import open_volume  # noqa: E402
 
 CONFIGS = {
@@ -93,7 +93,7 @@ def _ffn_row(run_dir: Path) -> dict:
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
     stitched = json.loads((run_dir / "inference" / "stitch.json").read_text())
     times = stage_wall_times(run_dir / "monitoring.db")
-    part = scored_part(run_dir / "staged" / "eval.h5").slices
+    part = read_staged(run_dir / "staged" / "eval.h5").scored.slices
     return {
         "segmentation": _read(run_dir / "inference" / "segmentation.zarr", "segmentation")[part],
         "scores": evaluation["ffn"],
@@ -123,7 +123,7 @@ def _forest_watershed(staged: Path) -> dict:
     probability = boundary_probability(forest, _read(staged / "eval.h5", "raw"), config)
     segmentation = watershed_segmentation(probability, params)
     done = time.perf_counter()
-    part = scored_part(staged / "eval.h5").slices
+    part = read_staged(staged / "eval.h5").scored.slices
     truth = _read(staged / "eval.h5", "labels")[part]
     return {
         "segmentation": segmentation[part],
@@ -141,7 +141,7 @@ def _reference(eval_roi: str, staged_eval: Path) -> dict:
     roi = Roi.parse(eval_roi)
     with h5py.File(path, "r") as f:
         reference = f[dataset][roi.slices]
-    part = scored_part(staged_eval).slices
+    part = read_staged(staged_eval).scored.slices
     truth = _read(staged_eval, "labels")[part]
     reference = reference.astype(np.uint64)
     return {"segmentation": reference, "scores": score_segmentation(reference, truth).to_dict()}
@@ -238,7 +238,7 @@ def main() -> int:
         print(f"the workflow's watershed: no {evaluated}, left out", file=sys.stderr)
     rows[REFERENCE_ROW] = _reference(scratch.data.eval_roi, staged / "eval.h5")
     roi = Roi.parse(scratch.data.eval_roi)
-    truth = _read(staged / "eval.h5", "labels")[scored_part(staged / "eval.h5").slices]
+    truth = _read(staged / "eval.h5", "labels")[read_staged(staged / "eval.h5").scored.slices]
     with h5py.File(str(REFERENCE).rsplit(":", 1)[0], "r") as f:
         file_shape = f["segmentation"].shape
     _compare(rows, truth, _face_shell(roi, file_shape))

@@ -7,6 +7,7 @@ and is for volumes that do (`WatershedConfig.enabled`).
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.atomic import atomic_path
@@ -28,6 +29,7 @@ def evaluate_volume(
     watershed: WatershedConfig | None = None,
     output: str | Path | None = None,
     scored: Roi | None = None,
+    voxel_size_nm: Sequence[float] | None = None,
 ) -> dict:
     """{"ffn": scores, "watershed": scores, "watershed_seconds": s} (the watershed's only when
     enabled); written to `output` if given. Only the `scored` part of the volume (default: all)
@@ -39,7 +41,7 @@ def evaluate_volume(
         truth_part = label_ids(truth[part.slices], labels_spec) if watershed.enabled else None
     if watershed.enabled:
         started = time.perf_counter()
-        raw, _ = read_raw(raw_spec)
+        raw, _ = read_raw(raw_spec, voxel_size_nm)
         baseline = watershed_baseline(raw, watershed)[part.slices]
         result["watershed"] = score_counts(OverlapCounts.of(truth_part, baseline)).to_dict()
         result["watershed_seconds"] = round(time.perf_counter() - started, 3)

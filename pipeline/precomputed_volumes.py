@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import VolumeFileMissing, VolumeReadError, VolumeShapeError, first_line
+from pipeline.roi import index_bounds
 
 PREFIX = "precomputed://"
 FILE_SCHEME = "file://"
@@ -65,19 +66,10 @@ class PrecomputedArray:
         self._where = f"{PREFIX}{FILE_SCHEME}{path}"
 
     def __getitem__(self, index: "slice | Sequence[slice] | type(Ellipsis)") -> np.ndarray:
-        if index is Ellipsis:
-            index = ()
-        if not isinstance(index, tuple):
-            index = (index,)
-        if len(index) > 3 or any(not isinstance(s, slice) for s in index):
-            raise TypeError("a precomputed volume is read by slices (z, y, x)")
-        index = index + (slice(None),) * (3 - len(index))
-        bounds = [s.indices(n) for s, n in zip(index, self.shape, strict=True)]
-        if any(step != 1 for _, _, step in bounds):
-            raise TypeError("a precomputed volume is read with steps of 1")
-        if any(stop <= start for start, stop, _ in bounds):
-            return np.zeros([max(0, stop - start) for start, stop, _ in bounds], self.dtype)
-        (z0, z1, _), (y0, y1, _), (x0, x1, _) = bounds
+        bounds = index_bounds(index, self.shape)
+        if any(stop == start for start, stop in bounds):
+            return np.zeros([stop - start for start, stop in bounds], self.dtype)
+        (z0, z1), (y0, y1), (x0, x1) = bounds
         ox, oy, oz = self._offset_xyz
         try:
             cutout = self._volume[ox + x0 : ox + x1, oy + y0 : oy + y1, oz + z0 : oz + z1]

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError, VolumeShapeError
-from pipeline.volumes import ZYX
+
+ZYX = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,19 @@ def check_apart(parts: dict[str, Roi]) -> None:
                 raise ConfigError(
                     f"{a} {parts[a]} and {b} {parts[b]} overlap; parts of one file must not share voxels"
                 )
+
+
+def index_bounds(index: object, shape: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, stop) per axis of a numpy-style index made of slices with steps of 1 (or `...`),
+    as a read-only array that is not numpy takes it; stop >= start."""
+    if index is Ellipsis:
+        index = ()
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > len(shape) or any(not isinstance(s, slice) for s in index):
+        raise TypeError("this volume is read by slices (z, y, x)")
+    index = index + (slice(None),) * (len(shape) - len(index))
+    bounds = [s.indices(n) for s, n in zip(index, shape, strict=True)]
+    if any(step != 1 for _, _, step in bounds):
+        raise TypeError("this volume is read with steps of 1")
+    return [(start, max(start, stop)) for start, stop, _ in bounds]

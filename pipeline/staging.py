@@ -1,9 +1,13 @@
-"""Data staging: put validated copies of the input volumes into the run directory.
+"""Data staging: put validated copies of the input volumes into the run directory, or, for a
+large chunked volume to segment, a record of where to read it in place.
 
 Either the embedded synthetic data set (a training volume and a held-out volume from two seeds of
-one preset) or the user's own HDF5 volumes. Staged files hold `raw` and, when known, `labels`,
-with the voxel size; later stages read only these, so a run does not depend on files elsewhere
-changing under it.
+one preset) or the user's own volumes. Staged files hold `raw` and, when known, `labels`, with the
+voxel size; later stages read only these, so a run does not depend on files elsewhere changing
+under it. The volume to segment, when it is zarr or precomputed (what volumes too large to copy
+come as, and what many tasks can read at once), is not copied: its stage writes
+`staged/eval.json` (`reads_in_place`), naming the source's box (`VolumeSpec.box`), its shape,
+voxel size and a checksum of its metadata; every later stage reads through `read_staged`.
 """
 
 import dataclasses
@@ -16,12 +20,22 @@ import h5py
 import numpy as np
 
 from pipeline import stamps
-from pipeline.errors import ConfigError, EmptyLabelsError, VolumeShapeError, VoxelSizeError
+from pipeline.atomic import atomic_path
+from pipeline.errors import (
+    ConfigError,
+    EmptyLabelsError,
+    VolumeDtypeError,
+    VolumeShapeError,
+    VoxelSizeError,
+)
 from pipeline.roi import Roi, check_apart, check_roi
-from pipeline.stamps import VolumeDigest, digest_volumes
+from pipeline.stamps import VolumeDigest, digest, digest_files, digest_volumes
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import (
+    VolumeHeader,
     VolumeSpec,
+    VoxelSize,
+    is_zarr,
     new_volumes,
     read_bricks,
     read_header,
@@ -123,20 +137,40 @@ def role_settings(data: DataConfig, role: str, context_zyx: Sequence[int] = (0, 
     raw, labels = _role_files(data, role)
     roi = getattr(data, f"{role}_roi")
     settings = {"role": role, "raw": raw, "labels": labels, "voxel_size_nm": data.voxel_size_nm}
+    if role == "eval" and reads_in_place(data):
+        settings["in_place"] = True
     if not roi:
         return settings
     context = [int(c) for c in context_zyx] if role == "eval" else [0, 0, 0]
     return settings | {"roi": str(Roi.parse(roi)), "context_zyx": context}
 
 
+def reads_in_place(data: DataConfig) -> bool:
+    """Whether the volume to segment is read where it is (zarr or precomputed, raw and labels
+    alike) rather than copied into the run."""
+    specs = [VolumeSpec.parse(s) for s in (data.eval_raw, data.eval_labels) if s]
+    return bool(specs) and all(s.precomputed or is_zarr(s.path) for s in specs)
+
+
+def metadata_files(spec: VolumeSpec) -> list[Path]:
+    """The files that describe a volume: of a precomputed layer its `info`, of a zarr array its
+    `.zarray` (and `.zattrs`), not the chunk files of a volume that may hold millions; an HDF5
+    file is itself."""
+    if spec.precomputed:
+        return [spec.path / "info"]
+    if is_zarr(spec.path):
+        array = spec.path / spec.dataset
+        return [array / ".zarray"] + [p for p in [array / ".zattrs"] if p.is_file()]
+    return [spec.path]
+
+
 def source_files(data: DataConfig, role: str) -> list[Path]:
     """The user's files a role's volume is read from (none for synthetic data), by which a
-    resume notices a changed source: of a precomputed layer, its metadata (`info`), not the
-    chunk files of a volume that may hold millions."""
+    resume notices a changed source: of a chunked volume, its metadata (`metadata_files`)."""
     specs = [
         VolumeSpec.parse(s) for s in map(role_settings(data, role).get, ("raw", "labels")) if s
     ]
-    return sorted({spec.path / "info" if spec.precomputed else spec.path for spec in specs})
+    return sorted({path for spec in specs for path in metadata_files(spec)})
 
 
 def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
@@ -181,7 +215,8 @@ def stage_role(path: str | Path, settings: dict) -> str:
     if "synthetic_preset" in settings:
         preset, seed, shape = (settings[k] for k in ("synthetic_preset", "seed", "shape_zyx"))
         return stage_synthetic(path, preset, seed, tuple(shape) if shape else None)
-    return stage_files(
+    stage = stage_in_place if settings.get("in_place") else stage_files
+    return stage(
         path,
         settings["raw"],
         settings["labels"],
@@ -202,6 +237,33 @@ def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) ->
     return digest_volumes(arrays, [float(v) for v in config.voxel_size_nm])
 
 
+def _source_part(
+    raw_spec: str, labels_spec: str, voxel_size_nm, roi: str, context_zyx: Sequence[int]
+) -> tuple[dict[str, VolumeHeader], Roi, Roi]:
+    """The sources' headers {"raw", "labels"?} (checked to agree), the part named by `roi` and
+    the box to stage: the part with `context_zyx` around it, as far as the volume goes."""
+    raw = read_header(raw_spec, voxel_size_nm)
+    sources = {"raw": raw}
+    if labels_spec:
+        sources["labels"] = read_header(labels_spec, raw.voxel_size_nm, labels=True)
+        if sources["labels"].shape != raw.shape:
+            raise VolumeShapeError(
+                f"{labels_spec}: labels shape {sources['labels'].shape} differs from raw "
+                f"{raw_spec} shape {raw.shape}"
+            )
+    part = Roi.parse(roi) if roi else Roi.whole(raw.shape)
+    check_roi(part, raw.shape, (1, 1, 1), f"{raw_spec}: ROI")
+    return sources, part, part.grown(context_zyx, raw.shape)
+
+
+def _require_labeled(labels_spec: str, part: Roi) -> None:
+    """Some voxel of the scored `part` is labeled (read brick by brick, up to the first one)."""
+    for _, brick in read_bricks(labels_spec, part.slices, stamps.BRICK, labels=True):
+        if brick.any():
+            return
+    raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
+
+
 def stage_files(
     path: str | Path,
     raw_spec: str,
@@ -215,19 +277,8 @@ def stage_files(
     (`volumes.read_bricks`), so the memory of staging does not grow with the volume. The scored
     part within the staged volume is its attribute `scored_roi`. Returns the digest of the
     content read."""
-    raw = read_header(raw_spec, voxel_size_nm)
-    shape, voxel_size = raw.shape, raw.voxel_size_nm
-    sources = {"raw": raw}
-    if labels_spec:
-        sources["labels"] = read_header(labels_spec, voxel_size, labels=True)
-        if sources["labels"].shape != shape:
-            raise VolumeShapeError(
-                f"{labels_spec}: labels shape {sources['labels'].shape} differs from raw "
-                f"{raw_spec} shape {shape}"
-            )
-    part = Roi.parse(roi) if roi else Roi.whole(shape)
-    check_roi(part, shape, (1, 1, 1), f"{raw_spec}: ROI")
-    staged = part.grown(context_zyx, shape)
+    sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
+    shape, voxel_size = sources["raw"].shape, sources["raw"].voxel_size_nm
     provenance = json.dumps(
         {
             "raw": str(VolumeSpec.parse(raw_spec)),
@@ -263,13 +314,85 @@ def stage_files(
     return sha.hexdigest()
 
 
-def scored_part(path: str | Path) -> Roi | None:
-    """The part of a staged volume that is scored (None: all of it)."""
-    with h5py.File(path, "r") as f:
-        text = f.attrs.get(SCORED_ATTR)
-    return Roi.parse(str(text)) if text else None
+def stage_in_place(
+    path: str | Path,
+    raw_spec: str,
+    labels_spec: str = "",
+    voxel_size_nm=None,
+    roi: str = "",
+    context_zyx: Sequence[int] = (0, 0, 0),
+) -> str:
+    """Validate the user's chunked volume(s) as `stage_files` does, without copying a voxel:
+    write the record `path` (JSON) that `read_staged` reads, naming the box of each source to
+    read (its `roi` with `context_zyx` around it), the scored part within it, the voxel size and
+    the sha256 of each source's metadata files. Read in place, the voxels are what the source
+    stores: the image must be uint8 and the labels of an integer type. Returns the digest of the
+    record."""
+    sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
+    if sources["raw"].dtype != np.uint8:
+        raise VolumeDtypeError(
+            f"{raw_spec}: an image read in place must be uint8, got {sources['raw'].dtype} "
+            "(convert it, or give it as HDF5 to have it copied and converted)"
+        )
+    if labels_spec:
+        if sources["labels"].dtype.kind not in "iu":
+            raise VolumeDtypeError(
+                f"{labels_spec}: labels read in place must be of an integer type, got "
+                f"{sources['labels'].dtype}"
+            )
+        _require_labeled(labels_spec, part)
+    boxed = {
+        name: str(dataclasses.replace(header.spec, box=staged)) for name, header in sources.items()
+    }
+    record = {
+        "raw": boxed["raw"],
+        "labels": boxed.get("labels", ""),
+        "shape_zyx": list(staged.shape),
+        "voxel_size_nm": list(sources["raw"].voxel_size_nm),
+        "scored_roi": str(part.relative_to(staged)) if roi else "",
+        "sources": [
+            {
+                "spec": str(header.spec),
+                "shape_zyx": list(header.shape),
+                "dtype": str(header.dtype),
+                "metadata_sha256": digest_files(metadata_files(header.spec)),
+            }
+            for header in sources.values()
+        ],
+    }
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=2) + "\n")
+    return digest(record)
 
 
-def has_labels(path: str | Path) -> bool:
+@dataclass(frozen=True)
+class StagedVolume:
+    """What later stages read of a staged volume: specs of its image and labels ("": none),
+    its voxel size and the part of it that is scored (None: all)."""
+
+    raw: str
+    labels: str
+    voxel_size_nm: VoxelSize
+    scored: Roi | None
+
+
+def read_staged(path: str | Path) -> StagedVolume:
+    """A staged volume: a copy (`.h5`) or the record of one read in place (`.json`)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        record = json.loads(path.read_text())
+        scored = record["scored_roi"]
+        return StagedVolume(
+            record["raw"],
+            record["labels"],
+            tuple(record["voxel_size_nm"]),
+            Roi.parse(scored) if scored else None,
+        )
     with h5py.File(path, "r") as f:
-        return "labels" in f
+        text, labeled = f.attrs.get(SCORED_ATTR), "labels" in f
+    return StagedVolume(
+        f"{path}:raw",
+        f"{path}:labels" if labeled else "",
+        read_header(f"{path}:raw").voxel_size_nm,
+        Roi.parse(str(text)) if text else None,
+    )

@@ -35,46 +35,74 @@ from pipeline.errors import (
 )
 from pipeline.precomputed_volumes import PREFIX as PRECOMPUTED_PREFIX
 from pipeline.precomputed_volumes import PrecomputedArray, is_precomputed, local_path
+from pipeline.roi import ZYX, Roi, index_bounds
 from pipeline.zarr_volumes import create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
 # Where real files keep the voxel size (z, y, x) in nm, in the order they are looked for: this
 # project's attribute, then CREMI's (and many HDF5 stacks') `resolution`.
 VOXEL_SIZE_ATTRS = (VOXEL_SIZE_ATTR, "resolution")
-ZYX = tuple[int, int, int]
 VoxelSize = tuple[float, float, float]
 
 
 @dataclass(frozen=True)
 class VolumeSpec:
     """Where one 3-D dataset lives: an HDF5 file (or zarr group) and a dataset path inside it,
-    or a precomputed layer's folder (`dataset` empty)."""
+    or a precomputed layer's folder (`dataset` empty); with `box`, only that box of it, read as
+    a volume of its own (`path.zarr:raw[z0:z1, y0:y1, x0:x1]`): a part read in place."""
 
     path: Path
     dataset: str
+    box: Roi | None = None
 
     @classmethod
     def parse(cls, spec: "str | VolumeSpec") -> "VolumeSpec":
         if isinstance(spec, VolumeSpec):
             return spec
-        if is_precomputed(spec):
-            return cls(local_path(spec), "")
-        path, sep, dataset = str(spec).rpartition(":")
+        text, box = str(spec), None
+        if text.endswith("]") and "[" in text:
+            text, _, inner = text[:-1].rpartition("[")
+            box = Roi.parse(inner, f"volume spec {spec!r}: box")
+        if is_precomputed(text):
+            return cls(local_path(text), "", box)
+        path, sep, dataset = text.rpartition(":")
         if not sep or not path or not dataset:
             raise DatasetMissing(
                 f"volume spec {spec!r} must look like path.h5:dataset, path.zarr:array "
-                "or precomputed://file:///path"
+                "or precomputed://file:///path (a box of it: ...[z0:z1, y0:y1, x0:x1])"
             )
-        return cls(Path(path), dataset)
+        return cls(Path(path), dataset, box)
 
     @property
     def precomputed(self) -> bool:
         return not self.dataset
 
     def __str__(self) -> str:
-        if self.precomputed:
-            return f"{PRECOMPUTED_PREFIX}file://{self.path}"
-        return f"{self.path}:{self.dataset}"
+        where = (
+            f"{PRECOMPUTED_PREFIX}file://{self.path}"
+            if self.precomputed
+            else f"{self.path}:{self.dataset}"
+        )
+        return f"{where}[{self.box}]" if self.box else where
+
+
+class Window:
+    """A box of a volume as a read-only volume of its own: `shape`, `dtype`, `attrs` (the
+    volume's) and slicing from 0 with steps of 1, clipped to the box."""
+
+    def __init__(self, dataset: "h5py.Dataset | zarr.Array | PrecomputedArray", box: Roi, spec):
+        if any(b > n for b, n in zip(box.stop, dataset.shape, strict=True)):
+            raise VolumeShapeError(
+                f"{spec}: the box reaches outside the volume of shape {tuple(dataset.shape)}"
+            )
+        self._dataset, self._box = dataset, box
+        self.shape, self.dtype, self.attrs = box.shape, dataset.dtype, dataset.attrs
+
+    def __getitem__(self, index: object) -> np.ndarray:
+        bounds = index_bounds(index, self.shape)
+        return self._dataset[
+            tuple(slice(o + a, o + b) for o, (a, b) in zip(self._box.start, bounds, strict=True))
+        ]
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,7 +122,18 @@ class LabeledVolume:
 @contextlib.contextmanager
 def _checked_dataset(
     spec: VolumeSpec, writable: bool = False
-) -> Iterator["h5py.Dataset | zarr.Array"]:
+) -> Iterator["h5py.Dataset | zarr.Array | PrecomputedArray | Window"]:
+    """The 3-D dataset `spec` names, open (its box only, a `Window`, where the spec has one)."""
+    if writable and spec.box:
+        raise VolumeError(f"{spec}: a box of a volume is read, not written")
+    with _whole_dataset(spec, writable) as dataset:
+        yield Window(dataset, spec.box, spec) if spec.box else dataset
+
+
+@contextlib.contextmanager
+def _whole_dataset(
+    spec: VolumeSpec, writable: bool = False
+) -> Iterator["h5py.Dataset | zarr.Array | PrecomputedArray"]:
     """The 3-D dataset `spec` names, open; one-line errors for a missing or unreadable file, a
     missing dataset, a dataset that is not 3-D and, in the caller's block too, data or metadata
     that cannot be read. A `.zarr` path is a chunked volume (`pipeline.zarr_volumes`), a spec

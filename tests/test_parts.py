@@ -62,15 +62,15 @@ def test_the_parts_of_a_real_cremi_file_pass_the_checks_and_stage_alone(tmp_path
 
 
 def test_an_evaluated_part_is_staged_with_context_and_scored_inside(tmp_path):
-    from pipeline.staging import scored_part
+    from pipeline.staging import read_staged
 
     stage_role(tmp_path / "eval.h5", role_settings(one_file(), "eval", context_zyx=(4, 8, 8)))
     with h5py.File(CUT) as f, h5py.File(tmp_path / "eval.h5") as staged:
         # 0:32, 32:64, 40:64 grown by (4, 8, 8) as far as the file goes: 0:32, 24:64, 32:64.
         np.testing.assert_array_equal(staged["raw"][...], f["volumes/raw"][0:32, 24:64, 32:64])
-    assert scored_part(tmp_path / "eval.h5") == Roi.parse("0:32, 8:40, 8:32")
+    assert read_staged(tmp_path / "eval.h5").scored == Roi.parse("0:32, 8:40, 8:32")
     stage_role(tmp_path / "train.h5", role_settings(one_file(), "train", context_zyx=(4, 8, 8)))
-    assert scored_part(tmp_path / "train.h5") == Roi.parse(
+    assert read_staged(tmp_path / "train.h5").scored == Roi.parse(
         "0:32, 0:64, 0:40"
     )  # no context: not scored
 
