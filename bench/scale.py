@@ -8,7 +8,8 @@ Run by hand (not a test), from the repository root, on an otherwise idle machine
 For each edge N it writes a synthetic N^3 volume as zarr (`data/bench/scale/volume_N.zarr`:
 `raw` uint8 and `labels` uint64, 10 nm voxels; cells of about 64^3 voxels on a smoothly
 distorted grid, dark membranes between them, noise), then runs the workflow's own tasks on it
-through Parsl on the local site: staging of the zarr volume (slab by slab), one task per block
+through Parsl on the local site: staging of the zarr volume (read in place: a record of what
+to read, checked, no voxel copied), one task per block
 that stands in for inference (`apps.infer.ground_truth_block`: the block's ground truth with
 block-local ids, so no network runs and what is measured is the data path), stitching (pairs,
 join, relabel into the chunked segmentation, check), evaluation (VI / adapted Rand counted slab
