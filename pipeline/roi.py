@@ -4,6 +4,7 @@ An ROI is written as in the config, z, y, x, each `start:stop` in voxels (stop e
 Python slice): `"0:90, 0:250, 0:250"`. "" is the whole volume.
 """
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -105,3 +106,9 @@ def index_bounds(index: object, shape: Sequence[int]) -> list[tuple[int, int]]:
     if any(step != 1 for _, _, step in bounds):
         raise TypeError("this volume is read with steps of 1")
     return [(start, max(start, stop)) for start, stop, _ in bounds]
+
+
+def grid_starts(shape: Sequence[int], step: int) -> list[ZYX]:
+    """The starts of the grid of `step`^3 boxes from the origin over a volume of `shape` (the
+    last boxes along an axis clipped at its end)."""
+    return list(itertools.product(*(range(0, n, step) for n in shape)))

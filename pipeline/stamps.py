@@ -27,7 +27,6 @@ import contextlib
 import ctypes
 import gc
 import hashlib
-import itertools
 import json
 import os
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import atomic_path
+from pipeline.roi import grid_starts
 
 STAMP_SUFFIX = ".stamp.json"
 
@@ -77,17 +77,12 @@ class VolumeDigest:
         return digest({"extra": self._extra, "arrays": self._arrays, "bricks": bricks})
 
 
-def brick_starts(shape: Sequence[int]) -> list[tuple[int, int, int]]:
-    """The starts of the BRICK^3 grid over a volume of `shape`."""
-    return list(itertools.product(*(range(0, n, BRICK) for n in shape)))
-
-
 def digest_volumes(arrays: dict[str, np.ndarray], extra: object = None) -> str:
     """`VolumeDigest` of named 3-D arrays held whole."""
     sha = VolumeDigest(extra)
     for name, array in arrays.items():
         sha.begin(name, array.dtype, array.shape)
-        for start in brick_starts(array.shape):
+        for start in grid_starts(array.shape, BRICK):
             sha.update(name, start, array[tuple(slice(a, a + BRICK) for a in start)])
     return sha.hexdigest()
 

@@ -11,7 +11,6 @@ names the file and the problem; writing is atomic (temporary file, then rename).
 """
 
 import contextlib
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from pipeline.errors import (
 )
 from pipeline.precomputed_volumes import PREFIX as PRECOMPUTED_PREFIX
 from pipeline.precomputed_volumes import PrecomputedArray, is_precomputed, local_path
-from pipeline.roi import ZYX, Roi, index_bounds
+from pipeline.roi import ZYX, Roi, grid_starts, index_bounds
 from pipeline.zarr_volumes import create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
@@ -452,7 +451,7 @@ def read_bricks(
     origin = [r.start for r in region]
     shape = [r.stop - r.start for r in region]
     with _checked_dataset(spec) as dataset:
-        for start in itertools.product(*(range(0, n, brick) for n in shape)):
+        for start in grid_starts(shape, brick):
             where = tuple(
                 slice(o + a, o + min(a + brick, n))
                 for o, a, n in zip(origin, start, shape, strict=True)
