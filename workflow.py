@@ -122,7 +122,7 @@ def _eval_context(config: RunConfig) -> tuple[int, int, int]:
 def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
     train_config = paths.train_dir / "requested_config.json"
     program = [
-        sys.executable, "-m", "pipeline.train",
+        sys.executable, "-m", "pipeline.cli.train",
         "--raw", f"{paths.train_volume}:raw", "--labels", f"{paths.train_volume}:labels",
         "--coordinates", str(paths.coordinates), "--train-dir", str(paths.train_dir),
         "--config", str(train_config), "--intra-op-threads", str(launch.threads_per_rank),

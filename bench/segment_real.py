@@ -80,7 +80,7 @@ def _run_workflow(config: str) -> None:
     model = settings.pretrained_model or settings.train_init_from
     if model in MODELS and not (ROOT / model / "config.json").is_file():
         subprocess.run(
-            [sys.executable, "-m", "pipeline.pretrained", "--checkpoint", str(FIB25_CHECKPOINT),
+            [sys.executable, "-m", "pipeline.cli.pretrained", "--checkpoint", str(FIB25_CHECKPOINT),
              "--out", model, "--precision", MODELS[model]],
             cwd=ROOT, check=True,
         )  # fmt: skip

@@ -110,10 +110,10 @@ def make_data(folder: Path) -> dict:
 def end_to_end_rate(
     data: dict, ranks: int, threads: int, batch_size: int, steps: int, out: Path
 ) -> float:
-    """Steady-state FOV/s of `python -m pipeline.train`, all ranks together, first interval dropped."""
+    """Steady-state FOV/s of `python -m pipeline.cli.train`, all ranks together, first interval dropped."""
     log_every = max(1, steps // 3)
     command = [
-        sys.executable, "-m", "pipeline.train",
+        sys.executable, "-m", "pipeline.cli.train",
         "--raw", data["raw"], "--labels", data["labels"], "--coordinates", data["coordinates"],
         "--train-dir", str(out), "--max-steps", str(steps), "--batch-size", str(batch_size),
         "--log-every-steps", str(log_every), "--checkpoint-every-steps", str(10 * steps),

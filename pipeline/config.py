@@ -1,10 +1,10 @@
-"""Frozen dataclass configs: build them from dicts/TOML/CLI flags, save them resolved as JSON.
+"""Frozen dataclass configs: build them from dicts/TOML, save them resolved as JSON.
 
 Each stage owns one dataclass (its fields are the single source of truth for its settings);
-this module only converts between those dataclasses and the outside world.
+this module only converts between those dataclasses and the outside world. Command-line flags
+for a dataclass: `pipeline.cli.add_arguments` / `from_arguments`.
 """
 
-import argparse
 import dataclasses
 import json
 import types
@@ -70,55 +70,3 @@ def save_json(path: str | Path, config: Any) -> Path:
 
 def load_json(cls: type[T], path: str | Path) -> T:
     return from_dict(cls, json.loads(Path(path).read_text()), str(path))
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
-    """One `--flag` per field of `cls`, nested configs as `--model-depth` etc.; tuples take several
-    values. Every default is None so `from_arguments` can tell a given flag from an absent one."""
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        annotation = hints[field.name]
-        if dataclasses.is_dataclass(annotation):
-            add_arguments(parser, annotation, f"{prefix}{field.name}_")
-            continue
-        is_tuple = typing.get_origin(annotation) is tuple
-        base = typing.get_args(annotation)[0] if is_tuple else annotation
-        flag = "--" + (prefix + field.name).replace("_", "-")
-        default = field.default if field.default is not dataclasses.MISSING else "required"
-        if base is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, help=f"default: {default}"
-            )
-            continue
-        parser.add_argument(
-            flag,
-            type=base if base in (int, float, str) else str,
-            nargs="+" if is_tuple else None,
-            help=f"default: {default}",
-        )
-
-
-def from_arguments(
-    cls: type[T], args: argparse.Namespace, base: T | None = None, prefix: str = ""
-) -> T:
-    """Flags that were given override `base` (or the defaults); the rest stay as they were."""
-    return from_dict(
-        cls, _given_values(cls, args, to_dict(base) if base is not None else {}, prefix)
-    )
-
-
-def _given_values(cls: type, args: argparse.Namespace, values: dict, prefix: str) -> dict:
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        annotation = hints[field.name]
-        if dataclasses.is_dataclass(annotation):
-            nested = _given_values(
-                annotation, args, values.get(field.name, {}), f"{prefix}{field.name}_"
-            )
-            if nested:
-                values[field.name] = nested
-            continue
-        given = getattr(args, prefix + field.name, None)
-        if given is not None:
-            values[field.name] = given
-    return values

@@ -20,17 +20,15 @@ record. `export_precomputed` runs the same steps in turn on arrays in memory (th
 Axes: this project is (z, y, x) everywhere; cloud-volume and the precomputed format are (x, y, z).
 Sizes are reversed only by `_xyz` and arrays transposed only in `_write_mip0`.
 
-CLI: `python -m pipeline.export --raw vol.h5:raw --segmentation seg.h5:segmentation --out DIR`.
+CLI: `python -m pipeline.cli.export --raw vol.h5:raw --segmentation seg.h5:segmentation --out DIR`.
 """
 
-import argparse
 import contextlib
 import io
 import itertools
 import json
 import math
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +40,6 @@ import tinybrain
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_dir, atomic_path
-from pipeline.cli import one_line_errors
 from pipeline.errors import (
     ConfigError,
     EmptyLabelsError,
@@ -52,7 +49,7 @@ from pipeline.errors import (
     VoxelSizeError,
 )
 from pipeline.roi import Roi
-from pipeline.volumes import ZYX, VoxelSize, read_labels, read_raw
+from pipeline.volumes import ZYX, VoxelSize
 
 IMAGE_LAYER = "image"
 SEGMENTATION_LAYER = "segmentation"
@@ -604,59 +601,3 @@ def export_complete(folder: str | Path) -> bool:
         return all((folder / name).stat().st_size == size for name, size in files.items())
     except (OSError, ValueError, KeyError, TypeError):
         return False
-
-
-# --- command line -----------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    defaults = ExportConfig()
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.export",
-        description="Write an EM volume and its segmentation as Neuroglancer precomputed layers "
-        "(image, segmentation with meshes) into a folder; view it with python -m pipeline.viewer.",
-    )
-    add = parser.add_argument
-    add("--raw", required=True, help="raw image, path.h5:dataset (uint8)")
-    add("--segmentation", required=True, help="segmentation, path.h5:dataset (integer ids)")
-    add("--out", required=True, type=Path, help="export folder (replaced if it is an export)")
-    add(
-        "--voxel-size",
-        type=float,
-        nargs=3,
-        metavar=("Z", "Y", "X"),
-        help="voxel size in nm (default: the files' voxel_size_nm attribute)",
-    )
-    add("--chunk-voxels", type=int, default=defaults.chunk_voxels, help="default: %(default)s")
-    add("--scales", type=int, default=defaults.num_scales, help="default: %(default)s")
-    add(
-        "--mesh-max-error-nm",
-        type=float,
-        default=defaults.mesh_max_error_nm,
-        help="mesh simplification tolerance, 0 = none (default: %(default)s)",
-    )
-    add("--gzip", action="store_true", help="gzip chunks and meshes (needs a gzip-aware server)")
-    return parser
-
-
-@one_line_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    config = ExportConfig(
-        chunk_voxels=args.chunk_voxels,
-        num_scales=args.scales,
-        mesh_max_error_nm=args.mesh_max_error_nm,
-        gzip=args.gzip,
-    )
-    raw, voxel_size = read_raw(args.raw, args.voxel_size)
-    segmentation, _ = read_labels(args.segmentation, voxel_size)
-    result = export_precomputed(raw, segmentation, voxel_size, args.out, config, progress=True)
-    print(
-        f"[export] wrote {result.path}: {len(result.scales)} scales, {result.segment_count} "
-        f"segments, {result.file_count} files, {result.seconds:.1f} s"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,7 +30,7 @@ being stopped (google-research/ffn's `checkpoint_interval`).
 The network is any `Predictor`: `predict(images, seeds) -> logits`, all (batch, z, y, x, 1)
 float32. `make_model_predictor` wraps a Keras model; tests pass plain functions.
 
-Command line: `pipeline.inference_cli`.
+Command line: `python -m pipeline.cli.infer`.
 """
 
 import dataclasses

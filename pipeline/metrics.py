@@ -17,17 +17,12 @@ The baseline is a seeded watershed: markers at the h-maxima of the distance tran
 seeds come from (`pipeline.inference.edge_distance`), flooding the smoothed, inverted image
 (membranes are dark in EM, so they become the ridges).
 
-CLI: `python -m pipeline.metrics --segmentation seg.h5:segmentation --labels vol.h5:labels
+CLI: `python -m pipeline.cli.metrics --segmentation seg.h5:segmentation --labels vol.h5:labels
 [--raw vol.h5:raw] [--output scores.json]`.
 """
 
-import argparse
 import dataclasses
-import json
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import fastremap
@@ -37,11 +32,10 @@ from skimage.metrics import adapted_rand_error, variation_of_information
 from skimage.morphology import h_maxima
 from skimage.segmentation import watershed
 
-from pipeline.atomic import atomic_path
-from pipeline.errors import ConfigError, FFNError, VolumeShapeError
+from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.inference import InferenceConfig, edge_distance
 from pipeline.roi import Roi
-from pipeline.volumes import label_ids, read_labels, read_raw
+from pipeline.volumes import label_ids
 
 if TYPE_CHECKING:
     import h5py
@@ -263,38 +257,6 @@ def watershed_baseline(raw: np.ndarray, config: WatershedConfig | None = None) -
     return watershed(landscape, markers).astype(np.uint64)
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.metrics",
-        description="Score a segmentation against ground truth (VI, adapted Rand, split/merge "
-        "counts), optionally next to the seeded-watershed baseline.",
-    )
-    add = parser.add_argument
-    add("--segmentation", required=True, metavar="PATH.h5:DATASET")
-    add("--labels", required=True, metavar="PATH.h5:DATASET", help="ground truth")
-    add("--raw", metavar="PATH.h5:DATASET", help="image: also score the watershed baseline on it")
-    add("--output", type=Path, help="write the scores here as JSON")
-    add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
-    return parser
-
-
-def _run(args: argparse.Namespace) -> dict:
-    segmentation, _ = read_labels(args.segmentation, args.voxel_size)
-    truth, _ = read_labels(args.labels, args.voxel_size)
-    scores = {"segmentation": score_segmentation(segmentation, truth).to_dict()}
-    if args.raw:
-        raw, _ = read_raw(args.raw, args.voxel_size)
-        scores["watershed"] = score_segmentation(watershed_baseline(raw), truth).to_dict()
-    if args.output:
-        with atomic_path(args.output) as tmp:
-            tmp.write_text(json.dumps(scores, indent=2) + "\n")
-    return scores
-
-
 def format_scores(scores: dict[str, dict]) -> str:
     """A small table, one row per method."""
     columns = (
@@ -311,18 +273,3 @@ def format_scores(scores: dict[str, dict]) -> str:
         cells = (f"{row[c]:.4f}" if isinstance(row[c], float) else str(row[c]) for c in columns)
         lines.append(f"{method:<14}" + "".join(f"{c:>19}" for c in cells))
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        scores = _run(args)
-    except FFNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_scores(scores))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,17 +18,15 @@ slots of the TF1 checkpoint (`.../weights/Momentum` etc.) are ignored; only the 
 such weights; `write_pretrained_selection` makes a converted model the inference stage's choice.
 `write_tf1_checkpoint` goes the other way, for the reference code.
 
-CLI: `python -m pipeline.pretrained --checkpoint ../shared/models/google-ffn-fib25/model.ckpt-27465036
+CLI: `python -m pipeline.cli.pretrained --checkpoint ../shared/models/google-ffn-fib25/model.ckpt-27465036
 --out data/models/fib25 [--fov-zyx 33 33 33 --deltas-zyx 8 8 8]`. Given one of our own
 checkpoints (`TRAIN_DIR/checkpoints/ckpt-N`) it writes the same folder from it
 (`ship_checkpoint`: the weights only, as `models/demo-synthetic` was made).
 """
 
-import argparse
 import json
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +35,6 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_dir
-from pipeline.cli import one_line_errors
 from pipeline.errors import CheckpointError, first_line
 
 SCOPE = "seed_update"  # the reference code's variable scope of the network
@@ -432,82 +429,3 @@ def stage_pretrained_selection(model_dir: str | os.PathLike, output: str | os.Pa
 
     settings = {"pretrained_model": str(Path(model_dir).resolve())}
     return run_once(settings, [model_dir], [output], work)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.pretrained",
-        description="Convert a google-research/ffn convstack_3d TF1 checkpoint (e.g. the FIB-25 "
-        "model) into this workflow's format: OUT/checkpoints/ckpt-0 + OUT/config.json.",
-    )
-    add = parser.add_argument
-    add(
-        "--checkpoint",
-        required=True,
-        help="TF1 checkpoint prefix (PATH.index must exist); or one of ours "
-        "(TRAIN_DIR/checkpoints/ckpt-N): its weights and its run's settings, the options below unused",
-    )
-    add("--out", required=True, type=Path, help="folder to write (a train-dir-like layout)")
-    add(
-        "--fov-zyx",
-        type=int,
-        nargs=3,
-        default=FIB25_FOV_ZYX,
-        metavar=("Z", "Y", "X"),
-        help="field of view the model was trained with (not in the checkpoint; default: FIB-25's "
-        "%(default)s)",
-    )
-    add(
-        "--deltas-zyx",
-        type=int,
-        nargs=3,
-        default=FIB25_DELTAS_ZYX,
-        metavar=("Z", "Y", "X"),
-        help="FOV move step (default: %(default)s)",
-    )
-    add("--image-mean", type=float, default=FIB25_IMAGE_MEAN, help="default: %(default)s")
-    add("--image-stddev", type=float, default=FIB25_IMAGE_STDDEV, help="default: %(default)s")
-    add(
-        "--precision",
-        choices=("float32", "mixed_bfloat16"),
-        default="float32",
-        help="what inference with it computes in (bf16: about 4x faster on CPUs with AMX; "
-        "default: %(default)s, as the authors)",
-    )
-    add("--overwrite", action="store_true", help="replace OUT if it exists")
-    return parser
-
-
-@one_line_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if not is_convstack_checkpoint(args.checkpoint):
-        path = ship_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
-        source = json.loads((args.out / "config.json").read_text())["pretrained"]
-        print(f"wrote {path}: the weights of {source['source']} (step {source['global_step']})")
-        return 0
-    path = convert_checkpoint(
-        args.checkpoint,
-        args.out,
-        args.fov_zyx,
-        args.deltas_zyx,
-        args.image_mean,
-        args.image_stddev,
-        precision=args.precision,
-        overwrite=args.overwrite,
-    )
-    source = json.loads((args.out / "config.json").read_text())["pretrained"]
-    step = f", step {source['global_step']}" if source["global_step"] is not None else ""
-    print(
-        f"wrote {path}: convstack_3d depth {source['depth']}, {source['features']} features{step}; "
-        f"FOV {tuple(args.fov_zyx)}, deltas {tuple(args.deltas_zyx)} (z, y, x)"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -65,7 +65,7 @@ class RunConfig:
     blocks: BlockConfig = field(default_factory=lambda: BlockConfig(block_shape_zyx=(64, 80, 80)))
     watershed: WatershedConfig = field(default_factory=WatershedConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
-    # A model folder made by `python -m pipeline.pretrained` (e.g. the authors' FIB-25 weights):
+    # A model folder made by `python -m pipeline.cli.pretrained` (e.g. the authors' FIB-25 weights):
     # preprocessing, training and selection are skipped and this model segments the volume.
     pretrained_model: str = ""
     # Fine-tune instead: start the training stage from these weights (same kinds of source).

@@ -10,13 +10,11 @@ its variation of information, which sees what F1 cannot (movement, merges), at f
 The choice is written atomically to `selection.json` (`selection_done` is the stage's check) with
 every candidate's scores; `pipeline.inference` accepts that file in place of a checkpoint.
 
-CLI: `python -m pipeline.selection --train-dir RUN --raw held.h5:raw --labels held.h5:labels`.
+CLI: `python -m pipeline.cli.selection --train-dir RUN --raw held.h5:raw --labels held.h5:labels`.
 """
 
-import argparse
 import json
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +23,6 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.cli import one_line_errors
 from pipeline.errors import CheckpointError, ConfigError, first_line
 from pipeline.inference import (
     InferenceConfig,
@@ -38,7 +35,7 @@ from pipeline.metrics import score_segmentation
 from pipeline.model import ModelConfig, build_model, load_weights, logit, normalize_image
 from pipeline.partitions import DEFAULT_THRESHOLDS, build_coordinates, compute_partitions
 from pipeline.stamps import digest, digest_files
-from pipeline.volumes import LabeledVolume, read_volume_pair
+from pipeline.volumes import LabeledVolume
 
 SELECTION_FILE = "selection.json"
 CRITERIA = ("fov_f1", "vi")
@@ -279,45 +276,3 @@ def selection_token(path: str | Path) -> str:
         raise CheckpointError(f"{path}: the chosen checkpoint {checkpoint} has no files")
     model = config_io.to_dict(checkpoint_model_config(checkpoint))
     return digest([digest_files(files), model])
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.selection",
-        description="Pick the best of a training run's last checkpoints on a held-out volume.",
-    )
-    add = parser.add_argument
-    add(
-        "--train-dir", required=True, type=Path, help="the training run (checkpoints/, config.json)"
-    )
-    add("--raw", required=True, metavar="PATH.h5:DATASET", help="held-out image")
-    add("--labels", required=True, metavar="PATH.h5:DATASET", help="held-out ground truth")
-    add("--output", type=Path, help=f"default: TRAIN_DIR/{SELECTION_FILE}")
-    add("--config", help="JSON file of SelectionConfig settings; flags override it")
-    add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
-    config_io.add_arguments(parser, SelectionConfig)
-    return parser
-
-
-@one_line_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    base = config_io.load_json(SelectionConfig, args.config) if args.config else SelectionConfig()
-    config = config_io.from_arguments(SelectionConfig, args, base)
-    volume = read_volume_pair(args.raw, args.labels, voxel_size_nm=args.voxel_size)
-    record = select_checkpoint(args.train_dir, volume, config, args.output)
-    for row in record["candidates"]:
-        print(
-            f"step {row['step']:>8}  fov_f1 {row['fov_f1']:.4f}"
-            + (f"  vi {row['vi']:.4f}" if "vi" in row else "")
-        )
-    print(f"selected {record['checkpoint']} ({record['criterion']} {record['score']:.4f})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

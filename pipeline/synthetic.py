@@ -8,16 +8,12 @@ hard to segment by thresholding: membranes that fade in places, dark organelles 
 per-object and per-section brightness changes, anisotropic blur and noise.
 
 All randomness comes from one generator seeded by the config, so a config always gives the same
-bytes. Command line: `python -m pipeline.synthetic OUT.h5 [--preset NAME] [--seed N] ...`.
+bytes. Command line: `python -m pipeline.cli.synthetic OUT.h5 [--preset NAME] [--seed N] ...`.
 """
 
-import argparse
 import dataclasses
-import json
 import math
 import statistics
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -28,7 +24,6 @@ import numpy as np
 from scipy import ndimage
 
 from pipeline.errors import ConfigError
-from pipeline.volumes import write_volumes
 
 # Grey levels of the clean image (before blur and noise); membranes and organelles are subtracted.
 CYTOPLASM_GREY = 160.0
@@ -506,61 +501,3 @@ def generate(config: SyntheticConfig) -> tuple[np.ndarray, np.ndarray]:
             f"shape_zyx={config.shape_zyx}"
         )
     return _render(rng, config, labels), labels
-
-
-# --- command line -----------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.synthetic",
-        description="Write a synthetic EM volume with ground truth (datasets raw and labels). "
-        "Object counts follow the box's size in nm, so --shape and --voxel-size keep the "
-        "preset's tissue density.",
-    )
-    parser.add_argument("output", help="HDF5 file to write, e.g. data/synthetic.h5")
-    parser.add_argument(
-        "--preset", choices=sorted(PRESETS), default="default", help="default: %(default)s"
-    )
-    parser.add_argument("--seed", type=int, help="random seed (default: the preset's)")
-    parser.add_argument(
-        "--shape",
-        type=int,
-        nargs=3,
-        metavar=("Z", "Y", "X"),
-        help="volume shape in voxels (default: the preset's)",
-    )
-    parser.add_argument(
-        "--voxel-size",
-        type=float,
-        nargs=3,
-        metavar=("Z", "Y", "X"),
-        help="voxel size in nm (default: the preset's)",
-    )
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    started = time.perf_counter()
-    try:
-        config = PRESETS[args.preset].with_geometry(args.shape, args.voxel_size)
-        if args.seed is not None:
-            config = dataclasses.replace(config, seed=args.seed)
-        raw, labels = generate(config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    attrs = {"synthetic_config": json.dumps(dataclasses.asdict(config))}
-    path = write_volumes(
-        args.output, {"raw": raw, "labels": labels}, config.voxel_size_nm, attrs=attrs
-    )
-    print(
-        f"wrote {path}: shape {raw.shape} (z, y, x), voxel size {config.voxel_size_nm} nm, "
-        f"{int(labels.max())} objects, {time.perf_counter() - started:.1f} s"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 The same command runs as one process, under `mpiexec -n N` / `horovodrun -np N`, or under a site's
 launcher (`aprun`, `srun`, `mpiexec`):
 
-    python -m pipeline.train --raw vol.h5:raw --labels vol.h5:labels \\
+    python -m pipeline.cli.train --raw vol.h5:raw --labels vol.h5:labels \\
         --coordinates coords.npz --train-dir data/runs/demo/train [--max-steps 2000 ...]
 
 Every rank reads only its shard of the coordinates, computes gradients on its own batch, and
@@ -13,10 +13,8 @@ restart with the same `--train-dir` resumes from the latest checkpoint (step, we
 and each rank's position in its data).
 """
 
-import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +24,9 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.cli import one_line_errors
 from pipeline.errors import CheckpointError, TrainingDiverged
 from pipeline.lr_scaling import scaled_learning_rate
-from pipeline.train_config import TrainConfig, load_train_config
+from pipeline.train_config import TrainConfig
 from pipeline.train_metrics import (
     COUNT_NAMES,
     MetricsLog,
@@ -454,50 +451,3 @@ def run_training(
         with atomic_path(train_dir / SUMMARY_FILE) as tmp:
             tmp.write_text(json.dumps(summary, indent=2) + "\n")
     return summary if lead else {}
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.train",
-        description="Train an FFN with synchronous data-parallel SGD on Horovod (one rank per process).",
-    )
-    parser.add_argument("--raw", required=True, help="image volume, path.h5:dataset")
-    parser.add_argument("--labels", required=True, help="ground-truth labels, path.h5:dataset")
-    parser.add_argument(
-        "--coordinates", required=True, help="training coordinates .npz (pipeline.partitions)"
-    )
-    parser.add_argument(
-        "--train-dir", required=True, help="checkpoints, metrics and config go here"
-    )
-    parser.add_argument(
-        "--config", help="JSON or TOML file of TrainConfig settings; flags override it"
-    )
-    parser.add_argument(
-        "--init-from", default="", help="fine-tune from these weights (ignored on resume)"
-    )
-    parser.add_argument(
-        "--expected-ranks",
-        type=int,
-        help="the ranks the launch line starts; stop if Horovod sees others",
-    )
-    config_io.add_arguments(parser, TrainConfig)
-    return parser
-
-
-@one_line_errors
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    base = load_train_config(args.config) if args.config else TrainConfig()
-    config = config_io.from_arguments(TrainConfig, args, base)
-    inputs = TrainInputs(args.raw, args.labels, args.coordinates, args.train_dir, args.init_from)
-    summary = run_training(inputs, config, expected_ranks=args.expected_ranks)
-    if summary:
-        print(
-            f"[train] done: step {summary['step']}, f1 {summary.get('f1', float('nan')):.3f}, {summary['fov_per_s']:.1f} FOV/s"
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,14 +12,12 @@ To view from another machine (an HPC login node), fix both ports and tunnel them
 `ssh -L 8000:127.0.0.1:8000 -L 8001:127.0.0.1:8001 host` (the same port numbers on both ends:
 the data server answers the viewer's origin, which includes its port), then open the printed URL.
 
-CLI: `python -m pipeline.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]`.
+CLI: `python -m pipeline.cli.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]`.
 """
 
-import argparse
 import http.server
 import json
 import os
-import sys
 import threading
 import urllib.parse
 from collections.abc import Iterable, Sequence
@@ -30,7 +28,6 @@ from typing import BinaryIO
 
 import neuroglancer
 
-from pipeline.cli import one_line_errors
 from pipeline.errors import PrecomputedError
 from pipeline.export import (
     IMAGE_LAYER,
@@ -159,7 +156,7 @@ def start_viewer(
     folder = Path(precomputed_dir)
     if not export_complete(folder):
         raise PrecomputedError(
-            f"{folder}: not a complete export (write one with python -m pipeline.export)"
+            f"{folder}: not a complete export (write one with python -m pipeline.cli.export)"
         )
     segments = (
         _largest_segments(folder, DEFAULT_SEGMENT_COUNT)
@@ -231,34 +228,3 @@ def serve_forever(
             threading.Event().wait()
         except KeyboardInterrupt:
             print("[view] stopped")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.viewer",
-        description="Serve an export folder (python -m pipeline.export) on localhost and open it "
-        "in Neuroglancer; prints the URL to open in a browser.",
-    )
-    add = parser.add_argument
-    add("--precomputed", required=True, type=Path, help="export folder")
-    add("--port", type=int, default=0, help="data server port (default: any free port)")
-    add("--viewer-port", type=int, default=0, help="Neuroglancer port (default: any free port)")
-    add(
-        "--segments",
-        type=int,
-        nargs="+",
-        metavar="ID",
-        help=f"segments to show (default: the {DEFAULT_SEGMENT_COUNT} largest)",
-    )
-    return parser
-
-
-@one_line_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    serve_forever(args.precomputed, args.port, args.segments, args.viewer_port)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ The launcher contract for the training app, the same code on every site:
 
     @bash_app(executors=[launch.executor])  # "mpi"
     def train(args, parsl_resource_specification=None, stdout=None, stderr=None):
-        return launch.command(f"python -m pipeline.train {args} "
+        return launch.command(f"python -m pipeline.cli.train {args} "
                               f"--intra-op-threads {launch.threads_per_rank}")
 
     train(args, parsl_resource_specification=launch.resource_specification)

@@ -457,7 +457,7 @@ def describe(site: SiteSpec, run_dir: str | Path | None = None) -> str:
             f"HighThroughputExecutor, {site.mpi_tasks_per_block} worker(s) on the job's MOM node "
             f"that call aprun ({provider}, SimpleLauncher)"
         )
-        line = launch.command("python -m pipeline.train ...")
+        line = launch.command("python -m pipeline.cli.train ...")
     else:
         mpi_exec = (
             f"MPIExecutor(mpi_launcher={site.mpi_launcher!r}, "
@@ -466,7 +466,7 @@ def describe(site: SiteSpec, run_dir: str | Path | None = None) -> str:
         hosts = [f"<node{i}>" for i in range(launch.num_nodes)]
         spec = {k: str(v) for k, v in launch.resource_specification.items()}
         composed = compose_all(site.mpi_launcher, spec, hosts)["PARSL_MPI_PREFIX"].strip()
-        line = launch.command("python -m pipeline.train ...").replace(launch.prefix, composed)
+        line = launch.command("python -m pipeline.cli.train ...").replace(launch.prefix, composed)
     lines += [
         f'  executor "{MPI_LABEL}": {mpi_exec}',
         f"    {site.nodes_per_block} node(s) per block, up to {site.max_blocks} block(s); "

@@ -1,8 +1,8 @@
 """This machine: worker pools as local processes, training ranks through the venv's MPICH mpiexec.
 
 "mpi": MPIExecutor(mpi_launcher="mpiexec") on LocalProvider(SimpleLauncher); a training task
-       runs `$PARSL_MPI_PREFIX python -m pipeline.train ...`, i.e.
-       `mpiexec -n 2 -ppn 2 -hosts localhost python -m pipeline.train ...`.
+       runs `$PARSL_MPI_PREFIX python -m pipeline.cli.train ...`, i.e.
+       `mpiexec -n 2 -ppn 2 -hosts localhost python -m pipeline.cli.train ...`.
 "cpu": HighThroughputExecutor on LocalProvider, one worker per core.
 """
 

@@ -13,6 +13,7 @@ import pytest
 from cloudvolume import CloudVolume
 
 from pipeline import export
+from pipeline.cli import export as export_cli
 from pipeline.errors import (
     ConfigError,
     EmptyLabelsError,
@@ -293,11 +294,11 @@ def test_cli_exports_from_hdf5(volume, tmp_path, capsys):
     )
     out = tmp_path / "precomputed"
     argv = ["--raw", f"{h5}:raw", "--segmentation", f"{h5}:seg", "--out", str(out)]
-    assert export.main([*argv, "--scales", "2", "--chunk-voxels", "32"]) == 0
+    assert export_cli.main([*argv, "--scales", "2", "--chunk-voxels", "32"]) == 0
     assert export_complete(out)
     assert "2 scales" in capsys.readouterr().out
     assert np.array_equal(read_layer(out, "segmentation"), segmentation)
-    assert export.main([*argv[:2], "--segmentation", f"{h5}:nope", "--out", str(out)]) == 2
+    assert export_cli.main([*argv[:2], "--segmentation", f"{h5}:nope", "--out", str(out)]) == 2
     assert "no dataset 'nope'" in capsys.readouterr().err
 
 
@@ -326,7 +327,7 @@ def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_p
     disk = tmp_path / "disk"
     disk.mkdir()
     export_cli = (
-        f"{sys.executable} -m pipeline.export --raw {tmp_path}/in.h5:raw "
+        f"{sys.executable} -m pipeline.cli.export --raw {tmp_path}/in.h5:raw "
         f"--segmentation {tmp_path}/in.h5:segmentation --out {disk}/out"
     )
     # The tmpfs lives as long as the namespace: list what the failed export left, from inside.

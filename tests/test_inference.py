@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline import config as config_io
+from pipeline.cli.infer import main
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
@@ -28,7 +29,6 @@ from pipeline.inference import (
     seed_peaks,
     segment,
 )
-from pipeline.inference_cli import main
 from pipeline.model import ModelConfig, build_model, logit
 from pipeline.train_config import TrainConfig
 from pipeline.volumes import write_volumes

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from test_inference import hand_made_volume
 
+from pipeline.cli.metrics import main
 from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.metrics import (
     OverlapCounts,
     SegmentationScores,
     count_overlaps,
-    main,
     score_counts,
     score_segmentation,
     watershed_baseline,

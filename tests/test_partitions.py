@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pipeline.partitions as partitions_module
+from pipeline.cli.partitions import main
 from pipeline.errors import ConfigError, CoordinatesError
 from pipeline.partitions import (
     DEFAULT_THRESHOLDS,
@@ -16,7 +17,6 @@ from pipeline.partitions import (
     build_coordinates,
     compute_partitions,
     load_coordinates,
-    main,
     save_coordinates,
     shard,
 )
@@ -392,7 +392,7 @@ def test_cli_reports_errors_in_one_line(tmp_path, capsys):
 
 def test_cli_help():
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline.partitions", "--help"],
+        [sys.executable, "-m", "pipeline.cli.partitions", "--help"],
         capture_output=True,
         text=True,
         check=True,

@@ -19,6 +19,7 @@ import numpy as np
 import processes
 import pytest
 
+from pipeline.cli.pretrained import main
 from pipeline.errors import CheckpointError
 from pipeline.model import ModelConfig, build_model, logit, normalize_image
 from pipeline.pretrained import (
@@ -26,7 +27,6 @@ from pipeline.pretrained import (
     converted_checkpoint,
     expected_variables,
     import_checkpoint,
-    main,
     read_convstack_checkpoint,
     write_tf1_checkpoint,
 )
@@ -374,7 +374,7 @@ def test_conversion_is_atomic_and_does_not_overwrite_by_default(tmp_path, fresh_
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "2"}
     return processes.run(
-        [sys.executable, "-m", "pipeline.pretrained", *args], cwd=REPO, env=env, timeout=900
+        [sys.executable, "-m", "pipeline.cli.pretrained", *args], cwd=REPO, env=env, timeout=900
     )
 
 

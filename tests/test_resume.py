@@ -308,6 +308,6 @@ def ranks(run_dir) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         command = " ".join(p.info["cmdline"] or [])
-        if "pipeline.train" in command and str(run_dir) in command and "mpiexec" not in command:
+        if "pipeline.cli.train" in command and str(run_dir) in command and "mpiexec" not in command:
             found.append(p)
     return found

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from test_inference import MODEL, bright_weights, hand_made_volume, make_checkpoint
 
+from pipeline.cli.selection import main
 from pipeline.errors import CheckpointError, ConfigError
 from pipeline.inference import InferenceConfig
 from pipeline.selection import (
@@ -15,7 +16,6 @@ from pipeline.selection import (
     chosen_checkpoint,
     held_out_coordinates,
     list_checkpoints,
-    main,
     select_checkpoint,
     selection_done,
 )

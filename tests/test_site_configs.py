@@ -178,11 +178,11 @@ def test_local_training_launch_uses_parsl_mpi_prefix():
     assert launch.executor == MPI_LABEL
     assert launch.prefix == "$PARSL_MPI_PREFIX"
     assert launch.resource_specification == {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
-    assert launch.command("python -m pipeline.train") == (
-        "export OMP_NUM_THREADS=1; $PARSL_MPI_PREFIX python -m pipeline.train"
+    assert launch.command("python -m pipeline.cli.train") == (
+        "export OMP_NUM_THREADS=1; $PARSL_MPI_PREFIX python -m pipeline.cli.train"
     )
     # What --dry-run shows is what Parsl's MPI mode will compose for the block's nodes.
-    assert "mpiexec -n 2 -ppn 2 -hosts <node0> python -m pipeline.train" in describe(local.SITE)
+    assert "mpiexec -n 2 -ppn 2 -hosts <node0> python -m pipeline.cli.train" in describe(local.SITE)
 
 
 def test_polaris_training_launch_binds_ranks_by_depth():

@@ -10,8 +10,9 @@ import pytest
 from scipy import ndimage
 from skimage.metrics import adapted_rand_error
 
+from pipeline.cli.synthetic import main
 from pipeline.errors import ConfigError
-from pipeline.synthetic import PRESETS, SyntheticConfig, generate, main
+from pipeline.synthetic import PRESETS, SyntheticConfig, generate
 from pipeline.volumes import read_volume_pair
 
 # The default tissue in a small box (640 nm cube, about 10 objects): fast enough for every test.

@@ -37,7 +37,7 @@ def train_command(data: dict, train_dir: Path, *flags: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "pipeline.train",
+        "pipeline.cli.train",
         "--raw",
         data["raw"],
         "--labels",

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline import viewer
+from pipeline.cli import viewer as viewer_cli
 from pipeline.errors import PrecomputedError
 from pipeline.export import ExportConfig, export_precomputed
 from pipeline.synthetic import SyntheticConfig, generate
@@ -126,7 +127,7 @@ def test_viewer_refuses_incomplete_exports_and_unknown_segments(precomputed, tmp
 
 
 def test_cli_reports_an_incomplete_export(tmp_path, capsys):
-    assert viewer.main(["--precomputed", str(tmp_path)]) == 2
+    assert viewer_cli.main(["--precomputed", str(tmp_path)]) == 2
     assert "not a complete export" in capsys.readouterr().err
 
 

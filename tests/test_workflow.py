@@ -140,9 +140,9 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
     "command",
     [
         ["workflow.py"],
-        ["-m", "pipeline.train"],
-        ["-m", "pipeline.inference_cli"],
-        ["-m", "pipeline.export"],
+        ["-m", "pipeline.cli.train"],
+        ["-m", "pipeline.cli.infer"],
+        ["-m", "pipeline.cli.export"],
     ],
 )
 def test_help_imports_neither_tensorflow_nor_parsl(command):

@@ -1,6 +1,6 @@
 """Segment a volume with a trained FFN from the command line, whole or in overlapping blocks:
 
-    python -m pipeline.inference_cli --raw vol.h5:raw --checkpoint CKPT --output seg.h5 \\
+    python -m pipeline.cli.infer --raw vol.h5:raw --checkpoint CKPT --output seg.h5 \\
         [--block-shape-zyx Z Y X --overlap-zyx Z Y X --blocks-dir DIR]
 
 CKPT is `TRAIN_DIR/checkpoints/ckpt-N` or a `selection.json` (pipeline.selection).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline import config as config_io
 from pipeline.blocks import BlockConfig
-from pipeline.cli import one_line_errors
+from pipeline.cli import add_arguments, from_arguments, one_line_errors
 from pipeline.inference import (
     SEGMENTATION_DATASET,
     InferenceConfig,
@@ -30,7 +30,7 @@ from pipeline.volumes import read_raw, write_volumes
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.inference_cli",
+        prog="python -m pipeline.cli.infer",
         description="Segment a volume with a trained FFN, whole or in overlapping blocks.",
     )
     add = parser.add_argument
@@ -60,17 +60,17 @@ def _parser() -> argparse.ArgumentParser:
         "blocks (default: OUTPUT's name + '.blocks')",
     )
     add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
-    config_io.add_arguments(parser, InferenceConfig)
+    add_arguments(parser, InferenceConfig)
     blocks = parser.add_argument_group(
         "blocks", "give --block-shape-zyx to segment in overlapping blocks and stitch them"
     )
-    config_io.add_arguments(blocks, BlockConfig)
+    add_arguments(blocks, BlockConfig)
     return parser
 
 
 def _run(args: argparse.Namespace) -> dict:
     base = config_io.load_json(InferenceConfig, args.config) if args.config else InferenceConfig()
-    config = config_io.from_arguments(InferenceConfig, args, base)
+    config = from_arguments(InferenceConfig, args, base)
     checkpoint = chosen_checkpoint(args.checkpoint)
     model = checkpoint_model_config(checkpoint)
     if args.precision:
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> dict:
     raw, voxel_size = read_raw(args.raw, args.voxel_size)
     predict = predictor_from_checkpoint(checkpoint, model)
     if args.block_shape_zyx:
-        blocks = config_io.from_arguments(BlockConfig, args)
+        blocks = from_arguments(BlockConfig, args)
         blocks_dir = args.blocks_dir or args.output.with_name(args.output.name + ".blocks")
         provenance = {"checkpoint": str(checkpoint), "raw": args.raw}
         segmentation, summary = segment_blockwise(
