@@ -341,9 +341,7 @@ def stage_in_place(
                 f"{sources['labels'].dtype}"
             )
         _require_labeled(labels_spec, part)
-    boxed = {
-        name: str(dataclasses.replace(header.spec, box=staged)) for name, header in sources.items()
-    }
+    boxed = {name: str(header.spec.part(staged)) for name, header in sources.items()}
     record = {
         "raw": boxed["raw"],
         "labels": boxed.get("labels", ""),

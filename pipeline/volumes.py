@@ -11,6 +11,7 @@ names the file and the problem; writing is atomic (temporary file, then rename).
 """
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,18 @@ class VolumeSpec:
     @property
     def precomputed(self) -> bool:
         return not self.dataset
+
+    def part(self, box: Roi) -> "VolumeSpec":
+        """The spec of `box` of this volume (of its box, where it names one already)."""
+        if self.box is not None:
+            start = self.box.start
+            box = Roi(
+                *(
+                    tuple(a + o for a, o in zip(p, start, strict=True))
+                    for p in (box.start, box.stop)
+                )
+            )
+        return dataclasses.replace(self, box=box)
 
     def __str__(self) -> str:
         where = (

@@ -68,6 +68,8 @@ def test_a_box_of_a_volume_reads_as_a_volume_of_its_own(source):
     box = Roi.parse("2:10, 5:37, 20:64")
     spec = VolumeSpec.parse(f"{source['raw_spec']}[{box}]")
     assert spec.box == box and VolumeSpec.parse(str(spec)) == spec
+    inner = spec.part(Roi.parse("1:2, 0:4, 4:8"))  # a box of a box
+    assert inner.box == Roi.parse("3:4, 5:9, 24:28")
     with open_volume(spec) as window:
         assert window.shape == box.shape and window.dtype == np.uint8
         np.testing.assert_array_equal(window[...], source["raw"][box.slices])
