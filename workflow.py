@@ -177,9 +177,10 @@ class Step:
     kwargs: dict = field(default_factory=dict)
 
 
-def _task(
+def task_step(
     name: str, settings: dict, inputs: list, outputs: list, app: str, *args, **kwargs
 ) -> Step:
+    """The step of task `name` (its stage: the name up to "["), run by `apps.<app>`."""
     stage = name.partition("[")[0]
     task = Task(name, stage, settings, tuple(map(Path, inputs)), tuple(map(Path, outputs)))
     return Step(task, app, args, kwargs)
@@ -200,18 +201,18 @@ def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[
     }
     partitions = {"partitions": config_io.to_dict(config.partitions_for_training())}
     select_part = [
-        _task("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
+        task_step("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
               [paths.select_volume], "stage.stage_volume"),
     ] if config.data.has_select_part else []  # fmt: skip
     return select_part + [
-        _task("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
+        task_step("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
               [paths.train_volume], "stage.stage_volume"),
-        _task("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
+        task_step("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
               "preprocess.preprocess"),
-        _task("train", train_settings, [paths.train_volume, paths.coordinates] + ([init_from] if init_from else []),
+        task_step("train", train_settings, [paths.train_volume, paths.coordinates] + ([init_from] if init_from else []),
               [paths.train_summary], "train.train", training_command(config, paths, launch), str(paths.train_log),
               parsl_resource_specification=launch.resource_specification),
-        _task("select", {"selection": config_io.to_dict(config.selection)}, [paths.train_summary, scored_on],
+        task_step("select", {"selection": config_io.to_dict(config.selection)}, [paths.train_summary, scored_on],
               [paths.selection], "select.select_checkpoint"),
     ]  # fmt: skip
 
@@ -223,7 +224,7 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     from pipeline.staging import role_settings, source_files
 
     steps = [
-        _task("stage[eval]", role_settings(config.data, "eval", _eval_context(config)), source_files(config.data, "eval"),
+        task_step("stage[eval]", role_settings(config.data, "eval", _eval_context(config)), source_files(config.data, "eval"),
               [paths.eval_volume], "stage.stage_volume"),
     ]  # fmt: skip
     if not config.pretrained_model:
@@ -232,13 +233,13 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     inference = config_io.to_dict(config.inference)
     for i, block in enumerate(blocks):
         settings = {"inference": inference, "start": list(block.start), "stop": list(block.stop)}
-        steps.append(_task(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
+        steps.append(task_step(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
                            [block_path(paths.blocks_dir, block)], "infer.infer_block"))  # fmt: skip
     steps += stitch_steps(config, paths, blocks)
     steps += export_steps(config, paths)
     segmented = [paths.eval_volume, paths.segmentation]
     if _eval_has_labels(config):
-        steps.append(_task("evaluate", {"watershed": config_io.to_dict(config.watershed)}, segmented,
+        steps.append(task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)}, segmented,
                            [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
     return steps
 
@@ -259,18 +260,18 @@ def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]
     steps = []
     for k in range(len(blocks)):
         reads = [k, *later_neighbours(k, blocks)]
-        steps.append(_task(f"stitch[pairs {k}]", {**base, "block": k, "reads": reads},
+        steps.append(task_step(f"stitch[pairs {k}]", {**base, "block": k, "reads": reads},
                            [results[i] for i in reads], [pairs[k]], "stitch.pair_block"))  # fmt: skip
-    steps.append(_task("stitch[join]", base, [paths.eval_volume, *pairs], [table],
+    steps.append(task_step("stitch[join]", base, [paths.eval_volume, *pairs], [table],
                        "stitch.join_blocks", volume))  # fmt: skip
     align = config.blocks.chunks
     for k in range(len(blocks)):
         reads = core_neighbours(k, blocks, align)
-        steps.append(_task(f"stitch[relabel {k}]", {**base, "block": k, "reads": reads},
+        steps.append(task_step(f"stitch[relabel {k}]", {**base, "block": k, "reads": reads},
                            [table, *(results[i] for i in reads)], [cores[k]], "stitch.relabel_block",
                            volume))  # fmt: skip
     every = {**base, "reads": list(range(len(blocks)))}
-    steps.append(_task("stitch", every, [paths.eval_volume, table, *cores, *results],
+    steps.append(task_step("stitch", every, [paths.eval_volume, table, *cores, *results],
                        [paths.stitch_summary, paths.segmentation], "stitch.finish_stitch", volume))  # fmt: skip
     return steps
 
@@ -291,14 +292,14 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
         paths.export_dir / "meshes" / f"{j}.json"
         for j in range(mesh_task_count(shape, config.export))
     ]
-    steps = [_task("export[begin]", base, segmented, [begun], "export.begin_export", folder)]
+    steps = [task_step("export[begin]", base, segmented, [begun], "export.begin_export", folder)]
     for k, (region, record) in enumerate(zip(regions, records, strict=True)):
-        steps.append(_task(f"export[region {k}]", {**base, "region": str(region)}, [begun, *segmented],
+        steps.append(task_step(f"export[region {k}]", {**base, "region": str(region)}, [begun, *segmented],
                            [record], "export.export_region", folder))  # fmt: skip
     for j, mesh in enumerate(meshes):
-        steps.append(_task(f"export[mesh {j}]", {**base, "mesh": j}, [begun, *records], [mesh],
+        steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, *records], [mesh],
                            "export.export_meshes", folder))  # fmt: skip
-    steps.append(_task("export", {**base, "regions": len(records)}, [*segmented, *records, *meshes],
+    steps.append(task_step("export", {**base, "regions": len(records)}, [*segmented, *records, *meshes],
                        [paths.precomputed], "export.finish_export", folder))  # fmt: skip
     return steps
 

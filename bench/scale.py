@@ -127,17 +127,17 @@ def run_config(volume: Path, name: str) -> RunConfig:
 def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.Step]:
     """The workflow's tasks from staging to export, inference replaced by its stand-in."""
     steps = [
-        workflow._task("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
+        workflow.task_step("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
                        [paths.eval_volume], "stage.stage_volume"),
     ]  # fmt: skip
     blocks = plan_blocks(workflow._eval_shape(config), config.blocks)
     for i, block in enumerate(blocks):
         settings = {"start": list(block.start), "stop": list(block.stop)}
-        steps.append(workflow._task(f"infer[{i}]", settings, [paths.eval_volume],
+        steps.append(workflow.task_step(f"infer[{i}]", settings, [paths.eval_volume],
                                     [block_path(paths.blocks_dir, block)], "infer.ground_truth_block"))  # fmt: skip
     steps += workflow.stitch_steps(config, paths, blocks)
     steps += workflow.export_steps(config, paths)
-    steps.append(workflow._task("evaluate", {"watershed": config_io.to_dict(config.watershed)},
+    steps.append(workflow.task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)},
                                 [paths.eval_volume, paths.segmentation], [paths.evaluation],
                                 "evaluate.evaluate"))  # fmt: skip
     return steps
