@@ -9,7 +9,13 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.errors import DatasetMissing, EmptyLabelsError, VolumeDtypeError, VolumeShapeError
+from pipeline.errors import (
+    DatasetMissing,
+    EmptyLabelsError,
+    VolumeDtypeError,
+    VolumeError,
+    VolumeShapeError,
+)
 from pipeline.roi import Roi
 from pipeline.staging import (
     DataConfig,
@@ -84,7 +90,7 @@ def test_a_box_outside_its_volume_or_to_write_into_is_refused(source):
     ):
         with open_volume(f"{source['raw_spec']}[0:33, 0:8, 0:8]"):
             pass
-    with pytest.raises(Exception, match="a box of a volume is read, not written"):
+    with pytest.raises(VolumeError, match="a box of a volume is read, not written"):
         with open_volume(f"{source['raw_spec']}[0:8, 0:8, 0:8]", writable=True):
             pass
     with pytest.raises(DatasetMissing, match="a box of it"):
