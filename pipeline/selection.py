@@ -43,7 +43,10 @@ CRITERIA = ("fov_f1", "vi")
 
 @dataclass(frozen=True)
 class SelectionConfig:
-    last_checkpoints: int = 3  # the candidates: this many of the newest (and a fine-tune's start)
+    last_checkpoints: int = 3  # the candidates: this many of the newest checkpoints ...
+    # ... and a fine-tune's starting weights (ckpt-0), so that a fine-tune worse than its start
+    # on the held-out part is not taken.
+    start_as_candidate: bool = False
     held_out_fovs: int = 128
     seed: int = 0  # sampling of the held-out coordinates
     batch_size: int = 8
@@ -74,13 +77,13 @@ def list_checkpoints(train_dir: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def candidate_checkpoints(train_dir: str | Path, last: int) -> list[Path]:
-    """The newest `last` checkpoints, and a fine-tune's starting weights (step 0) where it wrote
-    them: fine-tuning is kept only where it beats what it started from."""
+def candidate_checkpoints(train_dir: str | Path, config: SelectionConfig) -> list[Path]:
+    """The newest `config.last_checkpoints` checkpoints, and with `config.start_as_candidate`
+    a fine-tune's starting weights (step 0) where it wrote them."""
     found = list_checkpoints(train_dir)
-    newest = found[-last:]
-    start = [c for c in found[:-last] if checkpoint_step(c) == 0]
-    return start + newest
+    last = config.last_checkpoints
+    start = [c for c in found[:-last] if checkpoint_step(c) == 0 and config.start_as_candidate]
+    return start + found[-last:]
 
 
 def checkpoint_step(checkpoint: str | Path) -> int:
@@ -166,10 +169,10 @@ def select_checkpoint(
     config: SelectionConfig | None = None,
     output: str | Path | None = None,
 ) -> dict:
-    """Score the last `config.last_checkpoints` checkpoints of `train_dir` (and a fine-tune's
-    starting weights, `candidate_checkpoints`) on the held-out `volume`, write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
+    """Score the candidates of `train_dir` (`candidate_checkpoints`) on the held-out `volume`,
+    write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
     config = config or SelectionConfig()
-    candidates = candidate_checkpoints(train_dir, config.last_checkpoints)
+    candidates = candidate_checkpoints(train_dir, config)
     if not candidates:
         raise CheckpointError(f"{train_dir}: no checkpoints (checkpoints/ckpt-N.index)")
     model_config = checkpoint_model_config(candidates[-1])
@@ -248,9 +251,7 @@ def selection_done(
     if train_dir is None:
         return True
     config = config or SelectionConfig()
-    current = [
-        checkpoint_step(c) for c in candidate_checkpoints(train_dir, config.last_checkpoints)
-    ]
+    current = [checkpoint_step(c) for c in candidate_checkpoints(train_dir, config)]
     seen = [row.get("step") for row in record.get("candidates", [])]
     seen += [checkpoint_step(row["checkpoint"]) for row in record.get("skipped", [])]
     return sorted(seen) == current and record.get("config") == config_io.to_dict(config)

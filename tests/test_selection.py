@@ -72,10 +72,16 @@ def test_a_fine_tune_worse_than_its_starting_weights_is_not_taken(tmp_path):
     make_checkpoint(run, 0, bright_weights)  # the starting weights (pipeline.train writes ckpt-0)
     for step in (10, 20, 30):
         make_checkpoint(run, step)  # fine-tuning lost what the weights knew
-    record = select_checkpoint(run, held_out(), FAST)
+    unless_worse = dataclasses.replace(FAST, start_as_candidate=True)
+    record = select_checkpoint(run, held_out(), unless_worse)
     assert [row["step"] for row in record["candidates"]] == [0, 20, 30]
     assert record["step"] == 0 and record["checkpoint"].endswith("ckpt-0")
-    assert selection_done(run / "selection.json", run, FAST)
+    assert selection_done(run / "selection.json", run, unless_worse)
+    # By default only the newest checkpoints compete.
+    assert [row["step"] for row in select_checkpoint(run, held_out(), FAST)["candidates"]] == [
+        20,
+        30,
+    ]
 
 
 def test_selection_can_also_segment_a_crop(train_dir, tmp_path):
