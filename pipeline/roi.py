@@ -58,9 +58,17 @@ class Roi:
         return Roi(start, stop)
 
     def relative_to(self, outer: "Roi") -> "Roi":
+        return self._shifted(outer.start, -1)
+
+    def within(self, outer: "Roi") -> "Roi":
+        """This ROI, given relative to `outer`, in `outer`'s own coordinates (`relative_to`'s
+        inverse)."""
+        return self._shifted(outer.start, 1)
+
+    def _shifted(self, origin: Sequence[int], sign: int) -> "Roi":
         return Roi(
             *(
-                tuple(p - o for p, o in zip(ps, outer.start, strict=True))
+                tuple(p + sign * o for p, o in zip(ps, origin, strict=True))
                 for ps in (self.start, self.stop)
             )
         )

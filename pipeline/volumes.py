@@ -79,15 +79,7 @@ class VolumeSpec:
 
     def part(self, box: Roi) -> "VolumeSpec":
         """The spec of `box` of this volume (of its box, where it names one already)."""
-        if self.box is not None:
-            start = self.box.start
-            box = Roi(
-                *(
-                    tuple(a + o for a, o in zip(p, start, strict=True))
-                    for p in (box.start, box.stop)
-                )
-            )
-        return dataclasses.replace(self, box=box)
+        return dataclasses.replace(self, box=box.within(self.box) if self.box else box)
 
     def __str__(self) -> str:
         where = (
