@@ -64,7 +64,6 @@ _LAYOUT = {
     "train_log": "train/train.log",
     "selection": "selection.json",
     "blocks_dir": "inference/blocks",
-    "segmentation": "inference/segmentation.zarr",
     "stitch_dir": "inference/stitch",
     "stitch_summary": "inference/stitch.json",
     "evaluation": "evaluation.json",
@@ -106,6 +105,14 @@ def _eval_voxel_size(config: RunConfig) -> tuple[float, float, float]:
     return read_header(config.data.eval_raw, config.data.voxel_size_nm).voxel_size_nm
 
 
+def _full_resolution(config: RunConfig, paths: RunPaths) -> Path:
+    """The stitching's output: the folder of the full resolution of the export's segmentation
+    layer (pipeline.export.new_segmentation), where evaluation and the export read it."""
+    from pipeline.export import SEGMENTATION_LAYER, full_resolution_key
+
+    return paths.precomputed / SEGMENTATION_LAYER / full_resolution_key(_eval_voxel_size(config))
+
+
 def _eval_context(config: RunConfig) -> tuple[int, int, int]:
     """Voxels segmented around an evaluated ROI: the inference model's FOV radius, so a FOV can
     be centred on the ROI's faces."""
@@ -141,7 +148,7 @@ _STAGE_OUTPUTS = {
     "train": [_LAYOUT["train_summary"]],
     "select": [_LAYOUT["selection"]],
     "infer": [_LAYOUT["blocks_dir"]],
-    "stitch": [_LAYOUT["segmentation"]],
+    "stitch": [_LAYOUT["stitch_summary"]],
 }
 _STAGE_INPUTS = {
     "preprocess": ["stage"],
@@ -237,11 +244,17 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
                            [block_path(paths.blocks_dir, block)], "infer.infer_block"))  # fmt: skip
     steps += stitch_steps(config, paths, blocks)
     steps += export_steps(config, paths)
-    segmented = [paths.eval_volume, paths.segmentation]
     if _eval_has_labels(config):
-        steps.append(task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)}, segmented,
-                           [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
+        steps.append(evaluate_step(config, paths))
     return steps
+
+
+def evaluate_step(config: RunConfig, paths: RunPaths) -> Step:
+    """The FFN segmentation and the watershed baseline scored against the labels
+    (apps/evaluate.py)."""
+    return task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)},
+                     [paths.eval_volume, _full_resolution(config, paths)], [paths.evaluation],
+                     "evaluate.evaluate", str(paths.precomputed))  # fmt: skip
 
 
 def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]:
@@ -254,25 +267,30 @@ def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]
     pairs = [paths.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
     cores = [paths.stitch_dir / "cores" / f"{b.name}.json" for b in blocks]
     table = paths.stitch_dir / "ids.npz"
-    # The volume's path is an argument, not a setting: a run moved elsewhere stays up to date.
-    volume = f"{paths.segmentation}:segmentation"
-    base = {"blocks": config_io.to_dict(config.blocks), "shape": list(_eval_shape(config))}
+    # The folder is an argument, not a setting: a run moved elsewhere stays up to date.
+    folder = str(paths.precomputed)
+    base = {
+        "blocks": config_io.to_dict(config.blocks),
+        "shape": list(_eval_shape(config)),
+        "gzip": config.export.gzip,
+    }
     steps = []
     for k in range(len(blocks)):
         reads = [k, *later_neighbours(k, blocks)]
         steps.append(task_step(f"stitch[pairs {k}]", {**base, "block": k, "reads": reads},
                            [results[i] for i in reads], [pairs[k]], "stitch.pair_block"))  # fmt: skip
     steps.append(task_step("stitch[join]", base, [paths.eval_volume, *pairs], [table],
-                       "stitch.join_blocks", volume))  # fmt: skip
+                       "stitch.join_blocks", folder))  # fmt: skip
     align = config.blocks.chunks
     for k in range(len(blocks)):
         reads = core_neighbours(k, blocks, align)
         steps.append(task_step(f"stitch[relabel {k}]", {**base, "block": k, "reads": reads},
                            [table, *(results[i] for i in reads)], [cores[k]], "stitch.relabel_block",
-                           volume))  # fmt: skip
+                           folder))  # fmt: skip
     every = {**base, "reads": list(range(len(blocks)))}
     steps.append(task_step("stitch", every, [paths.eval_volume, table, *cores, *results],
-                       [paths.stitch_summary, paths.segmentation], "stitch.finish_stitch", volume))  # fmt: skip
+                       [paths.stitch_summary, _full_resolution(config, paths)], "stitch.finish_stitch",
+                       folder))  # fmt: skip
     return steps
 
 
@@ -283,10 +301,10 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
 
     shape = _eval_shape(config)
     base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
-    segmented = [paths.eval_volume, paths.segmentation]
+    segmented = [paths.eval_volume, _full_resolution(config, paths)]
     begun = paths.export_dir / "begun.json"
     folder = str(paths.precomputed)  # an argument, not a setting: a moved run stays up to date
-    regions = export_regions(shape, _eval_voxel_size(config), config.export)
+    regions = export_regions(shape, _eval_voxel_size(config), config.export, config.blocks.chunks)
     records = [paths.export_dir / "regions" / f"{k}.npz" for k in range(len(regions))]
     meshes = [
         paths.export_dir / "meshes" / f"{j}.json"
@@ -399,7 +417,7 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
         f"  select     on {paths.select_volume if config.data.has_select_part else paths.train_volume}"
         f" -> {paths.selection}",
         f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel -> {paths.blocks_dir}",
-        f"  stitch     -> {paths.segmentation}",
+        f"  stitch     -> {_full_resolution(config, paths)}",
         f"  evaluate   -> {paths.evaluation}"
         if _eval_has_labels(config)
         else "  evaluate   (no labels: skipped)",

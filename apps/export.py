@@ -14,8 +14,9 @@ from site_configs import CPU_LABEL
 
 @python_app(executors=[CPU_LABEL])
 def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: staged volume, segmentation.zarr; outputs[0]: the voxel size the export was begun
-    with (.json). Empties `folder` and writes both layers' info."""
+    """inputs: staged volume, the segmentation's full resolution (the stitching's, in `folder`);
+    outputs[0]: the voxel size the export was begun with (.json). Empties the rest of `folder`
+    and writes both layers' info."""
     import json
 
     from pipeline.atomic import atomic_path
@@ -39,20 +40,20 @@ def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def export_region(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the begun export's record, staged volume, segmentation.zarr; outputs[0]: the
-    region's record (.npz: its segments' voxel counts, the files it wrote)."""
+    """inputs: the begun export's record, staged volume, the segmentation's full resolution;
+    outputs[0]: the region's record (.npz: its segments' voxel counts, the files it wrote)."""
     from pipeline.config import from_dict
     from pipeline.export import ExportConfig, save_region_record, write_region
     from pipeline.roi import Roi
     from pipeline.stamps import run_once
 
-    _, volume, segmentation = (f.filepath for f in inputs)
+    volume = inputs[1].filepath
     output = outputs[0].filepath
 
     def work() -> None:
         region = Roi.parse(settings["region"])
         config = from_dict(ExportConfig, settings["export"])
-        raw, labels = _read_region(volume, segmentation, region)
+        raw, labels = _read_region(volume, folder, region)
         save_region_record(output, region, write_region(folder, region, raw, labels, config))
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
@@ -81,7 +82,7 @@ def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: staged volume, segmentation.zarr, every region's record, then every meshing
+    """inputs: staged volume, the segmentation's full resolution, every region's record, then every meshing
     task's record (settings["regions"] of them); outputs[0]: the export's folder. Rewrites what
     was lost or damaged since its task wrote it, then the manifests, the segment properties and
     the record `export.json`."""
@@ -93,7 +94,7 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
     from pipeline.stamps import run_once
 
     paths = [f.filepath for f in inputs]
-    volume, segmentation = paths[:2]
+    volume = paths[0]
     count = settings["regions"]
 
     def work() -> None:
@@ -102,7 +103,7 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
         regions = [load_region_record(p) for p in paths[2 : 2 + count]]
         meshes = [json.loads(Path(p).read_text()) for p in paths[2 + count :]]
         repaired = repair_export(
-            folder, regions, meshes, lambda roi: _read_region(volume, segmentation, roi),
+            folder, regions, meshes, lambda roi: _read_region(volume, folder, roi),
             shape, voxel_size, config,
         )  # fmt: skip
         finish_export(folder, regions, shape, voxel_size, config, repaired)
@@ -116,13 +117,15 @@ def _voxel_size(volume: str) -> tuple[float, float, float]:
     return read_staged(volume).voxel_size_nm
 
 
-def _read_region(volume: str, segmentation: str, region):
-    """The staged image and the stitched segmentation within `region` (a Roi)."""
+def _read_region(volume: str, folder: str, region):
+    """The staged image and the stitched segmentation (in the export `folder`) within `region`
+    (a Roi)."""
+    from pipeline.export import segmentation_spec
     from pipeline.staging import read_staged
     from pipeline.volumes import label_ids, open_volume, read_raw
 
     staged = read_staged(volume)
     raw, _ = read_raw(staged.raw, staged.voxel_size_nm, region.slices)
-    spec = f"{segmentation}:segmentation"
+    spec = segmentation_spec(folder)
     with open_volume(spec) as array:
         return raw, label_ids(array[region.slices], spec)

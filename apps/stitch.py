@@ -1,11 +1,12 @@
 """Join the block segmentations into one chunked volume with global ids, as small tasks
 (pipeline.stitching): pairs per block, one id table, a relabel task per block writing its own
 chunks, then a check that every chunk is what its task wrote. No task holds more than a block's
-neighbourhood, whatever the volume's size.
+neighbourhood, whatever the volume's size. The volume is the full resolution of the export's
+segmentation layer (pipeline.export.new_segmentation), which the export then completes.
 
-Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "block": k (per-block tasks),
-"reads": the indices of the block results among its inputs, in order}; `volume` is the stitched
-volume's spec (path.zarr:segmentation)."""
+Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "gzip": whether chunk files
+are gzipped (the export's setting), "block": k (per-block tasks), "reads": the indices of the
+block results among its inputs, in order}; `folder` is the export's folder."""
 
 from parsl import python_app
 
@@ -30,10 +31,10 @@ def pair_block(settings: dict, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
-def join_blocks(settings: dict, volume: str, inputs=(), outputs=()):
+def join_blocks(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, then every block's pairs in plan order; outputs[0]: the id
-    table (.npz). Also makes the new, empty stitched volume `volume` that the relabel tasks
-    write into."""
+    table (.npz). Also makes the new, empty segmentation layer in `folder` that the relabel
+    tasks write into."""
     from pipeline.stamps import run_once
     from pipeline.stitching import join_ids, load_block_pairs, save_id_table
 
@@ -41,20 +42,20 @@ def join_blocks(settings: dict, volume: str, inputs=(), outputs=()):
 
     def work() -> None:
         save_id_table(output, *join_ids([load_block_pairs(f.filepath) for f in inputs[1:]]))
-        _new_volume(settings, volume, inputs[0].filepath)
+        _new_layer(settings, folder, inputs[0].filepath)
         # No content digest: a new (empty) volume must make every relabel task run again.
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
 
 
 @python_app(executors=[CPU_LABEL])
-def relabel_block(settings: dict, volume: str, inputs=(), outputs=()):
+def relabel_block(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the id table, then the results of the blocks that overlap block k's core
     (pipeline.stitching.core_neighbours); outputs[0]: the block's record (.json). Writes block
-    k's core into the stitched volume."""
+    k's core into the segmentation layer."""
+    from pipeline.export import SegmentationWriter
     from pipeline.stamps import digest, run_once
     from pipeline.stitching import load_id_table, save_core_record, write_core
-    from pipeline.volumes import open_volume
 
     table, results = inputs[0].filepath, [f.filepath for f in inputs[1:]]
     blocks, _, read = _grid(settings, results)
@@ -62,8 +63,8 @@ def relabel_block(settings: dict, volume: str, inputs=(), outputs=()):
 
     def work() -> str:
         offsets, lookup, _ = load_id_table(table)
-        with open_volume(volume, writable=True) as array:
-            record = write_core(settings["block"], blocks, read, offsets, lookup, array)
+        layer = SegmentationWriter(folder, settings["gzip"])
+        record = write_core(settings["block"], blocks, read, offsets, lookup, layer)
         record["stats"] = read.stats(settings["block"])
         save_core_record(output, record)
         return digest(record["chunks"])
@@ -72,31 +73,32 @@ def relabel_block(settings: dict, volume: str, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
-def finish_stitch(settings: dict, volume: str, inputs=(), outputs=()):
+def finish_stitch(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, the id table, every block's record, then every block's
-    result (plan order); outputs: stitch.json and the stitched volume's folder. Rewrites, from
-    the block results, any core whose chunks changed after its task wrote them (lost or
-    truncated files)."""
+    result (plan order); outputs: stitch.json and the folder of the layer's full resolution.
+    Rewrites, from the block results, any core whose chunks changed after its task wrote them
+    (lost or truncated files)."""
     import dataclasses
     import json
+    from pathlib import Path
 
     from pipeline.atomic import atomic_path
+    from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
     from pipeline.stamps import digest, run_once
     from pipeline.stitching import load_core_record, load_id_table, repair_cores, stitch_stats
-    from pipeline.volumes import VolumeSpec, open_volume
 
     paths = [f.filepath for f in inputs]
     count = (len(paths) - 2) // 2
     blocks, _, read = _grid(settings, paths[2 + count :])
-    summary, spec = outputs[0].filepath, VolumeSpec.parse(volume)
+    summary, full_resolution = (f.filepath for f in outputs)
 
     def work() -> str:
         records = [load_core_record(p) for p in paths[2 : 2 + count]]
         offsets, lookup, merges = load_id_table(paths[1])
-        if not spec.path.exists():  # lost whole: every core is rewritten below
-            _new_volume(settings, volume, paths[0])
-        with open_volume(spec, writable=True) as array:
-            repaired = repair_cores(records, array, blocks, read, offsets, lookup)
+        if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():  # lost whole: every
+            _new_layer(settings, folder, paths[0])  # core is rewritten below
+        layer = SegmentationWriter(folder, settings["gzip"])
+        repaired = repair_cores(records, layer, blocks, read, offsets, lookup)
         record = {
             "stitch": dataclasses.asdict(stitch_stats(records, lookup, merges)),
             "repaired_blocks": repaired,
@@ -106,7 +108,7 @@ def finish_stitch(settings: dict, volume: str, inputs=(), outputs=()):
             tmp.write_text(json.dumps(record, indent=2))
         return digest([r["chunks"] for r in records])
 
-    return run_once(settings, paths, [summary, spec.path], work)
+    return run_once(settings, paths, [summary, full_resolution], work)
 
 
 def _grid(settings: dict, results: list[str]):
@@ -121,15 +123,13 @@ def _grid(settings: dict, results: list[str]):
     return blocks, config, BlockReader(blocks, dict(zip(settings["reads"], results, strict=True)))
 
 
-def _new_volume(settings: dict, volume: str, staged: str) -> None:
-    """The stitched volume `volume`, empty: the staged volume's shape and voxel size."""
+def _new_layer(settings: dict, folder: str, staged: str) -> None:
+    """The empty segmentation layer in `folder`: the staged volume's shape and voxel size, the
+    stitching's chunks."""
     from pipeline.blocks import BlockConfig
     from pipeline.config import from_dict
+    from pipeline.export import new_segmentation
     from pipeline.staging import read_staged
-    from pipeline.volumes import VolumeSpec, new_chunked_volume
 
-    spec, chunks = VolumeSpec.parse(volume), from_dict(BlockConfig, settings["blocks"]).chunks
-    new_chunked_volume(
-        spec.path, spec.dataset, settings["shape"], "uint64", read_staged(staged).voxel_size_nm,
-        chunks,
-    )  # fmt: skip
+    chunks = from_dict(BlockConfig, settings["blocks"]).chunks
+    new_segmentation(folder, settings["shape"], read_staged(staged).voxel_size_nm, chunks)

@@ -12,8 +12,9 @@ through Parsl on the local site: staging of the zarr volume (read in place: a re
 to read, checked, no voxel copied), one task per block
 that stands in for inference (`apps.infer.ground_truth_block`: the block's ground truth with
 block-local ids, so no network runs and what is measured is the data path), stitching (pairs,
-join, relabel into the chunked segmentation, check), evaluation (VI / adapted Rand counted slab
-by slab; no watershed) and the export as tasks (regions, igneous meshing, record). Every task's
+join, relabel straight into the export's precomputed segmentation layer, check), evaluation (VI / adapted Rand counted slab
+by slab; no watershed) and the export as tasks (regions: the image and the segmentation's coarser scales; igneous
+meshing; record). Every task's
 stamp records its wall time and the peak resident memory of its worker process while it ran
 (`pipeline.stamps.run_once`); the script reports, per kind of task, the largest of them.
 
@@ -41,7 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import workflow  # noqa: E402
-from pipeline import config as config_io  # noqa: E402
 from pipeline.atomic import atomic_path  # noqa: E402
 from pipeline.blocks import BlockConfig, block_path, plan_blocks  # noqa: E402
 from pipeline.metrics import WatershedConfig  # noqa: E402
@@ -137,9 +137,7 @@ def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.St
                                     [block_path(paths.blocks_dir, block)], "infer.ground_truth_block"))  # fmt: skip
     steps += workflow.stitch_steps(config, paths, blocks)
     steps += workflow.export_steps(config, paths)
-    steps.append(workflow.task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)},
-                                [paths.eval_volume, paths.segmentation], [paths.evaluation],
-                                "evaluate.evaluate"))  # fmt: skip
+    steps.append(workflow.evaluate_step(config, paths))
     return steps
 
 
@@ -185,6 +183,7 @@ def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
 def check_stitching(result: dict) -> bool:
     """The tasks' stitched volume against the in-memory stitching of the same block results."""
     from pipeline.blocks import read_block_result
+    from pipeline.export import segmentation_spec
     from pipeline.stitching import stitch
     from pipeline.volumes import read_labels
 
@@ -192,7 +191,7 @@ def check_stitching(result: dict) -> bool:
     blocks = plan_blocks((result["edge"],) * 3, BLOCKS)
     results = [read_block_result(block_path(paths.blocks_dir, b), b) for b in blocks]
     in_memory, _ = stitch(results, (result["edge"],) * 3, BLOCKS)
-    tasks, _ = read_labels(f"{paths.segmentation}:segmentation")
+    tasks, _ = read_labels(segmentation_spec(paths.precomputed))
     return same_partition(in_memory, tasks)
 
 

@@ -45,6 +45,7 @@ from pipeline.boundary_watershed import (  # noqa: E402
     tune_watershed,
     watershed_segmentation,
 )
+from pipeline.export import segmentation_spec  # noqa: E402
 from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
 from pipeline.roi import Roi  # noqa: E402
@@ -95,7 +96,7 @@ def _ffn_row(run_dir: Path) -> dict:
     times = stage_wall_times(run_dir / "monitoring.db")
     part = read_staged(run_dir / "staged" / "eval.h5").scored.slices
     return {
-        "segmentation": _read(run_dir / "inference" / "segmentation.zarr", "segmentation")[part],
+        "segmentation": _read_spec(segmentation_spec(run_dir / "precomputed"))[part],
         "scores": evaluation["ffn"],
         "fov_evaluations": sum(b["fov_evaluations"] for b in stitched["blocks"]),
         "train_s": times.get("train"),
@@ -105,7 +106,11 @@ def _ffn_row(run_dir: Path) -> dict:
 
 
 def _read(path: Path, name: str) -> np.ndarray:
-    with open_volume(f"{path}:{name}") as array:
+    return _read_spec(f"{path}:{name}")
+
+
+def _read_spec(spec: str) -> np.ndarray:
+    with open_volume(spec) as array:
         return array[...]
 
 

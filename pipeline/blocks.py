@@ -47,7 +47,7 @@ class BlockConfig:
     overlap_zyx: ZYX = (16, 32, 32)  # at least; about one FOV, so both blocks see context
     min_overlap_voxels: int = 50
     min_overlap_fraction: float = 0.5  # intersection over union, in the overlap region
-    # Chunks of the stitched segmentation (zarr): each is written whole by one task, so the
+    # Chunks of the stitched segmentation (precomputed): each is written whole by one task, so the
     # overlaps are split on chunk multiples and a chunk may be no larger than the overlap.
     # None: per axis the largest power of two up to the overlap and 64 (`chunks`).
     chunk_zyx: ZYX | None = None

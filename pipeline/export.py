@@ -8,22 +8,27 @@ The export folder (one atomic unit: built beside its destination, then renamed i
         segment_properties/  every segment id with its voxel count (Neuroglancer lists and sorts them)
     export.json            what was written, every file with its size: the completeness record
 
-The export is cut into tasks that the workflow spreads over its workers (apps/export.py), each
-holding no more than a region of `task_voxels` per axis: `begin_export` writes both layers'
-`info`; `write_region`, one per region of `export_regions` (whole chunks of every scale),
-writes its voxels at full resolution through cloud-volume and downsamples them itself with
-tinybrain (what igneous's downsampling tasks call), so no task reads what another wrote;
-`mesh_part`, one per igneous meshing task, meshes the finished segmentation; `finish_export`
-adds igneous's mesh manifests, the segment properties (from the regions' counts) and, last, the
-record. `export_precomputed` runs the same steps in turn on arrays in memory (the CLI, tests).
+The segmentation's full resolution is the stitching's output itself: `new_segmentation` makes
+the layer, the stitching's relabel tasks write their cores into it (`SegmentationWriter`, chunks
+on the cores' grid) and evaluation reads it there. The export is then cut into tasks that the
+workflow spreads over its workers (apps/export.py), each holding no more than a region of
+`task_voxels` per axis: `begin_export` writes both layers' `info` with every scale;
+`write_region`, one per region of `export_regions` (whole chunks of every scale), writes the
+image at every scale and the segmentation's coarser scales, downsampling them itself with
+tinybrain (what igneous's downsampling tasks call), so no task reads what another export task
+wrote; `mesh_part`, one per igneous meshing task, meshes the finished segmentation;
+`finish_export` adds igneous's mesh manifests, the segment properties (from the regions' counts)
+and, last, the record. `export_precomputed` runs the same steps in turn on arrays in memory (the
+CLI, tests).
 
 Axes: this project is (z, y, x) everywhere; cloud-volume and the precomputed format are (x, y, z).
-Sizes are reversed only by `_xyz` and arrays transposed only in `_write_mip0`.
+Sizes are reversed only by `_xyz`, arrays transposed (a view, no copy) only where they are written.
 
 CLI: `python -m pipeline.cli.export --raw vol.h5:raw --segmentation seg.h5:segmentation --out DIR`.
 """
 
 import contextlib
+import hashlib
 import io
 import itertools
 import json
@@ -167,6 +172,12 @@ def plan_scales(shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig) 
     return scales
 
 
+def segmentation_spec(folder: str | Path) -> str:
+    """The volume spec (`pipeline.volumes`) of the segmentation layer in an export folder: its
+    full resolution, read in place."""
+    return f"precomputed://file://{(Path(folder) / SEGMENTATION_LAYER).resolve()}"
+
+
 def _check_inputs(
     raw: np.ndarray, segmentation: np.ndarray, voxel_size_nm: Sequence[float]
 ) -> tuple[np.ndarray, VoxelSize]:
@@ -223,14 +234,24 @@ def _scale_factors(scales: Sequence[Scale]) -> list[ZYX]:
     ]
 
 
-def export_regions(shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig) -> list[Roi]:
+def export_regions(
+    shape_zyx: ZYX,
+    voxel_size_nm: VoxelSize,
+    config: ExportConfig,
+    segmentation_chunk_zyx: ZYX | None = None,
+) -> list[Roi]:
     """The regions that export tasks write, one each, at every scale: about `task_voxels` along
-    each axis, rounded up to whole chunks of every scale, so that a region's downsamplings are
-    its own (tinybrain reduces whole 2 x 2 x 2 blocks) and no two tasks share a chunk file."""
+    each axis, rounded up to whole chunks of every scale of both layers (the segmentation's
+    chunk: `segmentation_chunk_zyx`, else the image's), so that a region's downsamplings are its
+    own (tinybrain reduces whole 2 x 2 x 2 blocks) and no two tasks share a chunk file."""
     scales = plan_scales(shape_zyx, voxel_size_nm, config)
+    if segmentation_chunk_zyx is not None:
+        full = Scale(scales[0].voxel_size_nm, shape_zyx, tuple(segmentation_chunk_zyx))
+        scales += _segmentation_scales(scales, full)
     factors = _scale_factors(scales)
     align = [
-        max(s.chunk_zyx[a] * f[a] for s, f in zip(scales, factors, strict=True)) for a in range(3)
+        math.lcm(*(s.chunk_zyx[a] * f[a] for s, f in zip(scales, factors, strict=True)))
+        for a in range(3)
     ]
     edge = [-(-config.task_voxels // a) * a for a in align]
     starts = itertools.product(*(range(0, n, e) for n, e in zip(shape_zyx, edge, strict=True)))
@@ -243,44 +264,113 @@ def export_regions(shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfi
     ]
 
 
-def _new_layer(folder: Path, layer: str, scales: Sequence[Scale], config: ExportConfig) -> None:
-    """One layer's `info`: every scale, no voxels yet."""
+def _resolution(voxel_size_nm: VoxelSize) -> list:
+    """A voxel size as an `info`'s resolution (x, y, z); whole numbers as ints, since a scale's
+    folder is named after them (10_10_20, not 10.0_10.0_20.0)."""
+    return [int(v) if float(v).is_integer() else float(v) for v in _xyz(voxel_size_nm)]
+
+
+def full_resolution_key(voxel_size_nm: VoxelSize) -> str:
+    """The folder of a layer's full-resolution chunks (cloud-volume's naming of a scale)."""
+    return "_".join(map(str, _resolution(voxel_size_nm)))
+
+
+def _layer_info(layer: str, scale: Scale) -> dict:
+    """A layer's `info` with its full-resolution scale only."""
     from cloudvolume import CloudVolume
 
     segmentation = layer == SEGMENTATION_LAYER
-    info = CloudVolume.create_new_info(
+    return CloudVolume.create_new_info(
         num_channels=1,
         layer_type="segmentation" if segmentation else "image",
         data_type="uint64" if segmentation else "uint8",
         encoding="compressed_segmentation" if segmentation else "raw",
-        # Whole numbers as ints: scale folders are named after them (10_10_20, not 10.0_10.0_20.0).
-        resolution=[int(v) if v.is_integer() else v for v in _xyz(scales[0].voxel_size_nm)],
+        resolution=_resolution(scale.voxel_size_nm),
         voxel_offset=[0, 0, 0],
-        volume_size=_xyz(scales[0].shape_zyx),
-        chunk_size=_xyz(scales[0].chunk_zyx),
+        volume_size=_xyz(scale.shape_zyx),
+        chunk_size=_xyz(scale.chunk_zyx),
     )
-    if segmentation:  # named now: meshing and the properties then only add files
-        info["mesh"], info["segment_properties"] = MESH_DIR, PROPERTIES_DIR
+
+
+def _add_scales(folder: Path, layer: str, info: dict, scales: Sequence[Scale]) -> None:
+    """Write `info` with `scales[1:]` added after its own full resolution."""
+    from cloudvolume import CloudVolume
+
     volume = CloudVolume(_layer_url(folder, layer), info=info, progress=False)
     for scale, factor in zip(scales[1:], _scale_factors(scales)[1:], strict=True):
         volume.add_scale(_xyz(factor), chunk_size=_xyz(scale.chunk_zyx))
     volume.commit_info()
 
 
-def begin_export(
-    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig
-) -> list[Scale]:
-    """Empty `folder` (only an earlier export may be there) and write both layers' `info`: what
-    the region tasks write into. The record `export.json` goes first, so a folder being
-    rewritten is never taken for a finished export."""
+def new_segmentation(
+    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, chunk_zyx: ZYX
+) -> None:
+    """The export folder's segmentation layer, empty, with its full resolution only: what the
+    stitching's relabel tasks write into, each its own chunks (`SegmentationWriter`), before the
+    export begins. What was there before goes, and the record `export.json` first: the export is
+    complete again only once begun and finished over the new segmentation."""
     folder = Path(folder)
     _check_replaceable(folder)
     (folder / MANIFEST).unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    shutil.rmtree(folder / SEGMENTATION_LAYER, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    scale = Scale(tuple(map(float, voxel_size_nm)), tuple(shape_zyx), tuple(chunk_zyx))
+    _add_scales(folder, SEGMENTATION_LAYER, _layer_info(SEGMENTATION_LAYER, scale), [scale])
+
+
+def _layer_scales(info: dict) -> list[Scale]:
+    """The scales an `info` lists, (z, y, x)."""
+    return [
+        Scale(
+            tuple(float(v) for v in s["resolution"][::-1]),
+            tuple(s["size"][::-1]),
+            tuple(s["chunk_sizes"][0][::-1]),
+        )
+        for s in info["scales"]
+    ]
+
+
+def _read_info(folder: Path, layer: str) -> dict:
+    path = folder / layer / "info"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PrecomputedError(f"{path}: no layer to export ({exc})") from None
+
+
+def _segmentation_scales(scales: Sequence[Scale], full: Scale) -> list[Scale]:
+    """The segmentation layer's scales: the image's sizes, its own chunk at every one (the chunk
+    its full resolution was written with)."""
+    return [Scale(s.voxel_size_nm, s.shape_zyx, full.chunk_zyx) for s in scales]
+
+
+def begin_export(
+    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig
+) -> list[Scale]:
+    """Over the full-resolution segmentation in `folder` (`new_segmentation`, written): empty
+    everything else the export writes and write both layers' `info` with every scale, what the
+    region tasks write into. The record `export.json` goes first, so a folder being rewritten is
+    never taken for a finished export."""
+    folder = Path(folder)
+    _check_replaceable(folder)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    info = _read_info(folder, SEGMENTATION_LAYER)
     scales = plan_scales(shape_zyx, voxel_size_nm, config)
-    for layer in (IMAGE_LAYER, SEGMENTATION_LAYER):
-        _new_layer(folder, layer, scales, config)
+    full = _layer_scales(info)[0]
+    if (full.shape_zyx, full.voxel_size_nm) != (scales[0].shape_zyx, scales[0].voxel_size_nm):
+        raise PrecomputedError(
+            f"{folder / SEGMENTATION_LAYER}: its shape {full.shape_zyx} and voxel size "
+            f"{full.voxel_size_nm} are not the exported volume's {shape_zyx}, {voxel_size_nm}"
+        )
+    shutil.rmtree(folder / IMAGE_LAYER, ignore_errors=True)
+    # The segmentation's full resolution is the stitching's; everything after it the export's.
+    for name in [MESH_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
+        shutil.rmtree(folder / SEGMENTATION_LAYER / name, ignore_errors=True)
+    _add_scales(folder, IMAGE_LAYER, _layer_info(IMAGE_LAYER, scales[0]), scales)
+    info["scales"] = info["scales"][:1]
+    # Named now: meshing and the properties then only add files.
+    info["mesh"], info["segment_properties"] = MESH_DIR, PROPERTIES_DIR
+    _add_scales(folder, SEGMENTATION_LAYER, info, _segmentation_scales(scales, full))
     return scales
 
 
@@ -298,6 +388,44 @@ def _chunk_files(region: Roi, scale: Scale, factor: ZYX, key: str, gzip: bool) -
     ]
 
 
+class SegmentationWriter:
+    """The full resolution of an export's segmentation layer (`new_segmentation`), written by
+    tasks side by side, each a region on its chunk grid (whole chunks, or up to the volume's
+    end), so no two share a chunk file; a region's chunk files can be named and digested, so a
+    later check finds one lost or changed."""
+
+    def __init__(self, folder: str | Path, gzip: bool = False) -> None:
+        from cloudvolume import CloudVolume
+
+        folder = Path(folder)
+        self._layer = folder / SEGMENTATION_LAYER
+        info = _read_info(folder, SEGMENTATION_LAYER)
+        self._scale, self._key, self._gzip = _layer_scales(info)[0], info["scales"][0]["key"], gzip
+        self._volume = CloudVolume(
+            _layer_url(folder, SEGMENTATION_LAYER),
+            mip=0,
+            compress="gzip" if gzip else False,
+            progress=False,
+        )
+        self.chunks, self.where = self._scale.chunk_zyx, str(self._layer)
+
+    def write(self, region: tuple[slice, ...], ids: np.ndarray) -> None:
+        """Store `ids` (uint64, the region's shape) as the region's voxels."""
+        # (z, y, x) in C order is (x, y, z) in Fortran order: a view, no copy.
+        self._volume[tuple(region[::-1])] = np.asarray(ids, np.uint64).T
+
+    def chunk_names(self, region: tuple[slice, ...]) -> list[str]:
+        roi = Roi(tuple(s.start for s in region), tuple(s.stop for s in region))
+        return _chunk_files(roi, self._scale, (1, 1, 1), self._key, self._gzip)
+
+    def digest(self, name: str) -> str | None:
+        """sha256 of chunk file `name` (`chunk_names`), None when it is missing."""
+        try:
+            return hashlib.sha256((self._layer / name).read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
+
+
 def write_region(
     folder: str | Path,
     region: Roi,
@@ -305,9 +433,11 @@ def write_region(
     segmentation: np.ndarray,
     config: ExportConfig,
 ) -> dict:
-    """Write `region` (its voxels: `raw` uint8, `segmentation` uint64) of both layers at every
-    scale into an export `begin_export` made. Returns what a region task records: the segment
-    ids in it with their voxel counts, and every file it wrote with its size."""
+    """Write `region` (its voxels: `raw` uint8, `segmentation` uint64) into an export
+    `begin_export` made: the image at every scale, the segmentation at every scale but its full
+    resolution (the stitching's, which `segmentation` is read from). Returns what a region task
+    records: the segment ids in it with their voxel counts, and every file it wrote with its
+    size."""
     from cloudvolume import CloudVolume
 
     folder = Path(folder)
@@ -316,25 +446,20 @@ def write_region(
     for layer, array in ((IMAGE_LAYER, raw), (SEGMENTATION_LAYER, segmentation)):
         url = _layer_url(folder, layer)
         volume = CloudVolume(url, progress=False)
-        scales = [
-            Scale(
-                tuple(float(v) for v in s["resolution"][::-1]),
-                tuple(s["size"][::-1]),
-                tuple(s["chunk_sizes"][0][::-1]),
-            )
-            for s in volume.info["scales"]
-        ]
+        scales = _layer_scales(volume.info)
         downsample = (
             tinybrain.downsample_segmentation
             if layer == SEGMENTATION_LAYER
             else tinybrain.downsample_with_averaging
         )
-        # The one transpose: (z, y, x) in C order is (x, y, z) in Fortran order: no copy.
+        # (z, y, x) in C order is (x, y, z) in Fortran order: a view, no copy.
         data, factors = array.T, _scale_factors(scales)
         for mip, (scale, factor) in enumerate(zip(scales, factors, strict=True)):
             if mip:
                 step = [a // b for a, b in zip(factor, factors[mip - 1], strict=True)]
                 data = downsample(data, _xyz(step))[0]
+            if layer == SEGMENTATION_LAYER and not mip:
+                continue
             lo = [a // f for a, f in zip(region.start, factor, strict=True)]
             box = tuple(slice(a, a + n) for a, n in zip(_xyz(lo), data.shape[:3], strict=True))
             CloudVolume(url, mip=mip, compress=compress, progress=False)[box] = data
@@ -573,6 +698,10 @@ def export_precomputed(
             total=len(regions) + meshes + 1, desc="export", unit="task", disable=not progress
         ) as bar,
     ):
+        new_segmentation(
+            tmp, shape, voxel_size, plan_scales(shape, voxel_size, config)[0].chunk_zyx
+        )
+        SegmentationWriter(tmp, config.gzip).write(Roi.whole(shape).slices, segmentation)
         scales = begin_export(tmp, shape, voxel_size, config)
         records = []
         for region in regions:

@@ -19,9 +19,11 @@ size whatever the volume's (issue 15):
      id (the component's number: unique per object, 1..C with gaps for objects left in no core);
   3. `relabel_core(k)`: block k's core in stitched ids, filled where k found no object from the
      blocks that did; reads block k and the blocks that overlap its core. `write_core` puts it
-     into a zarr volume: with the overlaps split on the chunk grid (`block_core(align=...)`),
-     each core is whole chunks, so the tasks write side by side; its record (a digest per
-     chunk) lets `repair_cores` find and rewrite chunks lost or damaged later.
+     into the full resolution of the export's segmentation layer (precomputed,
+     `pipeline.export.SegmentationWriter`): with the overlaps split on the chunk grid
+     (`block_core(align=...)`), each core is whole chunks, so the tasks write side by side; its
+     record (a digest per chunk) lets `repair_cores` find and rewrite chunks lost or damaged
+     later.
 
 `stitch` runs the three in one process and renumbers 1..N; `segment_blockwise` segments and
 stitches a volume in one process.
@@ -29,15 +31,12 @@ stitches a volume in one process.
 
 import dataclasses
 import functools
-import hashlib
-import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import zarr
 from scipy import sparse
 from scipy.sparse.csgraph import connected_components
 from tqdm import tqdm
@@ -58,6 +57,7 @@ from pipeline.blocks import (
     write_block_result,
 )
 from pipeline.errors import BlockResultError
+from pipeline.export import SegmentationWriter
 from pipeline.inference import InferenceConfig, InferenceStats, Predictor
 from pipeline.model import ModelConfig
 
@@ -264,53 +264,42 @@ def relabel_core(
 # Into a chunked volume, a task per block
 
 
-def _chunk_keys(core: tuple[slice, ...], chunks: Sequence[int]) -> list[str]:
-    """zarr's keys ("z.y.x") of the chunks that `core` (on the chunk grid) covers."""
-    ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(core, chunks, strict=True)]
-    return [".".join(map(str, index)) for index in itertools.product(*ranges)]
-
-
-def _chunk_digest(array: zarr.Array, key: str) -> str | None:
-    stored = array.store.get(f"{array.path}/{key}")
-    return None if stored is None else hashlib.sha256(stored).hexdigest()
-
-
 def write_core(
     k: int,
     blocks: Sequence[Block],
     labels_of: Callable[[int], np.ndarray],
     offsets: np.ndarray,
     lookup: np.ndarray,
-    array: zarr.Array,
+    layer: SegmentationWriter,
 ) -> dict:
-    """Step 3 for block k, written into `array` (zarr, the volume's shape): its core lies on
-    the array's chunk grid, so it writes whole chunks that no other block writes. Returns the
+    """Step 3 for block k, written into `layer` (the volume's shape): its core lies on the
+    layer's chunk grid, so it writes whole chunks that no other block writes. Returns the
     block's record: its core, the stitched ids in it and a digest of every chunk written, which
     `changed_cores` checks later."""
-    core = block_core(k, blocks, array.chunks)
-    ids = relabel_core(k, blocks, labels_of, offsets, lookup, array.chunks)
-    array[core] = ids
+    core = block_core(k, blocks, layer.chunks)
+    ids = relabel_core(k, blocks, labels_of, offsets, lookup, layer.chunks)
+    layer.write(core, ids)
     return {
         "block": k,
         "core": [[s.start, s.stop] for s in core],
         "ids": [int(i) for i in np.unique(ids) if i],
-        "chunks": {key: _chunk_digest(array, key) for key in _chunk_keys(core, array.chunks)},
+        "chunks": {name: layer.digest(name) for name in layer.chunk_names(core)},
     }
 
 
-def changed_cores(records: Sequence[dict], array: zarr.Array) -> list[int]:
-    """The blocks whose chunks in `array` are not what they wrote (missing, truncated or
+def changed_cores(records: Sequence[dict], layer: SegmentationWriter) -> list[int]:
+    """The blocks whose chunks in `layer` are not what they wrote (missing, truncated or
     rewritten since)."""
     return [
         r["block"]
         for r in records
-        if any(_chunk_digest(array, key) != digest for key, digest in r["chunks"].items())
+        if any(layer.digest(name) != digest for name, digest in r["chunks"].items())
     ]
 
 
 def repair_cores(
     records: Sequence[dict],
-    array: zarr.Array,
+    layer: SegmentationWriter,
     blocks: Sequence[Block],
     labels_of: Callable[[int], np.ndarray],
     offsets: np.ndarray,
@@ -318,11 +307,11 @@ def repair_cores(
 ) -> list[int]:
     """Write again the cores whose chunks changed after their task wrote them; returns their
     blocks. Raises BlockResultError if a core cannot be written as recorded."""
-    changed = changed_cores(records, array)
+    changed = changed_cores(records, layer)
     for k in changed:
-        write_core(k, blocks, labels_of, offsets, lookup, array)
-    if still := changed_cores(records, array):
-        raise BlockResultError(f"{array.store.path}: blocks {still} cannot be written as recorded")
+        write_core(k, blocks, labels_of, offsets, lookup, layer)
+    if still := changed_cores(records, layer):
+        raise BlockResultError(f"{layer.where}: blocks {still} cannot be written as recorded")
     return changed
 
 

@@ -194,6 +194,9 @@ def test_refuses_to_replace_a_folder_that_is_not_an_export(volume, tmp_path):
 def test_an_export_cut_short_is_begun_again_but_a_foreign_folder_is_not(volume, tmp_path):
     raw, segmentation = volume
     out = tmp_path / "out"
+    chunk = plan_scales(SHAPE, VOXEL, CONFIG)[0].chunk_zyx
+    export.new_segmentation(out, SHAPE, VOXEL, chunk)  # the stitching's part
+    export.SegmentationWriter(out).write(tuple(slice(0, n) for n in SHAPE), segmentation)
     export.begin_export(out, SHAPE, VOXEL, CONFIG)  # then the run stopped: no record
     region = export.export_regions(SHAPE, VOXEL, CONFIG)[0]
     export.write_region(out, region, raw[region.slices], segmentation[region.slices], CONFIG)
@@ -202,6 +205,7 @@ def test_an_export_cut_short_is_begun_again_but_a_foreign_folder_is_not(volume, 
     assert (out / "image" / "info").is_file() and not list(
         (out / "image" / "10_10_20").glob("*")
     )  # emptied, infos written again
+    assert list((out / "segmentation" / "10_10_20").glob("*"))  # the stitching's: kept
     (out / "notes.txt").write_text("keep me")
     with pytest.raises(PrecomputedError, match="not an export"):
         export.begin_export(out, SHAPE, VOXEL, CONFIG)

@@ -180,7 +180,7 @@ class TestLostOutputAndWorker:
         run_dir = copy_run(tiny_run, tmp_path_factory.mktemp("lost") / "run")
         (block,) = sorted((run_dir / "inference" / "blocks").glob("block_0_0_0.npz"))
         block.unlink()
-        shutil.rmtree(run_dir / "inference" / "segmentation.zarr")
+        shutil.rmtree(run_dir / "precomputed")  # the stitched segmentation and its export
         lines, killed = [], None
         with processes.started(
             [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir), "--resume"],
@@ -218,8 +218,8 @@ class TestLostOutputAndWorker:
 
 def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny_run, tmp_path):
     run_dir = copy_run(tiny_run, tmp_path / "run")
-    chunks = run_dir / "inference" / "segmentation.zarr" / "segmentation"
-    lost = sorted(chunks.glob("0.*"))[1]  # a chunk of a core of a block, not its metadata
+    chunks = run_dir / "precomputed" / "segmentation" / "10_10_20"  # its full resolution
+    lost = sorted(chunks.glob("*"))[1]  # a chunk of a core of a block
     lost.unlink()
     out = resume(run_dir, TINY)
     assert "stitch     9/10 up to date; runs: stitch: output changed since it was made" in out

@@ -12,17 +12,22 @@ from test_parts import CUT
 
 from pipeline.blocks import BlockConfig, BlockResult, plan_blocks
 from pipeline.errors import ConfigError
+from pipeline.export import SegmentationWriter, new_segmentation, segmentation_spec
 from pipeline.inference import InferenceStats
 from pipeline.stitching import (
     block_core,
     block_pairs,
+    changed_cores,
     core_neighbours,
     join_ids,
     load_block_pairs,
     relabel_core,
+    repair_cores,
     save_block_pairs,
     stitch,
+    write_core,
 )
+from pipeline.volumes import open_volume
 
 # Any shared voxel joins two blocks' objects: blocks that agree with the truth must rebuild it.
 CONFIG = BlockConfig(block_shape_zyx=(20, 24, 24), overlap_zyx=(8, 8, 8), min_overlap_voxels=1)
@@ -81,6 +86,35 @@ def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task(tmp_pat
     in_memory, stats = stitch(results, truth.shape, CONFIG)
     assert_same_segmentation(in_memory, truth)
     assert stats.objects == len(np.unique(truth[truth > 0])) and stats.merges == merges
+
+
+def test_cores_go_into_the_segmentation_layer_and_a_lost_or_cut_chunk_is_written_again(tmp_path):
+    truth = real_bodies()
+    results = blocks_of(truth)
+    blocks = [r.block for r in results]
+    labels_of = lambda i: results[i].labels  # noqa: E731
+    found = [block_pairs(k, blocks, labels_of, CONFIG) for k in range(len(blocks))]
+    offsets, lookup, _ = join_ids(found)
+    new_segmentation(tmp_path, truth.shape, (10.0, 10.0, 10.0), (4, 8, 8))
+    layer = SegmentationWriter(tmp_path)
+    records = [write_core(k, blocks, labels_of, offsets, lookup, layer) for k in range(len(blocks))]
+    with open_volume(segmentation_spec(tmp_path)) as array:
+        assert_same_segmentation(array[...], truth)  # read back in place, as evaluation does
+
+    layer_dir = tmp_path / "segmentation"  # chunk names are relative to it: 10_10_10/x0-x1_...
+    chunks = [name for r in records for name in r["chunks"]]
+    assert sorted(chunks) == sorted(
+        f"10_10_10/{p.name}" for p in (layer_dir / "10_10_10").iterdir()
+    )
+    lost, cut = records[3]["chunks"], records[20]["chunks"]
+    (layer_dir / next(iter(lost))).unlink()
+    cut_file = layer_dir / next(iter(cut))
+    cut_file.write_bytes(cut_file.read_bytes()[:-5])
+    assert changed_cores(records, layer) == [3, 20]
+    assert repair_cores(records, layer, blocks, labels_of, offsets, lookup) == [3, 20]
+    assert changed_cores(records, layer) == []
+    with open_volume(segmentation_spec(tmp_path)) as array:
+        assert_same_segmentation(array[...], truth)
 
 
 def test_the_output_chunks_must_fit_in_the_overlaps():

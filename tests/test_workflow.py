@@ -14,14 +14,14 @@ class TestLocalRun:
     def test_every_stage_leaves_its_outputs_and_stamps(self, tiny_run):
         for output in (
             "staged/train.h5", "staged/eval.h5", "preprocess/coordinates.npz", "train/train_summary.json",
-            "train/curves.png", "selection.json", "inference/segmentation.zarr", "evaluation.json",
+            "train/curves.png", "selection.json", "precomputed/segmentation/10_10_20", "evaluation.json",
             "precomputed/export.json", "report.md", "monitoring.db", "config.json",
         ):  # fmt: skip
             assert (tiny_run / output).exists(), output
         for stamped in (
             "staged/eval.h5",
             "train/train_summary.json",
-            "inference/segmentation.zarr",
+            "precomputed/segmentation/10_10_20",
             "precomputed",
         ):
             assert (tiny_run / f"{stamped}.stamp.json").is_file(), stamped

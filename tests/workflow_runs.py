@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import processes
 
+from pipeline.export import segmentation_spec
 from pipeline.volumes import open_volume
 
 ROOT = Path(__file__).parents[1]
@@ -55,7 +56,7 @@ def copy_run(run_dir: Path, to: Path) -> Path:
 
 
 def segmentation(run_dir: Path) -> np.ndarray:
-    with open_volume(f"{run_dir / 'inference' / 'segmentation.zarr'}:segmentation") as array:
+    with open_volume(segmentation_spec(run_dir / "precomputed")) as array:
         return array[...]
 
 
