@@ -67,6 +67,7 @@ _LAYOUT = {
     "stitch_dir": "inference/stitch",
     "stitch_summary": "inference/stitch.json",
     "evaluation": "evaluation.json",
+    "counts_dir": "evaluation",
     "precomputed": "precomputed",
     "export_dir": "export",
     "report": "report.md",
@@ -245,16 +246,32 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     steps += stitch_steps(config, paths, blocks)
     steps += export_steps(config, paths)
     if _eval_has_labels(config):
-        steps.append(evaluate_step(config, paths))
+        steps += evaluate_steps(config, paths)
     return steps
 
 
-def evaluate_step(config: RunConfig, paths: RunPaths) -> Step:
-    """The FFN segmentation and the watershed baseline scored against the labels
-    (apps/evaluate.py)."""
-    return task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)},
-                     [paths.eval_volume, _full_resolution(config, paths)], [paths.evaluation],
-                     "evaluate.evaluate", str(paths.precomputed))  # fmt: skip
+def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
+    """The FFN segmentation and the watershed baseline scored against the labels: a task per
+    region counts overlaps, the last sums and scores (apps/evaluate.py)."""
+    from pipeline.evaluation import count_regions
+
+    segmented = [paths.eval_volume, _full_resolution(config, paths)]
+    regions = count_regions(_eval_shape(config), config.evaluation)
+    counts = [paths.counts_dir / f"{k}.npz" for k in range(len(regions))]
+    steps = [
+        task_step(
+            f"evaluate[count {k}]",
+            {"region": str(region)},
+            segmented,
+            [path],
+            "evaluate.count_region",
+            str(paths.precomputed),
+        )  # fmt: skip
+        for k, (region, path) in enumerate(zip(regions, counts, strict=True))
+    ]
+    steps.append(task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)},
+                           [paths.eval_volume, *counts], [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
+    return steps
 
 
 def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]:

@@ -1,4 +1,5 @@
-"""Score the FFN segmentation and the watershed baseline against the ground truth."""
+"""Score the FFN segmentation and the watershed baseline against the ground truth: a task per
+region counts the overlaps of its part (pipeline.evaluation), the last sums and scores."""
 
 from parsl import python_app
 
@@ -6,25 +7,46 @@ from site_configs import CPU_LABEL
 
 
 @python_app(executors=[CPU_LABEL])
-def evaluate(settings: dict, folder: str, inputs=(), outputs=()):
-    """settings: {"watershed": WatershedConfig}; inputs: staged labeled volume, the
-    segmentation's full resolution (in the export `folder`); outputs[0]: evaluation.json."""
-    from pipeline.config import from_dict
-    from pipeline.evaluation import evaluate_volume
+def count_region(settings: dict, folder: str, inputs=(), outputs=()):
+    """settings: {"region": "z0:z1, y0:y1, x0:x1"}; inputs: staged labeled volume, the
+    segmentation's full resolution (in the export `folder`); outputs[0]: the region's overlap
+    counts within the scored part (.npz)."""
+    from pipeline.evaluation import count_region
     from pipeline.export import segmentation_spec
-    from pipeline.metrics import WatershedConfig
+    from pipeline.roi import Roi
     from pipeline.staging import read_staged
     from pipeline.stamps import run_once
 
-    volume, segmentation = (f.filepath for f in inputs)
+    volume = inputs[0].filepath
     output = outputs[0].filepath
 
     def work() -> None:
         staged = read_staged(volume)
-        evaluate_volume(
-            staged.raw, staged.labels, segmentation_spec(folder),
-            from_dict(WatershedConfig, settings["watershed"]), output, staged.scored,
-            staged.voxel_size_nm,
+        region = Roi.parse(settings["region"])
+        count_region(staged.labels, segmentation_spec(folder), region, staged.scored).save(output)
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def evaluate(settings: dict, inputs=(), outputs=()):
+    """settings: {"watershed": WatershedConfig}; inputs: staged labeled volume, then every
+    region's counts; outputs[0]: evaluation.json."""
+    from pipeline.config import from_dict
+    from pipeline.evaluation import score_volume
+    from pipeline.metrics import OverlapCounts, WatershedConfig
+    from pipeline.staging import read_staged
+    from pipeline.stamps import run_once
+
+    paths = [f.filepath for f in inputs]
+    output = outputs[0].filepath
+
+    def work() -> None:
+        staged = read_staged(paths[0])
+        counts = OverlapCounts.total([OverlapCounts.load(p) for p in paths[1:]])
+        score_volume(
+            counts, staged.raw, staged.labels, from_dict(WatershedConfig, settings["watershed"]),
+            output, staged.scored, staged.voxel_size_nm,
         )  # fmt: skip
 
-    return run_once(settings, [volume, segmentation], [output], work)
+    return run_once(settings, paths, [output], work)

@@ -137,7 +137,7 @@ def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.St
                                     [block_path(paths.blocks_dir, block)], "infer.ground_truth_block"))  # fmt: skip
     steps += workflow.stitch_steps(config, paths, blocks)
     steps += workflow.export_steps(config, paths)
-    steps.append(workflow.evaluate_step(config, paths))
+    steps += workflow.evaluate_steps(config, paths)
     return steps
 
 

@@ -53,7 +53,7 @@ from pipeline.errors import (
     VolumeShapeError,
     VoxelSizeError,
 )
-from pipeline.roi import Roi
+from pipeline.roi import Roi, tiles
 from pipeline.volumes import ZYX, VoxelSize
 
 IMAGE_LAYER = "image"
@@ -253,15 +253,7 @@ def export_regions(
         math.lcm(*(s.chunk_zyx[a] * f[a] for s, f in zip(scales, factors, strict=True)))
         for a in range(3)
     ]
-    edge = [-(-config.task_voxels // a) * a for a in align]
-    starts = itertools.product(*(range(0, n, e) for n, e in zip(shape_zyx, edge, strict=True)))
-    return [
-        Roi(
-            tuple(start),
-            tuple(min(a + e, n) for a, e, n in zip(start, edge, shape_zyx, strict=True)),
-        )
-        for start in starts
-    ]
+    return tiles(Roi.whole(shape_zyx), [-(-config.task_voxels // a) * a for a in align])
 
 
 def _resolution(voxel_size_nm: VoxelSize) -> list:

@@ -22,7 +22,9 @@ CLI: `python -m pipeline.cli.metrics --segmentation seg.h5:segmentation --labels
 """
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import fastremap
@@ -32,6 +34,7 @@ from skimage.metrics import adapted_rand_error, variation_of_information
 from skimage.morphology import h_maxima
 from skimage.segmentation import watershed
 
+from pipeline.atomic import atomic_path
 from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.inference import InferenceConfig, edge_distance
 from pipeline.roi import Roi
@@ -118,13 +121,33 @@ class OverlapCounts:
         return cls(truth_of[order], predicted_of[order], summed[order].astype(np.int64))
 
     def __add__(self, other: "OverlapCounts") -> "OverlapCounts":
-        pairs = np.concatenate(
-            [
-                np.stack([self.truth_ids, self.predicted_ids], axis=1),
-                np.stack([other.truth_ids, other.predicted_ids], axis=1),
-            ]
-        )
-        return self._of_pairs(pairs, np.concatenate([self.voxels, other.voxels]))
+        return OverlapCounts.total([self, other])
+
+    @classmethod
+    def total(cls, parts: Sequence["OverlapCounts"]) -> "OverlapCounts":
+        """The counts of the parts together (their voxels apart): one pass, whatever their number."""
+        parts = [p for p in parts if len(p.voxels)]
+        if len(parts) <= 1:
+            return parts[0] if parts else cls.empty()
+        pairs = np.concatenate([np.stack([p.truth_ids, p.predicted_ids], axis=1) for p in parts])
+        return cls._of_pairs(pairs, np.concatenate([p.voxels for p in parts]))
+
+    @classmethod
+    def empty(cls) -> "OverlapCounts":
+        """The counts of no labeled voxel."""
+        return cls(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+
+    def save(self, path: "str | Path") -> None:
+        """Write the counts to `path` (.npz), atomically."""
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(
+                f, truth_ids=self.truth_ids, predicted_ids=self.predicted_ids, voxels=self.voxels
+            )
+
+    @classmethod
+    def load(cls, path: "str | Path") -> "OverlapCounts":
+        with np.load(path) as f:
+            return cls(f["truth_ids"], f["predicted_ids"], f["voxels"])
 
 
 def count_overlaps(
@@ -148,15 +171,16 @@ def count_overlaps(
         region.slices[1],
         region.slices[2],
     )
-    total = None
+    slabs = []
     for z in range(z0, z1, depth):
         slab = (slice(z, min(z + depth, z1)), rows, cols)
-        counts = OverlapCounts.of(
-            label_ids(np.asarray(truth[slab]), "ground truth"),
-            label_ids(np.asarray(prediction[slab]), "segmentation"),
+        slabs.append(
+            OverlapCounts.of(
+                label_ids(np.asarray(truth[slab]), "ground truth"),
+                label_ids(np.asarray(prediction[slab]), "segmentation"),
+            )
         )
-        total = counts if total is None else total + counts
-    return total
+    return OverlapCounts.total(slabs)
 
 
 def score_segmentation(

@@ -21,6 +21,7 @@ STAGE_OF_APP = {
     "join_blocks": "stitch",
     "relabel_block": "stitch",
     "finish_stitch": "stitch",
+    "count_region": "evaluate",
     "evaluate": "evaluate",
     "begin_export": "export",
     "export_region": "export",

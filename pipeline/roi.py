@@ -51,6 +51,15 @@ class Roi:
             for a0, a1, b0, b1 in zip(self.start, self.stop, other.start, other.stop, strict=True)
         )
 
+    def intersection(self, other: "Roi") -> "Roi | None":
+        """The voxels in both, None when they do not overlap."""
+        if not self.overlaps(other):
+            return None
+        return Roi(
+            tuple(max(a, b) for a, b in zip(self.start, other.start, strict=True)),
+            tuple(min(a, b) for a, b in zip(self.stop, other.stop, strict=True)),
+        )
+
     def grown(self, margin: Sequence[int], shape: Sequence[int]) -> "Roi":
         """This ROI with `margin` voxels more on every side, as far as the volume goes."""
         start = tuple(max(0, a - m) for a, m in zip(self.start, margin, strict=True))
@@ -120,3 +129,18 @@ def grid_starts(shape: Sequence[int], step: int) -> list[ZYX]:
     """The starts of the grid of `step`^3 boxes from the origin over a volume of `shape` (the
     last boxes along an axis clipped at its end)."""
     return list(itertools.product(*(range(0, n, step) for n in shape)))
+
+
+def tiles(roi: Roi, edge: Sequence[int]) -> list[Roi]:
+    """`roi` cut into boxes of `edge` voxels per axis from its start, z, y, x order (the last
+    box along an axis clipped at the ROI's end)."""
+    starts = itertools.product(
+        *(range(a, b, e) for a, b, e in zip(roi.start, roi.stop, edge, strict=True))
+    )
+    return [
+        Roi(
+            tuple(start),
+            tuple(min(a + e, b) for a, e, b in zip(start, edge, roi.stop, strict=True)),
+        )
+        for start in starts
+    ]

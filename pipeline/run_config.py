@@ -19,6 +19,7 @@ import numpy as np
 from pipeline import config as config_io
 from pipeline.blocks import BlockConfig
 from pipeline.errors import ConfigError
+from pipeline.evaluation import EvaluationConfig
 from pipeline.export import ExportConfig
 from pipeline.inference import InferenceConfig
 from pipeline.metrics import WatershedConfig
@@ -64,6 +65,7 @@ class RunConfig:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     blocks: BlockConfig = field(default_factory=lambda: BlockConfig(block_shape_zyx=(64, 80, 80)))
     watershed: WatershedConfig = field(default_factory=WatershedConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     # A model folder made by `python -m pipeline.cli.pretrained` (e.g. the authors' FIB-25 weights):
     # preprocessing, training and selection are skipped and this model segments the volume.

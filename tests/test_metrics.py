@@ -173,3 +173,33 @@ def test_a_volume_read_in_slabs_from_its_files_scores_as_in_memory(tmp_path):
     assert "watershed" not in scored  # turned off: a volume too large for one process
     with_watershed = evaluate_volume(f"{volume}:raw", f"{volume}:labels", f"{seg}:segmentation")
     assert with_watershed["watershed"]["voxels"] == with_watershed["ffn"]["voxels"]
+
+
+def test_counts_of_region_tasks_saved_and_summed_score_as_in_memory(tmp_path):
+    import h5py
+    from test_parts import CUT
+
+    from pipeline.evaluation import EvaluationConfig, count_region, count_regions
+    from pipeline.roi import Roi
+
+    with h5py.File(CUT) as f:
+        truth = f["volumes/labels/neuron_ids"][...]
+    prediction = truth.copy()
+    prediction[:, 20:, :] += 7  # splits
+    prediction[:, :, ::5] = 0  # holes
+    volume = write_volumes(tmp_path / "v.h5", {"labels": truth}, (10.0, 10.0, 10.0))
+    seg = write_volumes(tmp_path / "s.h5", {"segmentation": prediction}, (10.0, 10.0, 10.0))
+    part = Roi.parse("4:30, 8:64, 0:60")  # cuts across the regions
+    regions = count_regions(truth.shape, EvaluationConfig(task_voxels=16))
+    assert len(regions) == 2 * 4 * 4
+    files = []
+    for k, region in enumerate(regions):  # as the tasks do: one file each
+        files.append(tmp_path / f"{k}.npz")
+        count_region(f"{volume}:labels", f"{seg}:segmentation", region, part).save(files[-1])
+    summed = OverlapCounts.total([OverlapCounts.load(p) for p in files])
+    in_memory = score_segmentation(prediction[part.slices], truth[part.slices]).to_dict()
+    assert score_counts(summed).to_dict() == pytest.approx(in_memory, rel=1e-12, abs=1e-12)
+    outside = count_region(
+        f"{volume}:labels", f"{seg}:segmentation", regions[0], Roi.parse("20:30, 40:60, 40:60")
+    )
+    assert len(outside.voxels) == 0  # a region apart from the scored part counts nothing

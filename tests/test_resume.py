@@ -224,7 +224,7 @@ def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny
     out = resume(run_dir, TINY)
     assert "stitch     9/10 up to date; runs: stitch: output changed since it was made" in out
     # Of the stitching, only its last task ran (and what reads the segmentation after it).
-    assert set(tries(run_dir)) == {"finish_stitch", "evaluate", *EXPORT_APPS}
+    assert set(tries(run_dir)) == {"finish_stitch", "count_region", "evaluate", *EXPORT_APPS}
     summary = json.loads((run_dir / "inference" / "stitch.json").read_text())
     assert summary["repaired_blocks"] and lost.is_file()
     np.testing.assert_array_equal(segmentation(run_dir), segmentation(tiny_run))
