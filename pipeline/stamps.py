@@ -270,8 +270,12 @@ def reset_peak_memory() -> None:
     """Start this process's peak resident memory (Linux's VmHWM) afresh from what it holds now,
     so that a worker that runs many tasks reports each one's own peak (Linux 4.0+; elsewhere
     the peak stays the process's lifetime one). Earlier tasks' garbage (reference cycles) is
-    collected and memory the C allocator kept is handed back first: not this task's."""
+    collected and memory the C allocator kept is handed back first: not this task's. What
+    survives the collection is the worker's own (imported modules, their caches) and is frozen,
+    so the next task's collection does not walk it again: a full walk of a worker that has
+    imported cloud-volume and igneous took 80 ms, once per task."""
     gc.collect()
+    gc.freeze()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     with contextlib.suppress(OSError):

@@ -181,3 +181,21 @@ def test_each_task_of_one_worker_records_its_own_peak_memory(tmp_path, source):
     large, small = task("large", 400), task("small", 10)
     assert large["peak_rss_mib"] - small["peak_rss_mib"] > 350  # not the process's lifetime peak
     assert large["seconds"] > 0
+
+
+def test_a_tasks_cyclic_garbage_is_collected_before_the_next_though_the_worker_is_frozen():
+    import gc
+    import weakref
+
+    from pipeline.stamps import reset_peak_memory
+
+    class Node:
+        pass
+
+    reset_peak_memory()  # a first task: what the worker holds now is frozen
+    garbage = Node()
+    garbage.cycle = garbage  # left behind by a task: only the cycle collector frees it
+    gone = weakref.ref(garbage)
+    del garbage
+    reset_peak_memory()
+    assert gone() is None and gc.get_freeze_count() > 0
