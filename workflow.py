@@ -266,7 +266,7 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
             [path],
             "evaluate.count_region",
             str(paths.precomputed),
-        )  # fmt: skip
+        )
         for k, (region, path) in enumerate(zip(regions, counts, strict=True))
     ]
     steps.append(task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)},

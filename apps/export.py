@@ -82,10 +82,10 @@ def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: staged volume, the segmentation's full resolution, every region's record, then every meshing
-    task's record (settings["regions"] of them); outputs[0]: the export's folder. Rewrites what
-    was lost or damaged since its task wrote it, then the manifests, the segment properties and
-    the record `export.json`."""
+    """inputs: staged volume, the segmentation's full resolution, every region's record, then
+    every meshing task's record (settings["regions"] of them); outputs[0]: the export's folder.
+    Rewrites what was lost or damaged since its task wrote it, then the manifests, the segment
+    properties and the record `export.json`."""
     import json
     from pathlib import Path
 

@@ -76,7 +76,8 @@ class ExportConfig:
     """How the precomputed layers are cut, downsampled, meshed and compressed."""
 
     # Chunk edge in voxels along the finest axis; coarser axes get proportionally fewer voxels,
-    # so a chunk is about as long in nm along every axis (at every scale).
+    # so a chunk is about as long in nm along every axis (at every scale). The image's; in a
+    # workflow run the segmentation's is the stitching's (`[blocks] chunk_zyx`) at every scale.
     chunk_voxels: int = 64
     # Scales including full resolution; each halves the finest axes (see `plan_scales`).
     num_scales: int = 3
@@ -327,7 +328,7 @@ def _read_info(folder: Path, layer: str) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise PrecomputedError(f"{path}: no layer to export ({exc})") from None
+        raise PrecomputedError(f"{path}: no precomputed layer there ({exc})") from None
 
 
 def _segmentation_scales(scales: Sequence[Scale], full: Scale) -> list[Scale]:

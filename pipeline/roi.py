@@ -128,7 +128,7 @@ def index_bounds(index: object, shape: Sequence[int]) -> list[tuple[int, int]]:
 def grid_starts(shape: Sequence[int], step: int) -> list[ZYX]:
     """The starts of the grid of `step`^3 boxes from the origin over a volume of `shape` (the
     last boxes along an axis clipped at its end)."""
-    return list(itertools.product(*(range(0, n, step) for n in shape)))
+    return [box.start for box in tiles(Roi.whole(shape), (step,) * len(shape))]
 
 
 def tiles(roi: Roi, edge: Sequence[int]) -> list[Roi]:
