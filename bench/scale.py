@@ -157,9 +157,14 @@ def run(volume: Path, edge: int, workers: int, runs_dir: Path) -> dict:
     tasks: dict[str, dict] = {}
     for step in steps:
         measured = (read_stamp(step.task.outputs[0]) or {}).get("measured", {})
-        kind = tasks.setdefault(step.app, {"tasks": 0, "peak_rss_mib": 0.0, "seconds": 0.0})
+        kind = tasks.setdefault(
+            step.app, {"tasks": 0, "peak_rss_mib": 0.0, "start_rss_mib": 0.0, "seconds": 0.0}
+        )
         kind["tasks"] += 1
-        kind["peak_rss_mib"] = max(kind["peak_rss_mib"], measured.get("peak_rss_mib") or 0.0)
+        peak, start = measured.get("peak_rss_mib") or 0.0, measured.get("start_rss_mib") or 0.0
+        kind["peak_rss_mib"] = max(kind["peak_rss_mib"], peak)
+        # The worker's memory when a task of this kind began (what earlier tasks left), largest.
+        kind["start_rss_mib"] = max(kind["start_rss_mib"], start)
         kind["seconds"] += measured.get("seconds", 0.0)
     scores = json.loads(paths.evaluation.read_text())["ffn"]
     return {
@@ -195,7 +200,8 @@ def check_stitching(result: dict) -> bool:
     return same_partition(in_memory, tasks)
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], key: str = "peak_rss_mib") -> str:
+    """Per kind of task, the largest `key` (MiB) and its ratio to the first run's."""
     kinds = list(results[0]["tasks"])
     first = results[0]
     lines = [
@@ -205,8 +211,7 @@ def table(results: list[dict]) -> str:
     ]  # fmt: skip
     for r in results:
         memory = [
-            f"{r['tasks'][k]['peak_rss_mib']:.0f} MiB "
-            f"({r['tasks'][k]['peak_rss_mib'] / first['tasks'][k]['peak_rss_mib']:.2f}x)"
+            f"{r['tasks'][k][key]:.0f} MiB ({r['tasks'][k][key] / first['tasks'][k][key]:.2f}x)"
             for k in kinds
         ]
         lines.append(
@@ -248,7 +253,12 @@ def main() -> int:
     }
     with atomic_path(args.output) as tmp:
         tmp.write_text(json.dumps(record, indent=2))
+    print("peak resident memory of a task's worker while it ran, largest of its kind")
     print(table(record["runs"]))
+    print(
+        "\nresident memory of the worker when such a task began (what earlier tasks left), largest"
+    )
+    print(table(record["runs"], "start_rss_mib"))
     print(f"\nstitched {results[0]['edge']}^3 by tasks = in-memory stitching: {stitched_same}")
     if one_worker:
         two = next(r for r in results if r["edge"] == args.speedup_edge)

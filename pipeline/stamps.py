@@ -245,7 +245,8 @@ def run_once(
     work: Callable[[], str | None],
 ) -> str:
     """Run `work` unless the outputs are up to date; stamp them after, with its wall time and
-    the peak resident memory of this process while it ran (`measured`: seconds, peak_rss_mib). `work` may return
+    the peak resident memory of this process while it ran (`measured`: seconds, peak_rss_mib,
+    start_rss_mib). `work` may return
     a digest of the content it wrote (the token). Returns "ran" or "up to date"."""
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
     if why_stale(settings, inputs, outputs) is None:
@@ -254,6 +255,7 @@ def run_once(
     for output in outputs:
         stamp_path(output).unlink(missing_ok=True)
     reset_peak_memory()
+    held_before = resident_memory_mib()
     started = time.perf_counter()
     token = work()
     if token is not None and not isinstance(token, str):
@@ -261,6 +263,9 @@ def run_once(
     measured = {
         "seconds": round(time.perf_counter() - started, 3),
         "peak_rss_mib": peak_memory_mib(),
+        # What the worker held before: a peak grown from there is the task's, a grown
+        # starting point is what earlier tasks left behind.
+        "start_rss_mib": held_before,
     }
     write_stamp(settings, inputs, outputs, token, measured)
     return "ran"
@@ -285,10 +290,19 @@ def reset_peak_memory() -> None:
 def peak_memory_mib() -> float | None:
     """This process's peak resident memory since it started or since `reset_peak_memory`, in
     MiB (None where /proc is missing)."""
+    return _status_mib("VmHWM:")
+
+
+def resident_memory_mib() -> float | None:
+    """This process's resident memory now, in MiB (None where /proc is missing)."""
+    return _status_mib("VmRSS:")
+
+
+def _status_mib(field: str) -> float | None:
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return round(int(line.split()[1]) / 1024, 1)
     except OSError:
         pass
