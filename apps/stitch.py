@@ -77,15 +77,15 @@ def finish_stitch(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, the id table, every block's record, then every block's
     result (plan order); outputs: stitch.json and the folder of the layer's full resolution.
     Rewrites, from the block results, any core whose chunks changed after its task wrote them
-    (lost or truncated files)."""
+    (lost or truncated files); reads the records one at a time."""
     import dataclasses
     import json
     from pathlib import Path
 
     from pipeline.atomic import atomic_path
     from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
-    from pipeline.stamps import digest, run_once
-    from pipeline.stitching import load_core_record, load_id_table, repair_cores, stitch_stats
+    from pipeline.stamps import run_once
+    from pipeline.stitching import check_cores, load_core_record, load_id_table
 
     paths = [f.filepath for f in inputs]
     count = (len(paths) - 2) // 2
@@ -93,20 +93,19 @@ def finish_stitch(settings: dict, folder: str, inputs=(), outputs=()):
     summary, full_resolution = (f.filepath for f in outputs)
 
     def work() -> str:
-        records = [load_core_record(p) for p in paths[2 : 2 + count]]
-        offsets, lookup, merges = load_id_table(paths[1])
-        if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():  # lost whole: every
-            _new_layer(settings, folder, paths[0])  # core is rewritten below
+        if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
+            _new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         layer = SegmentationWriter(folder, settings["gzip"])
-        repaired = repair_cores(records, layer, blocks, read, offsets, lookup)
+        records = (load_core_record(p) for p in paths[2 : 2 + count])
+        checked = check_cores(records, layer, blocks, read, load_id_table(paths[1]))
         record = {
-            "stitch": dataclasses.asdict(stitch_stats(records, lookup, merges)),
-            "repaired_blocks": repaired,
-            "blocks": [r["stats"] for r in records],
+            "stitch": dataclasses.asdict(checked.stitch),
+            "repaired_blocks": checked.repaired,
+            "inference": checked.inference.to_dict(),  # the blocks' stats summed
         }
         with atomic_path(summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
-        return digest([r["chunks"] for r in records])
+        return checked.token
 
     return run_once(settings, paths, [summary, full_resolution], work)
 

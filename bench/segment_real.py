@@ -98,7 +98,7 @@ def _ffn_row(run_dir: Path) -> dict:
     return {
         "segmentation": _read_spec(segmentation_spec(run_dir / "precomputed"))[part],
         "scores": evaluation["ffn"],
-        "fov_evaluations": sum(b["fov_evaluations"] for b in stitched["blocks"]),
+        "fov_evaluations": stitched["inference"]["fov_evaluations"],
         "train_s": times.get("train"),
         "select_s": times.get("select"),
         "infer_s": times.get("infer"),

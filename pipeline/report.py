@@ -127,14 +127,12 @@ def write_report(run_dir: str | Path) -> Path:
     if selection:
         lines += ["", f"Selected checkpoint: `{selection.get('checkpoint')}`."]
     stitched = _read_json(run_dir / "inference" / "stitch.json")
-    if stitched:
-        blocks = stitched["blocks"]
-        seconds = sum(b["seconds"] for b in blocks)
-        voxels = sum(b["voxels"] for b in blocks)
+    if stitched and "inference" in stitched:  # older runs' stitch.json listed every block
+        blocks, total = stitched["stitch"]["blocks"], stitched["inference"]
         lines += [
             "", "## Inference", "",
-            f"{len(blocks)} block(s), {seconds / len(blocks):.1f} s per block, "
-            f"{voxels / seconds:,.0f} voxels/s per task; {sum(b['fov_evaluations'] for b in blocks)} FOV "
+            f"{blocks} block(s), {total['seconds'] / blocks:.1f} s per block, "
+            f"{total['voxels_per_second']:,.0f} voxels/s per task; {total['fov_evaluations']} FOV "
             f"evaluations; {stitched['stitch']['objects']} objects after stitching.",
         ]  # fmt: skip
     evaluation = _read_json(run_dir / "evaluation.json")

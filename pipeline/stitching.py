@@ -22,7 +22,7 @@ size whatever the volume's (issue 15):
      into the full resolution of the export's segmentation layer (precomputed,
      `pipeline.export.SegmentationWriter`): with the overlaps split on the chunk grid
      (`block_core(align=...)`), each core is whole chunks, so the tasks write side by side; its
-     record (a digest per chunk) lets `repair_cores` find and rewrite chunks lost or damaged
+     record (a digest per chunk) lets `check_cores` find and rewrite chunks lost or damaged
      later.
 
 `stitch` runs the three in one process and renumbers 1..N; `segment_blockwise` segments and
@@ -31,8 +31,9 @@ stitches a volume in one process.
 
 import dataclasses
 import functools
+import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,7 @@ from pipeline.errors import BlockResultError
 from pipeline.export import SegmentationWriter
 from pipeline.inference import InferenceConfig, InferenceStats, Predictor
 from pipeline.model import ModelConfig
+from pipeline.stamps import digest
 
 Pairs = tuple[np.ndarray, np.ndarray]
 
@@ -275,7 +277,7 @@ def write_core(
     """Step 3 for block k, written into `layer` (the volume's shape): its core lies on the
     layer's chunk grid, so it writes whole chunks that no other block writes. Returns the
     block's record: its core, the stitched ids in it and a digest of every chunk written, which
-    `changed_cores` checks later."""
+    `check_cores` checks later."""
     core = block_core(k, blocks, layer.chunks)
     ids = relabel_core(k, blocks, labels_of, offsets, lookup, layer.chunks)
     layer.write(core, ids)
@@ -287,38 +289,54 @@ def write_core(
     }
 
 
-def changed_cores(records: Sequence[dict], layer: SegmentationWriter) -> list[int]:
-    """The blocks whose chunks in `layer` are not what they wrote (missing, truncated or
+def _changed(record: dict, layer: SegmentationWriter) -> bool:
+    """Whether a block's chunks in `layer` are not what it wrote (missing, truncated or
     rewritten since)."""
-    return [
-        r["block"]
-        for r in records
-        if any(layer.digest(name) != digest for name, digest in r["chunks"].items())
-    ]
+    return any(layer.digest(name) != digest for name, digest in record["chunks"].items())
 
 
-def repair_cores(
-    records: Sequence[dict],
+@dataclass(frozen=True)
+class CoresChecked:
+    """The stitching's last step: what it found and did."""
+
+    stitch: StitchStats
+    repaired: list[int]  # blocks whose cores were written again
+    inference: InferenceStats  # the blocks' inference, summed
+    token: str  # a digest of every block's chunk digests, in plan order
+
+
+def check_cores(
+    records: Iterable[dict],
     layer: SegmentationWriter,
     blocks: Sequence[Block],
     labels_of: Callable[[int], np.ndarray],
-    offsets: np.ndarray,
-    lookup: np.ndarray,
-) -> list[int]:
-    """Write again the cores whose chunks changed after their task wrote them; returns their
-    blocks. Raises BlockResultError if a core cannot be written as recorded."""
-    changed = changed_cores(records, layer)
-    for k in changed:
-        write_core(k, blocks, labels_of, offsets, lookup, layer)
-    if still := changed_cores(records, layer):
-        raise BlockResultError(f"{layer.where}: blocks {still} cannot be written as recorded")
-    return changed
-
-
-def stitch_stats(records: Sequence[dict], lookup: np.ndarray, merges: int) -> StitchStats:
-    """What the stitching did, from the blocks' records and the id table."""
-    objects = set().union(*(r["ids"] for r in records))
-    return StitchStats(len(records), len(lookup) - 1, merges, len(objects))
+    id_table: tuple[np.ndarray, np.ndarray, int],
+) -> CoresChecked:
+    """Every block's record (`write_core`'s, plan order) against `layer`: a core whose chunks
+    changed after its task wrote them is written again. `records` is read once, a record at a
+    time (of a generator that loads them, one is held): the memory is the id table's (`join_ids`'s
+    offsets, lookup, merges), whatever the number of blocks. Raises BlockResultError if a core
+    cannot be written as recorded."""
+    offsets, lookup, merges = id_table
+    present = np.zeros(len(lookup), bool)
+    repaired, failed, inference, token = [], [], InferenceStats(), hashlib.sha256()
+    names = [f.name for f in dataclasses.fields(InferenceStats)]
+    count = 0
+    for record in records:
+        count += 1
+        if _changed(record, layer):
+            repaired.append(record["block"])
+            write_core(record["block"], blocks, labels_of, offsets, lookup, layer)
+            if _changed(record, layer):
+                failed.append(record["block"])
+        present[record["ids"]] = True
+        inference += InferenceStats(**{name: record["stats"][name] for name in names})
+        token.update(digest(record["chunks"]).encode())
+    if failed:
+        raise BlockResultError(f"{layer.where}: blocks {failed} cannot be written as recorded")
+    present[0] = False
+    stats = StitchStats(count, len(lookup) - 1, merges, int(present.sum()))
+    return CoresChecked(stats, repaired, inference, token.hexdigest())
 
 
 def _read_block(blocks: Sequence[Block], paths: dict[int, str | Path], i: int) -> BlockResult:

@@ -17,12 +17,11 @@ from pipeline.inference import InferenceStats
 from pipeline.stitching import (
     block_core,
     block_pairs,
-    changed_cores,
+    check_cores,
     core_neighbours,
     join_ids,
     load_block_pairs,
     relabel_core,
-    repair_cores,
     save_block_pairs,
     stitch,
     write_core,
@@ -94,7 +93,7 @@ def test_cores_go_into_the_segmentation_layer_and_a_lost_or_cut_chunk_is_written
     blocks = [r.block for r in results]
     labels_of = lambda i: results[i].labels  # noqa: E731
     found = [block_pairs(k, blocks, labels_of, CONFIG) for k in range(len(blocks))]
-    offsets, lookup, _ = join_ids(found)
+    offsets, lookup, merges = join_ids(found)
     new_segmentation(tmp_path, truth.shape, (10.0, 10.0, 10.0), (4, 8, 8))
     layer = SegmentationWriter(tmp_path)
     records = [write_core(k, blocks, labels_of, offsets, lookup, layer) for k in range(len(blocks))]
@@ -110,9 +109,15 @@ def test_cores_go_into_the_segmentation_layer_and_a_lost_or_cut_chunk_is_written
     (layer_dir / next(iter(lost))).unlink()
     cut_file = layer_dir / next(iter(cut))
     cut_file.write_bytes(cut_file.read_bytes()[:-5])
-    assert changed_cores(records, layer) == [3, 20]
-    assert repair_cores(records, layer, blocks, labels_of, offsets, lookup) == [3, 20]
-    assert changed_cores(records, layer) == []
+    for record in records:  # as the relabel task adds them: the block's inference stats
+        record["stats"] = InferenceStats(fov_evaluations=record["block"] + 1).to_dict()
+    table = (offsets, lookup, merges)
+    checked = check_cores(iter(records), layer, blocks, labels_of, table)
+    assert checked.repaired == [3, 20]
+    assert checked.stitch.objects == len(np.unique(truth[truth > 0]))
+    assert checked.inference.fov_evaluations == sum(range(1, len(blocks) + 1))
+    again = check_cores(iter(records), layer, blocks, labels_of, table)
+    assert again.repaired == [] and again.token == checked.token
     with open_volume(segmentation_spec(tmp_path)) as array:
         assert_same_segmentation(array[...], truth)
 
