@@ -100,13 +100,14 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
     def work() -> None:
         config, shape = from_dict(ExportConfig, settings["export"]), tuple(settings["shape"])
         voxel_size = _voxel_size(volume)
-        regions = [load_region_record(p) for p in paths[2 : 2 + count]]
-        meshes = [json.loads(Path(p).read_text()) for p in paths[2 + count :]]
-        repaired = repair_export(
+        # Records are read one at a time: their lists of files are not held together.
+        regions = (load_region_record(p) for p in paths[2 : 2 + count])
+        meshes = (json.loads(Path(p).read_text()) for p in paths[2 + count :])
+        repaired, counts = repair_export(
             folder, regions, meshes, lambda roi: _read_region(volume, folder, roi),
             shape, voxel_size, config,
         )  # fmt: skip
-        finish_export(folder, regions, shape, voxel_size, config, repaired)
+        finish_export(folder, counts, shape, voxel_size, config, repaired)
 
     return run_once(settings, paths, [outputs[0].filepath], work)
 

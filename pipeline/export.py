@@ -33,9 +33,11 @@ import io
 import itertools
 import json
 import math
+import os
+import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -544,37 +546,38 @@ def load_region_record(path: str | Path) -> dict:
 
 def repair_export(
     folder: str | Path,
-    regions: list[dict],
-    meshes: list[dict[str, int]],
+    regions: Iterable[dict],
+    meshes: Iterable[dict[str, int]],
     read_region: Callable[[Roi], tuple[np.ndarray, np.ndarray]],
     shape_zyx: ZYX,
     voxel_size_nm: VoxelSize,
     config: ExportConfig,
-) -> list[str]:
+) -> tuple[list[str], list[dict]]:
     """Rewrite what changed after its task wrote it (a lost or truncated chunk or mesh file; the
     whole folder): the damaged regions from `read_region(roi) -> (raw, segmentation)`, then,
     when a region was rewritten or a fragment is damaged, the meshing tasks. `regions` and
-    `meshes` (the tasks' records, in order) are updated in place. Returns what was repaired."""
+    `meshes` (the tasks' records, in order) are read once, a record at a time: a task's list of
+    files is not kept. Returns what was repaired and every region's segment counts (ids,
+    counts), for `finish_export`."""
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
-    repaired = []
+    repaired, counts = [], []
     layers = [folder / layer / "info" for layer in (IMAGE_LAYER, SEGMENTATION_LAYER)]
     if not all(info.is_file() for info in layers):
         begin_export(folder, shape_zyx, voxel_size_nm, config)
         repaired.append("layers")
-    for k, record in enumerate(regions):
+    for record in regions:
         if "layers" in repaired or damaged(folder, record["files"]):
-            raw, segmentation = read_region(record["region"])
-            regions[k] = {"region": record["region"]} | write_region(
-                folder, record["region"], raw, segmentation, config
-            )
-            repaired.append(f"region {record['region']}")
+            region = record["region"]
+            record = write_region(folder, region, *read_region(region), config)
+            repaired.append(f"region {region}")
+        counts.append({"ids": record["ids"], "counts": record["counts"]})
     rewritten = bool(repaired)
     for j, files in enumerate(meshes):
         if rewritten or damaged(folder, files):
-            meshes[j] = mesh_part(folder, config, j)
+            mesh_part(folder, config, j)
             repaired.append(f"mesh {j}")
-    return repaired
+    return repaired, counts
 
 
 def finish_export(
@@ -586,16 +589,12 @@ def finish_export(
     repaired: Sequence[str] = (),
 ) -> tuple[int, int]:
     """After every region and meshing task: the mesh manifests Neuroglancer looks up, the segment
-    properties from the regions' counts, then the record `export.json` (with what `repaired`
-    says was rewritten), last. Returns (segments, files)."""
-    from igneous.task_creation import create_mesh_manifest_tasks
-    from taskqueue import totask
-
+    properties from the regions' counts (`regions`: each one's `ids` and `counts`, as its record
+    has them), then the record `export.json` (with what `repaired` says was rewritten), last.
+    Returns (segments, files)."""
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete again until written last
-    # The manifests list the fragments that the meshing tasks wrote.
-    for task in create_mesh_manifest_tasks(_layer_url(folder, SEGMENTATION_LAYER)):
-        totask(task).execute()
+    _write_mesh_manifests(folder / SEGMENTATION_LAYER / MESH_DIR)
     ids = np.concatenate([r["ids"] for r in regions]) if regions else np.zeros(0, np.uint64)
     counts = np.concatenate([r["counts"] for r in regions]) if regions else np.zeros(0, np.int64)
     if not ids.size:
@@ -612,6 +611,29 @@ def finish_export(
         "repaired": list(repaired),
     }
     return int(unique.size), _write_manifest(folder, summary)
+
+
+def _write_mesh_manifests(mesh_dir: Path) -> None:
+    """The legacy manifest `<id>:0` ({"fragments": [...]}) of every segment with fragments in
+    `mesh_dir` (igneous's `<id>:0:<task bounds>[.gz]`), as igneous's manifest task writes them.
+    Its task holds every fragment's name and a list per segment (about 2 KB a fragment); here a
+    fragment is 12 bytes, (id, which task), however many the meshing tasks wrote."""
+    fragment = re.compile(r"(\d+):0:([^.]+)(?:\.gz)?")
+    segments, tasks, bounds = [], [], {}
+    with os.scandir(mesh_dir) as listing:
+        for entry in listing:
+            if match := fragment.fullmatch(entry.name):
+                segments.append(int(match[1]))
+                tasks.append(bounds.setdefault(match[2], len(bounds)))
+    names = list(bounds)
+    segments, tasks = np.array(segments, np.uint64), np.array(tasks, np.int32)
+    order = np.argsort(segments, kind="stable")
+    starts = np.flatnonzero(np.diff(segments[order], prepend=np.uint64(0)) != 0)
+    for group in np.split(order, starts[1:]) if order.size else []:
+        segment = int(segments[group[0]])
+        fragments = [f"{segment}:0:{names[t]}" for t in tasks[group]]
+        with atomic_path(mesh_dir / f"{segment}:0") as tmp:
+            tmp.write_text(json.dumps({"fragments": fragments}))
 
 
 def _write_segment_properties(folder: Path, ids: np.ndarray, counts: np.ndarray) -> None:
@@ -639,15 +661,29 @@ def _write_segment_properties(folder: Path, ids: np.ndarray, counts: np.ndarray)
 
 
 def _write_manifest(folder: Path, summary: dict) -> int:
-    """List every file with its size in `export.json`; returns the number of files."""
-    files = {
-        path.relative_to(folder).as_posix(): path.stat().st_size
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path != folder / MANIFEST
-    }
-    with atomic_path(folder / MANIFEST) as tmp:
-        tmp.write_text(json.dumps({"format": MANIFEST_FORMAT, **summary, "files": files}, indent=1))
-    return len(files)
+    """List every file with its size in `export.json`, written as the folders are walked (the
+    list is not held: a large export has millions of files); returns the number of files."""
+    head = json.dumps({"format": MANIFEST_FORMAT, **summary}, indent=1)
+    count = 0
+    with atomic_path(folder / MANIFEST) as tmp, open(tmp, "w") as out:
+        out.write(head.removesuffix("\n}") + ',\n "files": {')
+        for name, size in _files_under(folder, folder):
+            if name not in (MANIFEST, tmp.name):  # the record, old and being written
+                out.write(f"{',' if count else ''}\n  {json.dumps(name)}: {size}")
+                count += 1
+        out.write("\n }\n}")
+    return count
+
+
+def _files_under(folder: Path, root: Path) -> Iterator[tuple[str, int]]:
+    """(path relative to `root`, size) of every file under `folder`, in the order the folders
+    list them: a folder's listing is read as it goes, not held (nor sorted)."""
+    with os.scandir(folder) as listing:
+        for entry in listing:
+            if entry.is_dir(follow_symlinks=False):
+                yield from _files_under(Path(entry.path), root)
+            elif entry.is_file():
+                yield os.path.relpath(entry.path, root).replace(os.sep, "/"), entry.stat().st_size
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import numpy as np
 import processes
 import pytest
 from cloudvolume import CloudVolume
+from igneous.tasks.mesh.mesh import MeshManifestFilesystemTask
 
 from pipeline import export
 from pipeline.cli import export as export_cli
@@ -137,6 +138,18 @@ def test_an_export_cut_into_many_tasks_writes_the_same_chunks_as_one(volume, tmp
     cut_mesh = CloudVolume(f"file://{tmp_path / 'cut' / 'segmentation'}", progress=False).mesh
     for segment in np.unique(segmentation)[1:]:
         assert len(cut_mesh.get(int(segment)).vertices)
+
+    # The manifests, written without holding every fragment's name, are igneous's own.
+    mesh_dir = tmp_path / "cut" / "segmentation" / "mesh"
+    ours = {p.name: p.read_text() for p in mesh_dir.glob("*:0")}
+    assert max(len(json.loads(m)["fragments"]) for m in ours.values()) > 1  # across tasks
+    for name in ours:
+        (mesh_dir / name).unlink()
+    MeshManifestFilesystemTask(f"file://{tmp_path / 'cut' / 'segmentation'}")
+    theirs = {p.name: json.loads(p.read_text()) for p in mesh_dir.glob("*:0")}
+    assert theirs.keys() == ours.keys()
+    for name, manifest in theirs.items():
+        assert sorted(manifest["fragments"]) == sorted(json.loads(ours[name])["fragments"])
 
 
 def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
