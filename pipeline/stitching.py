@@ -248,17 +248,29 @@ def relabel_core(
     lookup: np.ndarray,
     align: Sequence[int] = (1, 1, 1),
 ) -> np.ndarray:
-    """Block k's core in stitched ids; where k found no object, the first block (in index order)
-    that did fills in: a sliver between a block's border and a membrane is too thin to seed there,
-    but whole in the neighbour. `labels_of(i)` gives block i's local labels; only the blocks of
+    """Block k's core (on the `align` grid) in stitched ids. Each voxel's label comes from the
+    block whose centre is nearest (its middle-split core holds the voxel), whatever grid the cores
+    are cut on, so that a chunk-aligned core reaching its block's border does not take labels from
+    there; where that block found no object, the first block (in index order) that did fills in:
+    a sliver between a block's border and a membrane is too thin to seed there, but whole in the
+    neighbour. `labels_of(i)` gives block i's local labels; only the blocks of
     `core_neighbours(k)` are asked for."""
     core = _box(block_core(k, blocks, align))
-    out = lookup[_global(labels_of(k)[_local(core.slices, blocks[k])], offsets[k])]
-    for i in core_neighbours(k, blocks, align):
-        region = _intersection(blocks[i], core)
-        filled = lookup[_global(labels_of(i)[_local(region, blocks[i])], offsets[i])]
-        target = out[_local(region, core)]
-        np.copyto(target, filled, where=target == 0)
+    neighbours = core_neighbours(k, blocks, align)
+    out = np.zeros(core.shape, np.uint64)
+    for owner in neighbours:
+        part = _intersection(_box(block_core(owner, blocks)), core)
+        if part is None:
+            continue
+        target = out[_local(part, core)]
+        target[...] = lookup[_global(labels_of(owner)[_local(part, blocks[owner])], offsets[owner])]
+        for i in neighbours:
+            region = _intersection(blocks[i], _box(part))
+            if region is None:
+                continue
+            filled = lookup[_global(labels_of(i)[_local(region, blocks[i])], offsets[i])]
+            near = target[_local(region, _box(part))]
+            np.copyto(near, filled, where=near == 0)
     return out
 
 

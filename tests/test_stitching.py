@@ -2,6 +2,8 @@
 core relabelled on its own from its neighbours only. The hand-made cases (slivers taken from a
 neighbour, merged objects not swallowing their neighbours) are in test_blocks.py."""
 
+import dataclasses
+
 import cc3d
 import fastremap
 import h5py
@@ -85,6 +87,28 @@ def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task(tmp_pat
     in_memory, stats = stitch(results, truth.shape, CONFIG)
     assert_same_segmentation(in_memory, truth)
     assert stats.objects == len(np.unique(truth[truth > 0])) and stats.merges == merges
+
+
+def test_cores_on_a_chunk_grid_keep_the_labels_of_the_blocks_nearest_each_voxel():
+    # Objects with less than 200 voxels in an overlap stay apart, so which block labels a voxel
+    # of an overlap shows in the result. Chunks as wide as the overlaps put the chunk-aligned
+    # split at an overlap's edge: a core then reaches its block's border, where FFN is least
+    # reliable. Its content must still come from the block whose centre is nearest.
+    truth = real_bodies()
+    results = blocks_of(truth)
+    blocks = [r.block for r in results]
+    config = dataclasses.replace(CONFIG, min_overlap_voxels=200)
+    labels_of = lambda i: results[i].labels  # noqa: E731
+    offsets, lookup, _ = join_ids([block_pairs(k, blocks, labels_of, config) for k in range(32)])
+    chunk = config.overlap_zyx
+    by_tasks = np.zeros(truth.shape, np.uint64)
+    for k in range(len(blocks)):
+        core = block_core(k, blocks, chunk)
+        by_tasks[core] = relabel_core(k, blocks, labels_of, offsets, lookup, chunk)
+    middle = [block_core(k, blocks) for k in range(len(blocks))]
+    assert any(block_core(k, blocks, chunk) != middle[k] for k in range(len(blocks)))
+    in_memory, _ = stitch(results, truth.shape, config)
+    assert_same_segmentation(by_tasks, in_memory)
 
 
 def test_cores_go_into_the_segmentation_layer_and_a_lost_or_cut_chunk_is_written_again(tmp_path):
