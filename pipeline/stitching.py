@@ -255,6 +255,10 @@ def relabel_core(
     a sliver between a block's border and a membrane is too thin to seed there, but whole in the
     neighbour. `labels_of(i)` gives block i's local labels; only the blocks of
     `core_neighbours(k)` are asked for."""
+
+    def stitched(i: int, region: tuple[slice, ...]) -> np.ndarray:
+        return lookup[_global(labels_of(i)[_local(region, blocks[i])], offsets[i])]
+
     core = _box(block_core(k, blocks, align))
     neighbours = core_neighbours(k, blocks, align)
     out = np.zeros(core.shape, np.uint64)
@@ -263,14 +267,11 @@ def relabel_core(
         if part is None:
             continue
         target = out[_local(part, core)]
-        target[...] = lookup[_global(labels_of(owner)[_local(part, blocks[owner])], offsets[owner])]
+        target[...] = stitched(owner, part)
         for i in neighbours:
-            region = _intersection(blocks[i], _box(part))
-            if region is None:
-                continue
-            filled = lookup[_global(labels_of(i)[_local(region, blocks[i])], offsets[i])]
-            near = target[_local(region, _box(part))]
-            np.copyto(near, filled, where=near == 0)
+            if region := _intersection(blocks[i], _box(part)):
+                near = target[_local(region, _box(part))]
+                np.copyto(near, stitched(i, region), where=near == 0)
     return out
 
 
