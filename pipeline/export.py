@@ -12,7 +12,8 @@ The segmentation's full resolution is the stitching's output itself: `new_segmen
 the layer, the stitching's relabel tasks write their cores into it (`SegmentationWriter`, chunks
 on the cores' grid) and evaluation reads it there. The export is then cut into tasks that the
 workflow spreads over its workers (apps/export.py), each holding no more than a region of
-`task_voxels` per axis: `begin_export` writes both layers' `info` with every scale;
+`task_voxels` per axis: `begin_export` writes both layers' `info` with every scale and
+igneous's mesh `info` (once: the meshing tasks only read the files they share);
 `write_region`, one per region of `export_regions` (whole chunks of every scale), writes the
 image at every scale and the segmentation's coarser scales, downsampling them itself with
 tinybrain (what igneous's downsampling tasks call), so no task reads what another export task
@@ -366,6 +367,7 @@ def begin_export(
     # Named now: meshing and the properties then only add files.
     info["mesh"], info["segment_properties"] = MESH_DIR, PROPERTIES_DIR
     _add_scales(folder, SEGMENTATION_LAYER, info, _segmentation_scales(scales, full))
+    _begin_meshing(folder, config)
     return scales
 
 
@@ -466,33 +468,87 @@ def write_region(
     return {"ids": ids[keep], "counts": counts[keep], "files": files}
 
 
-def _meshing_tasks(folder: Path, config: ExportConfig) -> list:
-    """igneous's meshing tasks over the whole segmentation, in its (fixed) order: a region of
-    `task_voxels` per axis each (its memory), meshed at full resolution."""
+def _meshing_options(config: ExportConfig) -> dict:
+    """The options igneous's `create_meshing_tasks` takes and `_mesh_task` hands to each task."""
+    return {
+        "mip": 0,  # full resolution
+        "simplification": config.mesh_max_error_nm > 0,
+        "max_simplification_error": config.mesh_max_error_nm,
+        "mesh_dir": MESH_DIR,
+        # The spatial index serves cloud-volume's region queries; Neuroglancer ignores it.
+        "spatial_index": False,
+        "compress": "gzip" if config.gzip else False,
+    }
+
+
+def _begin_meshing(folder: Path, config: ExportConfig) -> None:
+    """igneous writes the mesh `info` and its provenance entry for the task set, once, before
+    any meshing task runs: its `create_meshing_tasks` rewrites both in place (not atomically),
+    so the meshing tasks, which run side by side and read them, must not call it."""
     # igneous imports its skeletonising dependencies too (about 2 s): only exporting pays for it.
     from igneous.task_creation import create_meshing_tasks
-    from taskqueue import totask
 
-    # igneous prints the task set's bounds to stdout.
+    # Its tasks are made (and dropped) only for its provenance, written after the last one;
+    # it prints the task set's bounds to stdout.
     with contextlib.redirect_stdout(io.StringIO()):
-        return [
-            totask(task)
-            for task in create_meshing_tasks(
-                _layer_url(folder, SEGMENTATION_LAYER),
-                mip=0,
-                shape=(config.task_voxels,) * 3,
-                simplification=config.mesh_max_error_nm > 0,
-                max_simplification_error=config.mesh_max_error_nm,
-                mesh_dir=MESH_DIR,
-                # The spatial index serves cloud-volume's region queries; Neuroglancer ignores it.
-                spatial_index=False,
-                compress="gzip" if config.gzip else False,
-            )
-        ]
+        for _ in create_meshing_tasks(
+            _layer_url(folder, SEGMENTATION_LAYER),
+            shape=(config.task_voxels,) * 3,
+            **_meshing_options(config),
+        ):
+            pass
+
+
+def _mesh_task(folder: Path, config: ExportConfig, index: int):
+    """igneous's meshing task `index` of `create_meshing_tasks`'s set (a region of
+    `task_voxels` per axis, meshed at full resolution, in its order: x fastest), made here
+    without the shared files it writes (`_begin_meshing`) and without making the other tasks.
+    It remembers the ids it wrote fragments for (`fragment_ids`)."""
+    from igneous.tasks import MeshTask
+
+    full = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0]
+    shape_xyz = np.array(_xyz(full.shape_zyx))
+    counts = -(-shape_xyz // config.task_voxels)
+    if not 0 <= index < counts.prod():
+        raise ValueError(f"meshing task {index} of {counts.prod()}")
+    x, y, z = index % counts[0], index // counts[0] % counts[1], index // (counts[0] * counts[1])
+    options = _meshing_options(config)
+    task = MeshTask(
+        shape=(config.task_voxels,) * 3,
+        offset=(np.array([x, y, z]) * config.task_voxels).tolist(),
+        layer_path=_layer_url(folder, SEGMENTATION_LAYER),
+        mip=options["mip"],
+        simplification_factor=100 if options["simplification"] else 0,
+        max_simplification_error=options["max_simplification_error"],
+        mesh_dir=options["mesh_dir"],
+        cache_control="no-cache",
+        dust_threshold=None,
+        dust_global=False,
+        progress=False,
+        object_ids=None,
+        exclude_object_ids=[],
+        fill_missing=False,
+        encoding="precomputed",
+        spatial_index=options["spatial_index"],
+        frag_path=None,
+        sharded=False,
+        compress=options["compress"],
+        closed_dataset_edges=True,
+        fill_holes=0,
+        dry_run=False,
+    )
+    task.fragment_ids, upload = [], task._upload_individuals
+
+    def recorded_upload(mesh_binaries: dict, generate_manifests: bool) -> None:
+        task.fragment_ids = list(mesh_binaries)
+        upload(mesh_binaries, generate_manifests)
+
+    task._upload_individuals = recorded_upload
+    return task
 
 
 def mesh_task_count(shape_zyx: ZYX, config: ExportConfig) -> int:
-    """How many meshing tasks `_meshing_tasks` makes for a volume of this shape."""
+    """How many meshing tasks igneous makes for a volume of this shape."""
     return math.prod(-(-n // config.task_voxels) for n in shape_zyx)
 
 
@@ -500,16 +556,13 @@ def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str,
     """Run igneous's meshing task `index` (of `mesh_task_count`) on an export whose regions are
     all written; returns the mesh fragments it wrote with their sizes."""
     folder = Path(folder)
-    task = _meshing_tasks(folder, config)[index]
+    task = _mesh_task(folder, config, index)
     task.execute()
-    # Fragments are named `<id>:0:<the task's bounds>` (igneous MeshTask).
-    suffix = f":0:{task._bounds.to_filename()}"
+    # Fragments are named `<id>:0:<the task's bounds>` (igneous MeshTask), `.gz` if compressed.
     mesh = folder / SEGMENTATION_LAYER / MESH_DIR
-    return {
-        path.relative_to(folder).as_posix(): path.stat().st_size
-        for path in mesh.iterdir()
-        if path.name.removesuffix(".gz").endswith(suffix)
-    }
+    suffix = f":0:{task._bounds.to_filename()}" + (".gz" if config.gzip else "")
+    files = [mesh / f"{segment}{suffix}" for segment in task.fragment_ids]
+    return {path.relative_to(folder).as_posix(): path.stat().st_size for path in files}
 
 
 def damaged(folder: str | Path, files: dict[str, int]) -> bool:
@@ -562,7 +615,7 @@ def repair_export(
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
     repaired, counts = [], []
-    layers = [folder / layer / "info" for layer in (IMAGE_LAYER, SEGMENTATION_LAYER)]
+    layers = [folder / name for name in REQUIRED_FILES[:3]]  # the layers' and the meshes' info
     if not all(info.is_file() for info in layers):
         begin_export(folder, shape_zyx, voxel_size_nm, config)
         repaired.append("layers")

@@ -152,6 +152,50 @@ def test_an_export_cut_into_many_tasks_writes_the_same_chunks_as_one(volume, tmp
         assert sorted(manifest["fragments"]) == sorted(json.loads(ours[name])["fragments"])
 
 
+def test_meshing_tasks_are_igneous_own_and_write_no_shared_file(volume, tmp_path):
+    """Meshing tasks run side by side: they must not rewrite the files the others read (igneous's
+    task maker rewrites the mesh info and the layer's provenance in place, every call)."""
+    from igneous.task_creation import create_meshing_tasks
+
+    raw, segmentation = volume
+    config = ExportConfig(chunk_voxels=8, task_voxels=16)
+    folder = tmp_path / "out"
+    export_precomputed(raw, segmentation, VOXEL, folder, config)
+    layer = folder / "segmentation"
+    shared = [layer / "info", layer / "provenance", layer / "mesh" / "info"]
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in shared}
+    # One provenance entry for the task set, not one per task.
+    processing = json.loads((layer / "provenance").read_text())["processing"]
+    assert [p["method"]["task"] for p in processing] == ["MeshTask"]
+
+    count = export.mesh_task_count(SHAPE, config)
+    ours = [export._mesh_task(folder, config, j) for j in range(count)]
+    recorded = {}
+    for j in range(count):
+        files = export.mesh_part(folder, config, j)
+        assert files and all((folder / name).stat().st_size == n for name, n in files.items())
+        recorded |= files
+    # Each task names its own fragments (no listing of the folder): together, all of them.
+    fragments = {p.relative_to(folder).as_posix() for p in (layer / "mesh").glob("*:0:*")}
+    assert recorded.keys() == fragments
+    assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in shared} == before
+
+    # The same tasks, in the same order, as igneous makes (on a copy: it rewrites those files).
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    options = export._meshing_options(config)
+    theirs = list(
+        create_meshing_tasks(f"file://{copy / 'segmentation'}", shape=(16,) * 3, **options)
+    )
+    assert len(theirs) == count == 24
+    for mine, igneous_task in zip(ours, theirs, strict=True):
+        expected = igneous_task.payload()
+        expected["layer_path"] = expected["layer_path"].replace(str(copy), str(folder))
+        assert mine.payload() | {"class": expected["class"]} == expected
+    with pytest.raises(ValueError, match="meshing task 24 of 24"):
+        export._mesh_task(folder, config, count)
+
+
 def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
     folder, result = exported
     assert export_complete(folder)
