@@ -150,6 +150,9 @@ class OverlapCounts:
             return cls(f["truth_ids"], f["predicted_ids"], f["voxels"])
 
 
+_COUNT_VOXELS = 2**20  # voxels counted at a time by `count_overlaps`
+
+
 def count_overlaps(
     truth: "np.ndarray | h5py.Dataset",
     prediction: "np.ndarray | h5py.Dataset",
@@ -171,16 +174,19 @@ def count_overlaps(
         region.slices[1],
         region.slices[2],
     )
-    slabs = []
+    # Counted in thinner slices than read: the counting's temporaries (about 60 bytes a voxel)
+    # stay in cache; on 256^3 voxels, slices of 2^20 voxels took a third of the time of one.
+    step = max(1, _COUNT_VOXELS // max(plane, 1))
+    parts = []
     for z in range(z0, z1, depth):
         slab = (slice(z, min(z + depth, z1)), rows, cols)
-        slabs.append(
-            OverlapCounts.of(
-                label_ids(np.asarray(truth[slab]), "ground truth"),
-                label_ids(np.asarray(prediction[slab]), "segmentation"),
-            )
-        )
-    return OverlapCounts.total(slabs)
+        truth_slab = label_ids(np.asarray(truth[slab]), "ground truth")
+        predicted_slab = label_ids(np.asarray(prediction[slab]), "segmentation")
+        parts += [
+            OverlapCounts.of(truth_slab[k : k + step], predicted_slab[k : k + step])
+            for k in range(0, len(truth_slab), step)
+        ]
+    return OverlapCounts.total(parts)
 
 
 def score_segmentation(

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from test_inference import hand_made_volume
 
+from pipeline import metrics
 from pipeline.cli.metrics import main
 from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.metrics import (
@@ -144,7 +145,7 @@ def test_counts_summed_over_blocks_score_as_the_whole_volume():
     assert whole.split_objects and whole.merged_segments and whole.unsegmented_fraction > 0.04
 
 
-def test_a_volume_read_in_slabs_from_its_files_scores_as_in_memory(tmp_path):
+def test_a_volume_read_in_slabs_from_its_files_scores_as_in_memory(tmp_path, monkeypatch):
     import h5py
     from test_parts import CUT
 
@@ -164,7 +165,11 @@ def test_a_volume_read_in_slabs_from_its_files_scores_as_in_memory(tmp_path):
     with h5py.File(volume) as v, h5py.File(seg) as s:
         # Slabs of 2 sections (8,192 voxels): 13 reads of each file.
         slabs = score_counts(count_overlaps(v["labels"], s["segmentation"], part, 8192))
+        # Each slab read counted a section (56 x 60 voxels) at a time.
+        monkeypatch.setattr(metrics, "_COUNT_VOXELS", 56 * 60)
+        sections = score_counts(count_overlaps(v["labels"], s["segmentation"], part, 8192))
     assert slabs.to_dict() == pytest.approx(in_memory, rel=1e-12, abs=1e-12)
+    assert sections.to_dict() == pytest.approx(in_memory, rel=1e-12, abs=1e-12)
     scored = evaluate_volume(
         f"{volume}:raw", f"{volume}:labels", f"{seg}:segmentation",
         WatershedConfig(enabled=False), tmp_path / "e.json", part,
