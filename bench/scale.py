@@ -19,7 +19,8 @@ stamp records its wall time and the peak resident memory of its worker process w
 (`pipeline.stamps.run_once`); the script reports, per kind of task, the largest of them.
 
 Then, at `--speedup-edge`, the same run with 1 worker, for the speed-up of 2 workers (`--repeats`
-pairs of runs, each 2 workers then 1; the median of their ratios), and, at the smallest edge, the stitched volume against the in-memory stitching of the same block results
+pairs of runs, each 2 workers then 1; the median of their ratios), and, at the smallest edge,
+the stitched volume against the in-memory stitching of the same block results
 (`pipeline.stitching.stitch`): the same partition of the voxels or not.
 
 Prints Markdown tables and writes everything to --output (JSON).
