@@ -534,12 +534,16 @@ def execute(
     """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
     import parsl
 
-    from site_configs.base import shutdown
+    from site_configs.base import shutdown, stop_failed_start
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     dfk = None
     try:
-        dfk = parsl.load(site.make_config(paths.root, spec))
+        try:
+            dfk = parsl.load(site.make_config(paths.root, spec))
+        except Exception:
+            stop_failed_start()
+            raise
         from pipeline.blocks import block_progress_path
 
         futures = build_dag(steps, reasons)

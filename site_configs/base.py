@@ -408,9 +408,7 @@ def shutdown(dfk) -> None:
     worker pools finish their tasks (on this machine, minutes of full CPU after a Ctrl-C), so the
     blocks are cancelled first (LocalProvider kills the block's process group; a batch provider
     deletes the job), and any process this one started that outlives the cleanup is killed."""
-    me = psutil.Process()
-    # Not this process's own multiprocessing helper: it must outlive the cleanup.
-    started = [p for p in me.children(recursive=True) if not _is_resource_tracker(p, me.pid)]
+    started = _started_processes()
     for executor in dfk.executors.values():
         jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
         provider = getattr(executor, "provider", None)
@@ -422,7 +420,23 @@ def shutdown(dfk) -> None:
                     f"[workflow] could not cancel {executor.label} blocks: {exc}", file=sys.stderr
                 )
     dfk.cleanup()
-    alive = [p for p in started if p.is_running()]
+    _stop(started)
+
+
+def stop_failed_start() -> None:
+    """After `parsl.load` raised: stop what it had started (interchanges, monitoring), which
+    nothing else would stop and which would keep this process from exiting."""
+    _stop(_started_processes())
+
+
+def _started_processes() -> list[psutil.Process]:
+    me = psutil.Process()
+    # Not this process's own multiprocessing helper: it must outlive the cleanup.
+    return [p for p in me.children(recursive=True) if not _is_resource_tracker(p, me.pid)]
+
+
+def _stop(processes: list[psutil.Process]) -> None:
+    alive = [p for p in processes if p.is_running()]
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.terminate()

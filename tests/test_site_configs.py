@@ -373,6 +373,37 @@ def leftovers(tmp_path):
     return wait
 
 
+def test_a_parsl_start_that_fails_half_way_stops_what_it_started(tmp_path, leftovers, monkeypatch):
+    """An executor that cannot start, after the monitoring and both pools' interchanges have: the
+    run ends with the error and leaves nothing running (before, they kept it from exiting)."""
+    from parsl.executors import ThreadPoolExecutor
+
+    import workflow
+    from site_configs import local
+
+    class Unstartable(ThreadPoolExecutor):
+        def start(self):
+            raise RuntimeError("this executor cannot start")
+
+    def with_unstartable(run_dir, site, executors):
+        return build_config(run_dir, site, [*executors, Unstartable(label="unstartable")])
+
+    def load_and_look(config):
+        try:
+            return load(config)
+        except RuntimeError:
+            running.extend(psutil.Process().children(recursive=True))
+            raise
+
+    build_config, load, running = base.build_config, parsl.load, []
+    monkeypatch.setattr(base, "build_config", with_unstartable)
+    monkeypatch.setattr(parsl, "load", load_and_look)
+    with pytest.raises(RuntimeError, match="cannot start"):
+        workflow.execute([], {}, local, local.SITE, workflow.RunPaths(tmp_path / "run"))
+    assert len(running) >= 3  # the interchanges and the monitoring were running when it failed...
+    assert leftovers() == []  # ...and are stopped
+
+
 @pytest.fixture
 def fake_scheduler(tmp_path, monkeypatch):
     """Put one flavour's stand-in tools first on PATH; afterwards kill whatever a failed test
