@@ -506,16 +506,16 @@ def _mesh_task(folder: Path, config: ExportConfig, index: int):
     It remembers the ids it wrote fragments for (`fragment_ids`)."""
     from igneous.tasks import MeshTask
 
-    full = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0]
-    shape_xyz = np.array(_xyz(full.shape_zyx))
-    counts = -(-shape_xyz // config.task_voxels)
-    if not 0 <= index < counts.prod():
-        raise ValueError(f"meshing task {index} of {counts.prod()}")
-    x, y, z = index % counts[0], index // counts[0] % counts[1], index // (counts[0] * counts[1])
+    shape_zyx = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
+    count = mesh_task_count(shape_zyx, config)
+    if not 0 <= index < count:
+        raise ValueError(f"meshing task {index} of {count}")
+    grid_zyx = [-(-n // config.task_voxels) for n in shape_zyx]
+    corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
     options = _meshing_options(config)
     task = MeshTask(
         shape=(config.task_voxels,) * 3,
-        offset=(np.array([x, y, z]) * config.task_voxels).tolist(),
+        offset=_xyz(corner_zyx.tolist()),
         layer_path=_layer_url(folder, SEGMENTATION_LAYER),
         mip=options["mip"],
         simplification_factor=100 if options["simplification"] else 0,
@@ -615,7 +615,12 @@ def repair_export(
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
     repaired, counts = [], []
-    layers = [folder / name for name in REQUIRED_FILES[:3]]  # the layers' and the meshes' info
+    # What `begin_export` writes: the layers' and the meshes' info.
+    layers = [
+        folder / IMAGE_LAYER / "info",
+        folder / SEGMENTATION_LAYER / "info",
+        folder / SEGMENTATION_LAYER / MESH_DIR / "info",
+    ]
     if not all(info.is_file() for info in layers):
         begin_export(folder, shape_zyx, voxel_size_nm, config)
         repaired.append("layers")
