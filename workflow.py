@@ -14,6 +14,7 @@ stage_volume(train), stage_volume(eval) -> preprocess -> train (MPI, N ranks) ->
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import shlex
 import signal
@@ -331,8 +332,9 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     for k, (region, record) in enumerate(zip(regions, records, strict=True)):
         steps.append(task_step(f"export[region {k}]", {**base, "region": str(region)}, [begun, *segmented],
                            [record], "export.export_region", folder))  # fmt: skip
+    # Meshing reads only the full resolution, so it need not wait for the regions' scales.
     for j, mesh in enumerate(meshes):
-        steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, *records], [mesh],
+        steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, segmented[1]], [mesh],
                            "export.export_meshes", folder))  # fmt: skip
     steps.append(task_step("export", {**base, "regions": len(records)}, [*segmented, *records, *meshes],
                        [paths.precomputed], "export.finish_export", folder))  # fmt: skip
@@ -365,11 +367,22 @@ def describe_plan(steps: list[Step], reasons: dict[str, str | None]) -> list[str
     return lines
 
 
+def _app(step: Step):
+    """The Parsl app that runs `step`: `apps.<module>.<name>`."""
+    import importlib
+
+    module, _, name = step.app.rpartition(".")
+    return getattr(importlib.import_module(f"apps.{module}"), name)
+
+
+def executor_labels(steps: list[Step], reasons: dict[str, str | None]) -> set[str]:
+    """The executors ("cpu", "mpi") of the tasks that run."""
+    return {label for s in steps if reasons[s.task.name] is not None for label in _app(s).executors}
+
+
 def build_dag(steps: list[Step], reasons: dict[str, str | None]) -> dict[str, object]:
     """Submit the tasks that must run; returns {task name: future}. Parsl starts each when its
     inputs are ready: a rebuilt input as the future of the task that rebuilds it."""
-    import importlib
-
     from parsl.data_provider.files import File
 
     futures: dict[str, object] = {}
@@ -382,9 +395,7 @@ def build_dag(steps: list[Step], reasons: dict[str, str | None]) -> dict[str, ob
             made_by[p][0].outputs[made_by[p][1]] if p in made_by else File(str(p))
             for p in task.inputs
         ]
-        module, _, name = step.app.rpartition(".")
-        app = getattr(importlib.import_module(f"apps.{module}"), name)
-        future = app(task.settings, *step.args, inputs=inputs, outputs=[File(str(p)) for p in task.outputs],
+        future = _app(step)(task.settings, *step.args, inputs=inputs, outputs=[File(str(p)) for p in task.outputs],
                      **step.kwargs)  # fmt: skip
         futures[task.name] = future
         made_by |= {p: (future, i) for i, p in enumerate(task.outputs)}
@@ -502,9 +513,11 @@ def _watch(futures: dict[str, object], paths: RunPaths, progress_files: dict[str
             if name in futures and reported.get(name) in ("launched", "running"):
                 if record := _progress_of(path, progress_seen):
                     _say(f"         {describe_progress(name, record)}")
-        if all(f.done() for f in futures.values()):
+        pending = [f for f in futures.values() if not f.done()]
+        if not pending:
             return
-        time.sleep(1)
+        # A second between reports, cut short when the last task ends.
+        concurrent.futures.wait(pending, timeout=1)
 
 
 def _say(text: str) -> None:
@@ -534,13 +547,14 @@ def execute(
     """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
     import parsl
 
-    from site_configs.base import shutdown, stop_failed_start
+    from site_configs.base import only_executors, shutdown, stop_failed_start
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     dfk = None
     try:
         try:
-            dfk = parsl.load(site.make_config(paths.root, spec))
+            config = site.make_config(paths.root, spec)
+            dfk = parsl.load(only_executors(config, executor_labels(steps, reasons)))
         except Exception:
             stop_failed_start()
             raise

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import re
 import shlex
 import shutil
 import string
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -125,6 +127,9 @@ class SiteSpec:
     # (bad input or settings, a diverged training) is not retried: it would fail the same way.
     retries: int = 2
     max_idletime: float = 120.0  # seconds a block may sit idle before it is given back
+    # Seconds between Parsl's scaling decisions: a task that finds no block waits up to this
+    # long for one to be asked for. Each decision asks the interchange how many tasks wait.
+    strategy_period: float = 5.0
     monitoring: bool = True  # task states and timings into <run_dir>/monitoring.db
     resource_monitoring_interval: float = 0.0  # per-task CPU/memory sampling in s; 0 = off
 
@@ -191,6 +196,9 @@ class SiteSpec:
             raise ConfigError(
                 f"{where}: max_idletime and resource_monitoring_interval must be >= 0"
             )
+        period = self.strategy_period
+        if isinstance(period, bool) or not isinstance(period, int | float) or not 0 < period <= 600:
+            raise ConfigError(f"{where}: strategy_period must be in (0, 600] s")
         for name in ("queue", "account", "venv"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -381,11 +389,24 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
         # "htex_auto_scale": with blocks=0 its scale-in also kills blocks whose workers have not
         # registered yet, i.e. a block just started for a waiting task (parsl 2026.10.26).
         strategy="simple",
+        strategy_period=site.strategy_period,
         max_idletime=site.max_idletime,
         retries=site.retries,
         retry_handler=retry_cost,
         usage_tracking=0,  # no usage reports from compute allocations
     )
+
+
+def only_executors(config: Config, labels: Collection[str]) -> Config:
+    """`config` with only the executors labelled `labels` (those the run's tasks use): a run
+    that does not train (inference with a given model, a resume after training) starts no "mpi"
+    pool's interchange, which took 1.5 s of `parsl.load` and polls while it idles."""
+    kept = [e for e in config.executors if e.label in labels]
+    if not kept:
+        raise ConfigError(f"no executor labelled {sorted(labels)} in the site's config")
+    # Every setting Config takes is an attribute of the same name (Parsl's own repr relies on it).
+    settings = {name: getattr(config, name) for name in inspect.signature(Config).parameters}
+    return Config(**{**settings, "executors": kept})
 
 
 def retry_cost(exception: Exception, task_record: dict) -> float:

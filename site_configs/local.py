@@ -37,6 +37,9 @@ SITE = SiteSpec(
     retries=2,  # a lost worker's task runs again (training resumes from its checkpoint)
     monitoring=True,  # task states and timings into <run_dir>/monitoring.db
     resource_monitoring_interval=0.0,  # no per-task sampling process on a 2-core machine
+    # Local blocks start in about 2 s: with Parsl's 5 s between scaling decisions the first
+    # task of a run waited up to 5 s more for its pool to be asked for.
+    strategy_period=0.5,
 )
 
 

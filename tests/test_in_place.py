@@ -184,3 +184,6 @@ def test_the_workflow_segments_a_zarr_volume_in_place_as_it_does_a_copy(source, 
     scores = [json.loads((runs[k] / "evaluation.json").read_text()) for k in ("in_place", "copy")]
     assert scores[0]["ffn"] == scores[1]["ffn"] and scores[0]["scored_roi"] == "0:32, 8:40, 8:48"
     assert (runs["in_place"] / "precomputed" / "export.json").is_file()
+    # No task trains: Parsl started the "cpu" pool (its folder in runinfo) and not the "mpi" one.
+    assert (runs["in_place"] / "runinfo" / "000" / "cpu").is_dir()
+    assert not (runs["in_place"] / "runinfo" / "000" / "mpi").exists()

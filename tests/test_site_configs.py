@@ -104,6 +104,21 @@ def test_every_site_shares_run_dir_retries_and_monitoring(name, tmp_path):
     assert config.monitoring.logging_endpoint == f"sqlite:///{run_dir.resolve()}/monitoring.db"
     assert config.monitoring.resource_monitoring_enabled is False  # low overhead by default
     assert config.strategy == "simple"
+    assert config.strategy_period == module.SITE.strategy_period
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_run_that_does_not_train_gets_only_the_cpu_pool(name, tmp_path):
+    module = load_site(name)
+    config = module.make_config(tmp_path / "run", submittable(module.SITE))
+    cpu_only = base.only_executors(config, {CPU_LABEL})
+
+    assert [e.label for e in cpu_only.executors] == [CPU_LABEL]
+    assert cpu_only.executors[0] is executors(config)[CPU_LABEL]
+    for setting in ("run_dir", "monitoring", "retries", "retry_handler", "strategy_period"):
+        assert getattr(cpu_only, setting) is getattr(config, setting)
+    with pytest.raises(ConfigError, match="no executor labelled"):
+        base.only_executors(config, {"gpu"})
 
 
 def test_local_mpi_pool_gets_a_node_file_naming_this_machine(tmp_path):
@@ -228,6 +243,7 @@ def test_a_training_task_cannot_span_blocks():
         ({"max_blocks": 0}, "max_blocks must be a whole number >= 1"),
         ({"cpu_workers_per_node": 3}, "cpu_workers_per_node 3 > 2"),
         ({"account": ""}, "account must be a non-empty string"),
+        ({"strategy_period": 0}, "strategy_period must be in"),
     ],
 )
 def test_site_spec_rejects_inconsistent_settings(changes, message):
@@ -398,6 +414,10 @@ def test_a_parsl_start_that_fails_half_way_stops_what_it_started(tmp_path, lefto
     build_config, load, running = base.build_config, parsl.load, []
     monkeypatch.setattr(base, "build_config", with_unstartable)
     monkeypatch.setattr(parsl, "load", load_and_look)
+    # A run whose tasks use every pool, the one that cannot start included.
+    monkeypatch.setattr(
+        workflow, "executor_labels", lambda *_: {MPI_LABEL, CPU_LABEL, "unstartable"}
+    )
     with pytest.raises(RuntimeError, match="cannot start"):
         workflow.execute([], {}, local, local.SITE, workflow.RunPaths(tmp_path / "run"))
     assert len(running) >= 3  # the interchanges and the monitoring were running when it failed...

@@ -30,6 +30,8 @@ class TestLocalRun:
 
     def test_training_ran_two_horovod_ranks(self, tiny_run):
         assert '"world_size": 2' in (tiny_run / "train" / "train_summary.json").read_text()
+        # The run trains, so Parsl started the "mpi" pool beside the "cpu" one (their folders).
+        assert {p.name for p in (tiny_run / "runinfo" / "000").iterdir()} >= {"mpi", "cpu"}
 
     def test_resume_without_config_uses_the_runs_own_settings(self, tiny_run):
         saved = (tiny_run / "config.json").read_text()
@@ -171,3 +173,17 @@ def test_a_running_blocks_progress_reads_as_one_line():
     assert cli.describe_progress("infer[0]", early).endswith(
         "tried, too early for a time left (2 seeds tried)"
     )
+
+
+def test_parsl_starts_only_the_pools_of_the_tasks_that_run(tmp_path):
+    import workflow as cli
+    from pipeline.run_config import RunConfig
+    from site_configs import CPU_LABEL, MPI_LABEL, local
+
+    steps = cli.dag_steps(RunConfig(), cli.RunPaths(tmp_path / "run"), local.SITE)
+    fresh = cli.plan_run(steps)  # nothing made yet: every task runs, training included
+    assert cli.executor_labels(steps, fresh) == {MPI_LABEL, CPU_LABEL}
+    # Trained and selected already (a resume, or a given model): no multi-rank task is left.
+    before = {"stage", "preprocess", "train", "select"}
+    trained = {n: None if n.partition("[")[0] in before else r for n, r in fresh.items()}
+    assert cli.executor_labels(steps, trained) == {CPU_LABEL}
