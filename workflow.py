@@ -547,16 +547,16 @@ def execute(
     """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
     import parsl
 
-    from site_configs.base import only_executors, shutdown, stop_failed_start
+    from site_configs.base import child_pids, only_executors, shutdown, stop_failed_start
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    dfk = None
+    dfk, ours = None, child_pids()  # processes this one had before Parsl: not Parsl's to stop
     try:
         try:
             config = site.make_config(paths.root, spec)
             dfk = parsl.load(only_executors(config, executor_labels(steps, reasons)))
         except Exception:
-            stop_failed_start()
+            stop_failed_start(ours)
             raise
         from pipeline.blocks import block_progress_path
 
@@ -574,7 +574,7 @@ def execute(
         for sig in previous:  # a second signal must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
         if dfk is not None:
-            shutdown(dfk)
+            shutdown(dfk, ours)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     failed = {

@@ -424,12 +424,19 @@ def _is_resource_tracker(process: psutil.Process, parent: int) -> bool:
         return False
 
 
-def shutdown(dfk) -> None:
+def child_pids() -> frozenset[int]:
+    """This process's children now: what `shutdown` and `stop_failed_start` must spare when
+    taken before `parsl.load` (a program may run the workflow beside processes of its own)."""
+    return frozenset(p.pid for p in psutil.Process().children(recursive=True))
+
+
+def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
     """Stop the run's workers, then Parsl. `dfk.cleanup()` alone stops the interchange but lets
     worker pools finish their tasks (on this machine, minutes of full CPU after a Ctrl-C), so the
     blocks are cancelled first (LocalProvider kills the block's process group; a batch provider
-    deletes the job), and any process this one started that outlives the cleanup is killed."""
-    started = _started_processes()
+    deletes the job), and any process this one started that outlives the cleanup is killed,
+    except those in `spare` (`child_pids()` before `parsl.load`)."""
+    started = _started_processes(spare)
     for executor in dfk.executors.values():
         jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
         provider = getattr(executor, "provider", None)
@@ -444,16 +451,20 @@ def shutdown(dfk) -> None:
     _stop(started)
 
 
-def stop_failed_start() -> None:
+def stop_failed_start(spare: frozenset[int] = frozenset()) -> None:
     """After `parsl.load` raised: stop what it had started (interchanges, monitoring), which
-    nothing else would stop and which would keep this process from exiting."""
-    _stop(_started_processes())
+    nothing else would stop and which would keep this process from exiting; not `spare`."""
+    _stop(_started_processes(spare))
 
 
-def _started_processes() -> list[psutil.Process]:
+def _started_processes(spare: frozenset[int]) -> list[psutil.Process]:
     me = psutil.Process()
     # Not this process's own multiprocessing helper: it must outlive the cleanup.
-    return [p for p in me.children(recursive=True) if not _is_resource_tracker(p, me.pid)]
+    return [
+        p
+        for p in me.children(recursive=True)
+        if p.pid not in spare and not _is_resource_tracker(p, me.pid)
+    ]
 
 
 def _stop(processes: list[psutil.Process]) -> None:

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -391,7 +392,8 @@ def leftovers(tmp_path):
 
 def test_a_parsl_start_that_fails_half_way_stops_what_it_started(tmp_path, leftovers, monkeypatch):
     """An executor that cannot start, after the monitoring and both pools' interchanges have: the
-    run ends with the error and leaves nothing running (before, they kept it from exiting)."""
+    run ends with the error and leaves nothing running (before, they kept it from exiting), but
+    a process of the caller's own, started before, keeps running."""
     from parsl.executors import ThreadPoolExecutor
 
     import workflow
@@ -418,10 +420,17 @@ def test_a_parsl_start_that_fails_half_way_stops_what_it_started(tmp_path, lefto
     monkeypatch.setattr(
         workflow, "executor_labels", lambda *_: {MPI_LABEL, CPU_LABEL, "unstartable"}
     )
-    with pytest.raises(RuntimeError, match="cannot start"):
-        workflow.execute([], {}, local, local.SITE, workflow.RunPaths(tmp_path / "run"))
-    assert len(running) >= 3  # the interchanges and the monitoring were running when it failed...
-    assert leftovers() == []  # ...and are stopped
+    callers_own = subprocess.Popen(["sleep", "300"])
+    try:
+        with pytest.raises(RuntimeError, match="cannot start"):
+            workflow.execute([], {}, local, local.SITE, workflow.RunPaths(tmp_path / "run"))
+        assert len(running) >= 3  # the interchanges and the monitoring were running when it failed
+        assert callers_own.poll() is None  # not Parsl's: spared
+        callers_own.kill()
+        callers_own.wait()
+        assert leftovers() == []  # Parsl's are stopped
+    finally:
+        callers_own.kill()
 
 
 @pytest.fixture
