@@ -19,7 +19,7 @@ stamp records its wall time and the peak resident memory of its worker process w
 (`pipeline.stamps.run_once`); the script reports, per kind of task, the largest of them.
 
 Then, at `--speedup-edge`, the same run with 1 worker, for the speed-up of 2 workers (`--repeats`
-pairs of runs, each 2 workers then 1; the median of their ratios), and, at the smallest edge,
+pairs of runs, 2 workers then 1, then 1 then 2, and so on; the median of their ratios), and, at the smallest edge,
 the stitched volume against the in-memory stitching of the same block results
 (`pipeline.stitching.stitch`): the same partition of the voxels or not.
 
@@ -160,7 +160,14 @@ def run(volume: Path, edge: int, workers: int, runs_dir: Path) -> dict:
     for step in steps:
         measured = (read_stamp(step.task.outputs[0]) or {}).get("measured", {})
         kind = tasks.setdefault(
-            step.app, {"tasks": 0, "peak_rss_mib": 0.0, "start_rss_mib": 0.0, "seconds": 0.0}
+            step.app,
+            {
+                "tasks": 0,
+                "peak_rss_mib": 0.0,
+                "start_rss_mib": 0.0,
+                "seconds": 0.0,
+                "cpu_seconds": 0.0,
+            },
         )
         kind["tasks"] += 1
         peak, start = measured.get("peak_rss_mib") or 0.0, measured.get("start_rss_mib") or 0.0
@@ -168,6 +175,7 @@ def run(volume: Path, edge: int, workers: int, runs_dir: Path) -> dict:
         # The worker's memory when a task of this kind began (what earlier tasks left), largest.
         kind["start_rss_mib"] = max(kind["start_rss_mib"], start)
         kind["seconds"] += measured.get("seconds", 0.0)
+        kind["cpu_seconds"] += measured.get("cpu_seconds", 0.0)
     scores = json.loads(paths.evaluation.read_text())["ffn"]
     return {
         "edge": edge,
@@ -249,11 +257,17 @@ def main() -> int:
         volume = args.volumes_dir / f"volume_{edge}.zarr"
         make_volume(volume, edge, args.workers)
         # Pairs of runs one after the other, so that a slower spell of a shared machine slows
-        # both runs of a pair; their ratios' median is the speed-up.
+        # both runs of a pair; their ratios' median is the speed-up. The order turns each pair
+        # (2 1, 1 2, 2 1, ...), so a machine that speeds up or slows down over the minutes does
+        # not favour one worker count.
         for repeat in range(args.repeats):
             done = [r for r in results if r["edge"] == edge and not repeat]
-            two = done[0] if done else run(volume, edge, args.workers, runs_dir)
-            one = run(volume, edge, 1, runs_dir)
+            if repeat % 2:
+                one = run(volume, edge, 1, runs_dir)
+                two = run(volume, edge, args.workers, runs_dir)
+            else:
+                two = done[0] if done else run(volume, edge, args.workers, runs_dir)
+                one = run(volume, edge, 1, runs_dir)
             one_worker = one_worker or one
             pairs.append([two["wall_seconds"], one["wall_seconds"]])
             print(f"[scale] {edge}^3 pair {repeat + 1}: {pairs[-1]} s", flush=True)

@@ -245,8 +245,8 @@ def run_once(
     work: Callable[[], str | None],
 ) -> str:
     """Run `work` unless the outputs are up to date; stamp them after, with its wall time and
-    the peak resident memory of this process while it ran (`measured`: seconds, peak_rss_mib,
-    start_rss_mib). `work` may return
+    the peak resident memory of this process while it ran (`measured`: seconds, cpu_seconds,
+    peak_rss_mib, start_rss_mib). `work` may return
     a digest of the content it wrote (the token). Returns "ran" or "up to date"."""
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
     if why_stale(settings, inputs, outputs) is None:
@@ -256,12 +256,14 @@ def run_once(
         stamp_path(output).unlink(missing_ok=True)
     reset_peak_memory()
     held_before = resident_memory_mib()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     token = work()
     if token is not None and not isinstance(token, str):
         raise TypeError(f"run_once: work() must return a digest (str) or None, got {token!r}")
     measured = {
         "seconds": round(time.perf_counter() - started, 3),
+        # Below `seconds` where the task waited for a core (or for I/O).
+        "cpu_seconds": round(time.process_time() - cpu_started, 3),
         "peak_rss_mib": peak_memory_mib(),
         # What the worker held before: a peak grown from there is the task's, a grown
         # starting point is what earlier tasks left behind.

@@ -19,6 +19,8 @@ and the same shared parts (base.build_config): Parsl's run dir `<run_dir>/runinf
 `retry_cost` (a pipeline error is not retried), and monitoring into
 `sqlite:///<run_dir>/monitoring.db`. What is done is decided by stamps (pipeline.stamps), not by
 Parsl's app cache; `base.shutdown(dfk)` cancels the blocks so no worker outlives the workflow.
+The workflow loads only the executors its tasks to run use (`base.only_executors`): a run that
+does not train starts no "mpi" interchange.
 
 The launcher contract for the training app, the same code on every site:
 

@@ -183,6 +183,25 @@ def test_each_task_of_one_worker_records_its_own_peak_memory(tmp_path, source):
     assert large["seconds"] > 0
 
 
+def test_a_task_records_its_cpu_time_beside_its_wall_time(tmp_path, source):
+    def task(name: str, work) -> dict:
+        def run() -> None:
+            work()
+            (tmp_path / name).write_text(name)
+
+        run_once({"name": name}, [source], [tmp_path / name], run)
+        return json.loads(stamp_path(tmp_path / name).read_text())["measured"]
+
+    def busy() -> None:
+        started = time.process_time()
+        while time.process_time() - started < 0.3:
+            pass
+
+    waited, computed = task("waited", lambda: time.sleep(0.3)), task("computed", busy)
+    assert waited["seconds"] >= 0.3 and waited["cpu_seconds"] < 0.1  # it waited: no CPU
+    assert computed["cpu_seconds"] >= 0.3
+
+
 def test_a_tasks_cyclic_garbage_is_collected_before_the_next_though_the_worker_is_frozen():
     import gc
     import weakref
