@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import os
 import platform
 import shutil
 import statistics
@@ -143,14 +144,16 @@ def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.St
     return steps
 
 
-def run(volume: Path, edge: int, workers: int, runs_dir: Path) -> dict:
-    """One fresh run of the data path on `volume` with `workers` cpu workers."""
-    name = f"scale-{edge}-w{workers}"
+def run(volume: Path, edge: int, workers: int, runs_dir: Path, tag: str = "") -> dict:
+    """One fresh run of the data path on `volume` with `workers` cpu workers, in a run dir of
+    its own (`runs_dir/scale-<edge>-w<workers><tag>`, which must not exist)."""
+    name = f"scale-{edge}-w{workers}{tag}"
     config = run_config(volume, name)
     paths = workflow.RunPaths(runs_dir / name, reads_in_place(config.data))
-    shutil.rmtree(paths.root, ignore_errors=True)
     spec = dataclasses.replace(local.SITE, cpu_workers_per_node=workers)
     steps = bench_steps(config, paths)
+    # What earlier runs wrote goes to disk now, not during this run.
+    os.sync()
     started = time.perf_counter()
     status = workflow.execute(steps, workflow.plan_run(steps), local, spec, paths)
     seconds = time.perf_counter() - started
@@ -240,20 +243,25 @@ def main() -> int:
     parser.add_argument("--volumes-dir", type=Path, default=ROOT / "data" / "bench" / "scale")
     parser.add_argument("--output", type=Path, default=ROOT / "data" / "bench" / "scale.json")
     args = parser.parse_args()
+    # Every run writes a folder of its own; earlier benchmarks' go first, all at once. (When
+    # each run first deleted its predecessor's of the same worker count, the second of two
+    # runs of a kind in a row was 4-12 % slower: an order effect, its cause not established.)
+    runs_dir = args.volumes_dir / "runs"
+    shutil.rmtree(runs_dir, ignore_errors=True)
     results = []
     for edge in args.edges:
         volume = args.volumes_dir / f"volume_{edge}.zarr"
         started = time.perf_counter()
         make_volume(volume, edge, args.workers)
         print(f"[scale] volume {edge}^3 ready ({time.perf_counter() - started:.0f} s)", flush=True)
-        results.append(run(volume, edge, args.workers, args.volumes_dir / "runs"))
+        results.append(run(volume, edge, args.workers, runs_dir))
         print(
             f"[scale] {edge}^3, {args.workers} workers: {results[-1]['wall_seconds']} s", flush=True
         )
     stitched_same = check_stitching(results[0])
     one_worker, pairs = None, []
     if args.speedup_edge:
-        edge, runs_dir = args.speedup_edge, args.volumes_dir / "runs"
+        edge = args.speedup_edge
         volume = args.volumes_dir / f"volume_{edge}.zarr"
         make_volume(volume, edge, args.workers)
         # Pairs of runs one after the other, so that a slower spell of a shared machine slows
@@ -262,12 +270,13 @@ def main() -> int:
         # not favour one worker count.
         for repeat in range(args.repeats):
             done = [r for r in results if r["edge"] == edge and not repeat]
+            tag = f"-pair{repeat + 1}"
             if repeat % 2:
-                one = run(volume, edge, 1, runs_dir)
-                two = run(volume, edge, args.workers, runs_dir)
+                one = run(volume, edge, 1, runs_dir, tag)
+                two = run(volume, edge, args.workers, runs_dir, tag)
             else:
-                two = done[0] if done else run(volume, edge, args.workers, runs_dir)
-                one = run(volume, edge, 1, runs_dir)
+                two = done[0] if done else run(volume, edge, args.workers, runs_dir, tag)
+                one = run(volume, edge, 1, runs_dir, tag)
             one_worker = one_worker or one
             pairs.append([two["wall_seconds"], one["wall_seconds"]])
             print(f"[scale] {edge}^3 pair {repeat + 1}: {pairs[-1]} s", flush=True)
