@@ -243,9 +243,7 @@ def main() -> int:
     parser.add_argument("--volumes-dir", type=Path, default=ROOT / "data" / "bench" / "scale")
     parser.add_argument("--output", type=Path, default=ROOT / "data" / "bench" / "scale.json")
     args = parser.parse_args()
-    # Every run writes a folder of its own; earlier benchmarks' go first, all at once. (When
-    # each run first deleted its predecessor's of the same worker count, the second of two
-    # runs of a kind in a row was 4-12 % slower: an order effect, its cause not established.)
+    # Every run writes a folder of its own, kept for its stamps; earlier benchmarks' go first.
     runs_dir = args.volumes_dir / "runs"
     shutil.rmtree(runs_dir, ignore_errors=True)
     results = []
