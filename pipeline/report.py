@@ -71,20 +71,20 @@ def stage_wall_times(db: str | Path) -> dict[str, float]:
         "AND s.run_id = t.run_id AND s.task_status_name = 'exec_done') "
         "GROUP BY t.task_func_name, t.run_id ORDER BY w.time_began",
     )
-    times = {}
-    for app, _, began, ended in rows:  # later runs overwrite earlier ones
-        seconds = _seconds_between(began, ended)
-        if seconds is not None:
-            times[STAGE_OF_APP.get(app, app)] = seconds
-    return times
-
-
-def _seconds_between(began: str | None, ended: str | None) -> float | None:
     from datetime import datetime
 
-    if not began or not ended:
-        return None
-    return (datetime.fromisoformat(ended) - datetime.fromisoformat(began)).total_seconds()
+    spans: dict[str, tuple[str, datetime, datetime]] = {}  # stage: (run, first start, last end)
+    for app, run, began, ended in rows:  # runs in the order they began: later ones replace
+        if not began or not ended:
+            continue
+        stage, began, ended = (
+            STAGE_OF_APP.get(app, app),
+            *map(datetime.fromisoformat, (began, ended)),
+        )
+        if stage in spans and spans[stage][0] == run:  # a stage of several apps spans them all
+            began, ended = min(began, spans[stage][1]), max(ended, spans[stage][2])
+        spans[stage] = (run, began, ended)
+    return {stage: (ended - began).total_seconds() for stage, (_, began, ended) in spans.items()}
 
 
 def _read_json(path: Path) -> dict:
