@@ -18,10 +18,11 @@ meshing; record). Every task's
 stamp records its wall time and the peak resident memory of its worker process while it ran
 (`pipeline.stamps.run_once`); the script reports, per kind of task, the largest of them.
 
-Then, at `--speedup-edge`, the same run with 1 worker, for the speed-up of 2 workers (`--repeats`
-pairs of runs, 2 workers then 1, then 1 then 2, and so on; the median of their ratios), and, at the smallest edge,
-the stitched volume against the in-memory stitching of the same block results
-(`pipeline.stitching.stitch`): the same partition of the voxels or not.
+Then, at `--speedup-edge`, the same run with 1 worker, for the speed-up of 2 workers
+(`--repeats` pairs of runs, 2 workers then 1, then 1 then 2, and so on; the median of their
+ratios), and, at the smallest edge, the stitched volume against the in-memory stitching of the
+same block results (`pipeline.stitching.stitch`): the same partition of the voxels or not.
+Every run's folder is kept (`data/bench/scale/runs/`, emptied when the script starts).
 
 Prints Markdown tables and writes everything to --output (JSON).
 """
@@ -150,6 +151,8 @@ def run(volume: Path, edge: int, workers: int, runs_dir: Path, tag: str = "") ->
     name = f"scale-{edge}-w{workers}{tag}"
     config = run_config(volume, name)
     paths = workflow.RunPaths(runs_dir / name, reads_in_place(config.data))
+    if paths.root.exists():  # its tasks would be found up to date, not run
+        raise SystemExit(f"{paths.root} exists: a run needs a folder of its own")
     spec = dataclasses.replace(local.SITE, cpu_workers_per_node=workers)
     steps = bench_steps(config, paths)
     # What earlier runs wrote goes to disk now, not during this run.
