@@ -65,13 +65,14 @@ MESH_DIR = "mesh"
 PROPERTIES_DIR = "segment_properties"
 MANIFEST = "export.json"
 MANIFEST_FORMAT = 1
-# Files without which Neuroglancer cannot open the layers or find their meshes.
-REQUIRED_FILES = (
+# What `begin_export` writes: the layers' and the meshes' info.
+BEGUN_FILES = (
     f"{IMAGE_LAYER}/info",
     f"{SEGMENTATION_LAYER}/info",
     f"{SEGMENTATION_LAYER}/{MESH_DIR}/info",
-    f"{SEGMENTATION_LAYER}/{PROPERTIES_DIR}/info",
 )
+# Files without which Neuroglancer cannot open the layers or find their meshes.
+REQUIRED_FILES = (*BEGUN_FILES, f"{SEGMENTATION_LAYER}/{PROPERTIES_DIR}/info")
 
 
 @dataclass(frozen=True)
@@ -507,10 +508,9 @@ def _mesh_task(folder: Path, config: ExportConfig, index: int):
     from igneous.tasks import MeshTask
 
     shape_zyx = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
-    count = mesh_task_count(shape_zyx, config)
-    if not 0 <= index < count:
-        raise ValueError(f"meshing task {index} of {count}")
-    grid_zyx = [-(-n // config.task_voxels) for n in shape_zyx]
+    grid_zyx = _mesh_grid_zyx(shape_zyx, config)
+    if not 0 <= index < math.prod(grid_zyx):
+        raise ValueError(f"meshing task {index} of {math.prod(grid_zyx)}")
     corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
     options = _meshing_options(config)
     task = MeshTask(
@@ -547,9 +547,14 @@ def _mesh_task(folder: Path, config: ExportConfig, index: int):
     return task
 
 
+def _mesh_grid_zyx(shape_zyx: ZYX, config: ExportConfig) -> list[int]:
+    """igneous's meshing tasks per axis: regions of `task_voxels`, the last one cut short."""
+    return [-(-n // config.task_voxels) for n in shape_zyx]
+
+
 def mesh_task_count(shape_zyx: ZYX, config: ExportConfig) -> int:
     """How many meshing tasks igneous makes for a volume of this shape."""
-    return math.prod(-(-n // config.task_voxels) for n in shape_zyx)
+    return math.prod(_mesh_grid_zyx(shape_zyx, config))
 
 
 def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str, int]:
@@ -615,12 +620,7 @@ def repair_export(
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
     repaired, counts = [], []
-    # What `begin_export` writes: the layers' and the meshes' info.
-    layers = [
-        folder / IMAGE_LAYER / "info",
-        folder / SEGMENTATION_LAYER / "info",
-        folder / SEGMENTATION_LAYER / MESH_DIR / "info",
-    ]
+    layers = [folder / name for name in BEGUN_FILES]
     if not all(info.is_file() for info in layers):
         begin_export(folder, shape_zyx, voxel_size_nm, config)
         repaired.append("layers")
