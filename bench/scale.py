@@ -269,14 +269,17 @@ def main() -> int:
         # both runs of a pair; their ratios' median is the speed-up. The order turns each pair
         # (2 1, 1 2, 2 1, ...), so a machine that speeds up or slows down over the minutes does
         # not favour one worker count.
+        # The first pair's 2-worker run is the one above at that edge, if there was one.
+        done = next((r for r in results if r["edge"] == edge), None)
         for repeat in range(args.repeats):
-            done = [r for r in results if r["edge"] == edge and not repeat]
             tag = f"-pair{repeat + 1}"
             if repeat % 2:
                 one = run(volume, edge, 1, runs_dir, tag)
                 two = run(volume, edge, args.workers, runs_dir, tag)
             else:
-                two = done[0] if done else run(volume, edge, args.workers, runs_dir, tag)
+                two = (
+                    done if done and not repeat else run(volume, edge, args.workers, runs_dir, tag)
+                )
                 one = run(volume, edge, 1, runs_dir, tag)
             one_worker = one_worker or one
             pairs.append([two["wall_seconds"], one["wall_seconds"]])
