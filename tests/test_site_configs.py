@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sqlite3
 import subprocess
@@ -106,6 +107,7 @@ def test_every_site_shares_run_dir_retries_and_monitoring(name, tmp_path):
     assert config.monitoring.resource_monitoring_enabled is False  # low overhead by default
     assert config.strategy == "simple"
     assert config.strategy_period == module.SITE.strategy_period
+    assert config.initialize_logging.level == logging.INFO  # not Parsl's DEBUG: 29 kB a task
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -116,7 +118,15 @@ def test_a_run_that_does_not_train_gets_only_the_cpu_pool(name, tmp_path):
 
     assert [e.label for e in cpu_only.executors] == [CPU_LABEL]
     assert cpu_only.executors[0] is executors(config)[CPU_LABEL]
-    for setting in ("run_dir", "monitoring", "retries", "retry_handler", "strategy_period"):
+    kept = (
+        "run_dir",
+        "monitoring",
+        "retries",
+        "retry_handler",
+        "strategy_period",
+        "initialize_logging",
+    )
+    for setting in kept:
         assert getattr(cpu_only, setting) is getattr(config, setting)
     with pytest.raises(ConfigError, match="no executor labelled"):
         base.only_executors(config, {"gpu"})
@@ -245,6 +255,7 @@ def test_a_training_task_cannot_span_blocks():
         ({"cpu_workers_per_node": 3}, "cpu_workers_per_node 3 > 2"),
         ({"account": ""}, "account must be a non-empty string"),
         ({"strategy_period": 0}, "strategy_period must be in"),
+        ({"parsl_log_level": "VERBOSE"}, "parsl_log_level 'VERBOSE' is not one of DEBUG, INFO"),
     ],
 )
 def test_site_spec_rejects_inconsistent_settings(changes, message):
@@ -505,6 +516,16 @@ def product(a, b):
     return a * b
 
 
+@python_app(executors=[CPU_LABEL])
+def began_at(seconds, parsl_resource_specification=None):
+    """When the task began (time.time()), after which it sleeps `seconds`."""
+    import time
+
+    began = time.time()
+    time.sleep(seconds)
+    return began
+
+
 @bash_app(executors=[MPI_LABEL])
 def ranks(launch, program, parsl_resource_specification=None, stdout=None, stderr=None):
     """Run a Python program as the ranks of one multi-rank task, the way training runs."""
@@ -677,6 +698,30 @@ def test_local_runs_an_app_with_monitoring_and_shutdown_leaves_no_worker(tmp_pat
         assert db.execute("select task_func_name from task").fetchall() == [("product",)]
     # Gone at once: without the cancel, the pool would idle until its heartbeat timed out.
     assert not [p for p in pools if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert leftovers() == []
+
+
+def test_local_pool_starts_a_long_task_before_the_short_ones_queued_with_it(tmp_path, leftovers):
+    import workflow
+    from site_configs import local
+
+    run_dir = tmp_path / "run"
+    site = dataclasses.replace(local.SITE, worker_init=WORKER_INIT, cpu_workers_per_node=1)
+    dfk = parsl.load(base.only_executors(local.make_config(run_dir, site), {CPU_LABEL}))
+    try:
+        # The one worker is busy (or still starting) while the others wait in the interchange.
+        busy = began_at(1.0)
+        short = [began_at(0.0) for _ in range(3)]
+        long = began_at(0.0, parsl_resource_specification=workflow.LONG_TASK)
+        began = {"long": long.result(timeout=TASK_TIMEOUT)}
+        began["short"] = min(f.result(timeout=TASK_TIMEOUT) for f in short)
+        busy.result(timeout=TASK_TIMEOUT)
+    finally:
+        base.shutdown(dfk)
+    assert began["long"] < began["short"]
+    # Parsl's log at the site's level, INFO: task states, no DEBUG lines.
+    log = (run_dir / "runinfo" / "000" / "parsl.log").read_text()
+    assert " INFO: " in log and " DEBUG: " not in log
     assert leftovers() == []
 
 
