@@ -312,14 +312,6 @@ def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]
     return steps
 
 
-# igneous's meshing tasks are the export's longest (about 10 s each at 512^3, against under 1 s
-# for a region's scales or an evaluation count; bench/scale.py): the cpu pool (Parsl's
-# HighThroughputExecutor, which runs a task of lower "priority" sooner, none last) starts them
-# before the short tasks that are ready with them, so those fill in at the end instead of a
-# worker idling behind the last mesh.
-LONG_TASK = {"priority": 0}
-
-
 def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     """One task begins the export, one per region writes every scale, one per igneous meshing
     task meshes, the last checks and records (apps/export.py)."""
@@ -343,7 +335,7 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     # Meshing reads only the full resolution, so it need not wait for the regions' scales.
     for j, mesh in enumerate(meshes):
         steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, segmented[1]], [mesh],
-                           "export.export_meshes", folder, parsl_resource_specification=LONG_TASK))  # fmt: skip
+                           "export.export_meshes", folder))  # fmt: skip
     steps.append(task_step("export", {**base, "regions": len(records)}, [*segmented, *records, *meshes],
                        [paths.precomputed], "export.finish_export", folder))  # fmt: skip
     return steps

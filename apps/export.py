@@ -60,12 +60,10 @@ def export_region(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
-def export_meshes(
-    settings: dict, folder: str, inputs=(), outputs=(), parsl_resource_specification=None
-):
+def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the begun export's record, then the segmentation's full resolution (all it
     meshes); outputs[0]: the mesh fragments igneous's meshing task `settings["mesh"]` wrote
-    (.json). parsl_resource_specification: how the pool schedules it (workflow.LONG_TASK)."""
+    (.json)."""
     import json
 
     from pipeline.atomic import atomic_path

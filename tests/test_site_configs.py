@@ -516,16 +516,6 @@ def product(a, b):
     return a * b
 
 
-@python_app(executors=[CPU_LABEL])
-def began_at(seconds, parsl_resource_specification=None):
-    """When the task began (time.time()), after which it sleeps `seconds`."""
-    import time
-
-    began = time.time()
-    time.sleep(seconds)
-    return began
-
-
 @bash_app(executors=[MPI_LABEL])
 def ranks(launch, program, parsl_resource_specification=None, stdout=None, stderr=None):
     """Run a Python program as the ranks of one multi-rank task, the way training runs."""
@@ -696,32 +686,11 @@ def test_local_runs_an_app_with_monitoring_and_shutdown_leaves_no_worker(tmp_pat
         base.shutdown(dfk)  # what workflow.py does, after a run or on SIGINT/SIGTERM
     with sqlite3.connect(run_dir / "monitoring.db") as db:
         assert db.execute("select task_func_name from task").fetchall() == [("product",)]
-    # Gone at once: without the cancel, the pool would idle until its heartbeat timed out.
-    assert not [p for p in pools if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert leftovers() == []
-
-
-def test_local_pool_starts_a_long_task_before_the_short_ones_queued_with_it(tmp_path, leftovers):
-    import workflow
-    from site_configs import local
-
-    run_dir = tmp_path / "run"
-    site = dataclasses.replace(local.SITE, worker_init=WORKER_INIT, cpu_workers_per_node=1)
-    dfk = parsl.load(base.only_executors(local.make_config(run_dir, site), {CPU_LABEL}))
-    try:
-        # The one worker is busy (or still starting) while the others wait in the interchange.
-        busy = began_at(1.0)
-        short = [began_at(0.0) for _ in range(3)]
-        long = began_at(0.0, parsl_resource_specification=workflow.LONG_TASK)
-        began = {"long": long.result(timeout=TASK_TIMEOUT)}
-        began["short"] = min(f.result(timeout=TASK_TIMEOUT) for f in short)
-        busy.result(timeout=TASK_TIMEOUT)
-    finally:
-        base.shutdown(dfk)
-    assert began["long"] < began["short"]
     # Parsl's log at the site's level, INFO: task states, no DEBUG lines.
     log = (run_dir / "runinfo" / "000" / "parsl.log").read_text()
     assert " INFO: " in log and " DEBUG: " not in log
+    # Gone at once: without the cancel, the pool would idle until its heartbeat timed out.
+    assert not [p for p in pools if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert leftovers() == []
 
 

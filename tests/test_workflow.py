@@ -187,16 +187,3 @@ def test_parsl_starts_only_the_pools_of_the_tasks_that_run(tmp_path):
     before = {"stage", "preprocess", "train", "select"}
     trained = {n: None if n.partition("[")[0] in before else r for n, r in fresh.items()}
     assert cli.executor_labels(steps, trained) == {CPU_LABEL}
-
-
-def test_meshing_tasks_ask_the_cpu_pool_to_start_them_first(tmp_path):
-    import workflow as cli
-    from pipeline.run_config import RunConfig
-    from site_configs import local
-
-    steps = cli.dag_steps(RunConfig(), cli.RunPaths(tmp_path / "run"), local.SITE)
-    # A task with a "priority" goes ahead of those without (tests/test_site_configs.py).
-    first = [
-        s.task.name for s in steps if "priority" in s.kwargs.get("parsl_resource_specification", {})
-    ]
-    assert first and first == [s.task.name for s in steps if s.app == "export.export_meshes"]
