@@ -509,8 +509,9 @@ def _mesh_task(folder: Path, config: ExportConfig, index: int):
 
     shape_zyx = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
     grid_zyx = _mesh_grid_zyx(shape_zyx, config)
-    if not 0 <= index < math.prod(grid_zyx):
-        raise ValueError(f"meshing task {index} of {math.prod(grid_zyx)}")
+    count = math.prod(grid_zyx)
+    if not 0 <= index < count:
+        raise ValueError(f"meshing task {index} of {count}")
     corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
     options = _meshing_options(config)
     task = MeshTask(

@@ -77,10 +77,8 @@ def stage_wall_times(db: str | Path) -> dict[str, float]:
     for app, run, began, ended in rows:  # runs in the order they began: later ones replace
         if not began or not ended:
             continue
-        stage, began, ended = (
-            STAGE_OF_APP.get(app, app),
-            *map(datetime.fromisoformat, (began, ended)),
-        )
+        stage = STAGE_OF_APP.get(app, app)
+        began, ended = datetime.fromisoformat(began), datetime.fromisoformat(ended)
         if stage in spans and spans[stage][0] == run:  # a stage of several apps spans them all
             began, ended = min(began, spans[stage][1]), max(ended, spans[stage][2])
         spans[stage] = (run, began, ended)
