@@ -84,7 +84,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     init_blocks=0,  # started by the first task
                     min_blocks=0,
                     max_blocks=site.cpu_max_blocks,
-                    worker_init=base.worker_init(site),
+                    worker_init=base.cpu_worker_init(site),
                 ),
             ),
         ],

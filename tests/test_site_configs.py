@@ -87,10 +87,14 @@ def test_site_config_has_mpi_and_cpu_pools_on_the_sites_provider(name, tmp_path)
     for pool in (mpi, cpu):
         assert f"source {VENV}/bin/activate" in pool.provider.worker_init
         assert site.worker_init in pool.provider.worker_init
+    # Two malloc arenas in cpu workers (their memory stays bounded), glibc's default in training.
+    assert "export MALLOC_ARENA_MAX=2" in cpu.provider.worker_init.splitlines()
+    assert "MALLOC_ARENA_MAX" not in mpi.provider.worker_init
     # describe() (for --dry-run) names what was built.
     text = describe(site)
     assert type(mpi.provider).__name__ in text
     assert type(cpu.provider.launcher).__name__ in text
+    assert "MALLOC_ARENA_MAX=2" in text
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -516,6 +520,13 @@ def product(a, b):
     return a * b
 
 
+@python_app(executors=[CPU_LABEL])
+def environment_variable(name):
+    import os
+
+    return os.environ.get(name)
+
+
 @bash_app(executors=[MPI_LABEL])
 def ranks(launch, program, parsl_resource_specification=None, stdout=None, stderr=None):
     """Run a Python program as the ranks of one multi-rank task, the way training runs."""
@@ -668,14 +679,18 @@ def test_slurm_submits_through_sbatch_with_srun(tmp_path, fake_scheduler, leftov
     assert leftovers() == []
 
 
-def test_local_runs_an_app_with_monitoring_and_shutdown_leaves_no_worker(tmp_path, leftovers):
+def test_local_runs_an_app_with_monitoring_and_shutdown_leaves_no_worker(
+    tmp_path, leftovers, monkeypatch
+):
     from site_configs import local
 
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)  # the workers get it from the site
     run_dir = tmp_path / "run"
     config = local.make_config(run_dir, dataclasses.replace(local.SITE, worker_init=WORKER_INIT))
     dfk = parsl.load(config)
     try:
         assert product(6, 7).result(timeout=TASK_TIMEOUT) == 42
+        assert environment_variable("MALLOC_ARENA_MAX").result(timeout=TASK_TIMEOUT) == "2"
         pools = [
             p
             for p in psutil.process_iter(["cmdline"])
@@ -685,7 +700,8 @@ def test_local_runs_an_app_with_monitoring_and_shutdown_leaves_no_worker(tmp_pat
     finally:
         base.shutdown(dfk)  # what workflow.py does, after a run or on SIGINT/SIGTERM
     with sqlite3.connect(run_dir / "monitoring.db") as db:
-        assert db.execute("select task_func_name from task").fetchall() == [("product",)]
+        names = db.execute("select task_func_name from task order by task_id").fetchall()
+        assert names == [("product",), ("environment_variable",)]
     # Parsl's log at the site's level, INFO: task states, no DEBUG lines.
     log = (run_dir / "runinfo" / "000" / "parsl.log").read_text()
     assert " INFO: " in log and " DEBUG: " not in log
