@@ -284,7 +284,7 @@ def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]
     results = [block_path(paths.blocks_dir, b) for b in blocks]
     pairs = [paths.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
     cores = [paths.stitch_dir / "cores" / f"{b.name}.json" for b in blocks]
-    table = paths.stitch_dir / "ids.npz"
+    table = paths.stitch_dir / "ids.npy"
     # The folder is an argument, not a setting: a run moved elsewhere stays up to date.
     folder = str(paths.precomputed)
     base = {

@@ -374,14 +374,21 @@ class BlockReader:
 
 
 def save_id_table(path: str | Path, offsets: np.ndarray, lookup: np.ndarray, merges: int) -> None:
+    """One uint64 .npy: merges, the number of blocks, the offsets, then the lookup, so that
+    `load_id_table` can map it instead of reading it."""
+    head = np.array([merges, len(offsets)], np.uint64)
+    table = np.concatenate([head, offsets.astype(np.uint64), lookup.astype(np.uint64)])
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, offsets=offsets, lookup=lookup, merges=merges)
+        np.save(f, table)
 
 
 def load_id_table(path: str | Path) -> tuple[np.ndarray, np.ndarray, int]:
-    """(offsets, lookup, merges) as `join_ids` returned them."""
-    with np.load(path) as f:
-        return f["offsets"], f["lookup"], int(f["merges"])
+    """(offsets, lookup, merges) as `join_ids` returned them. The lookup is mapped from the
+    file, not read: a relabel task touches only the ids of its core's blocks, where reading
+    the table would cost every task 8 bytes per object of the whole volume."""
+    table = np.load(path, mmap_mode="r")
+    merges, count = int(table[0]), int(table[1])
+    return np.array(table[2 : 2 + count]), table[2 + count :], merges
 
 
 def save_core_record(path: str | Path, record: dict) -> None:

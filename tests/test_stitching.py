@@ -23,8 +23,10 @@ from pipeline.stitching import (
     core_neighbours,
     join_ids,
     load_block_pairs,
+    load_id_table,
     relabel_core,
     save_block_pairs,
+    save_id_table,
     stitch,
     write_core,
 )
@@ -62,7 +64,8 @@ def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task(tmp_pat
         )
     found = [load_block_pairs(tmp_path / f"{k}.npz") for k in range(len(blocks))]
     assert [f.count for f in found] == [int(r.labels.max()) for r in results]
-    offsets, lookup, merges = join_ids(found)
+    save_id_table(tmp_path / "ids.npy", *join_ids(found))
+    offsets, lookup, merges = load_id_table(tmp_path / "ids.npy")
     assert merges > 0
 
     # Step 3, a task per block: cores on a chunk grid, each written whole by one task.
@@ -87,6 +90,34 @@ def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task(tmp_pat
     in_memory, stats = stitch(results, truth.shape, CONFIG)
     assert_same_segmentation(in_memory, truth)
     assert stats.objects == len(np.unique(truth[truth > 0])) and stats.merges == merges
+
+
+def test_a_relabel_task_pages_in_only_its_blocks_ids_not_the_whole_id_table(tmp_path):
+    from pipeline.stamps import peak_memory_mib, reset_peak_memory, resident_memory_mib
+
+    truth = real_bodies()
+    results = blocks_of(truth)
+    blocks = [r.block for r in results]
+    labels_of = [r.labels for r in results].__getitem__
+    found = [block_pairs(k, blocks, labels_of, CONFIG) for k in range(len(blocks))]
+    offsets, lookup, merges = join_ids(found)
+    # The same blocks' table as if 32 million objects (256 MiB of ids) came before them.
+    before = 32_000_000
+    table = np.zeros(before + len(lookup), np.uint64)
+    table[before + 1 :] = lookup[1:]
+    save_id_table(tmp_path / "ids.npy", offsets + np.uint64(before), table, merges)
+    del table
+    chunk, k = (4, 8, 8), 5
+    expected = relabel_core(k, blocks, labels_of, offsets, lookup, chunk)
+
+    reset_peak_memory()
+    held = resident_memory_mib()
+    if held is None:
+        pytest.skip("no /proc/self/status here")
+    mapped = load_id_table(tmp_path / "ids.npy")
+    relabelled = relabel_core(k, blocks, labels_of, mapped[0], mapped[1], chunk)
+    assert peak_memory_mib() - held < 16  # MiB; reading the table would take 256
+    np.testing.assert_array_equal(relabelled, expected)
 
 
 def test_cores_on_a_chunk_grid_keep_the_labels_of_the_blocks_nearest_each_voxel():
