@@ -98,7 +98,10 @@ def test_a_relabel_task_pages_in_only_its_blocks_ids_not_the_whole_id_table(tmp_
     truth = real_bodies()
     results = blocks_of(truth)
     blocks = [r.block for r in results]
-    labels_of = [r.labels for r in results].__getitem__
+
+    def labels_of(i: int) -> np.ndarray:
+        return results[i].labels
+
     found = [block_pairs(k, blocks, labels_of, CONFIG) for k in range(len(blocks))]
     offsets, lookup, merges = join_ids(found)
     # The same blocks' table as if 32 million objects (256 MiB of ids) came before them.
@@ -114,8 +117,8 @@ def test_a_relabel_task_pages_in_only_its_blocks_ids_not_the_whole_id_table(tmp_
     held = resident_memory_mib()
     if held is None:
         pytest.skip("no /proc/self/status here")
-    mapped = load_id_table(tmp_path / "ids.npy")
-    relabelled = relabel_core(k, blocks, labels_of, mapped[0], mapped[1], chunk)
+    far_offsets, far_lookup, _ = load_id_table(tmp_path / "ids.npy")
+    relabelled = relabel_core(k, blocks, labels_of, far_offsets, far_lookup, chunk)
     assert peak_memory_mib() - held < 16  # MiB; reading the table would take 256
     np.testing.assert_array_equal(relabelled, expected)
 
