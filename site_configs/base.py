@@ -367,12 +367,12 @@ def worker_init(site: SiteSpec, *extra: str) -> str:
 
 # Set in every cpu worker's environment. glibc gives each thread that meets a busy allocator
 # an arena of its own (up to 8 per core); cloud-volume's and igneous's I/O threads made such
-# arenas in the workers, and what is freed there stays out of `malloc_trim`'s reach: over 9
-# meshing tasks in one process the memory held between tasks rose 3-5 MiB (0.4 MiB with one
-# arena; after 5 tasks two arenas held what one did), and the last tasks of a 1024^3 run began
-# 19 MiB above the 256^3 run's (14 with two arenas). Two: the main thread's, one the I/O
-# threads share. The training pool keeps glibc's default: TensorFlow's threads allocate in
-# parallel.
+# arenas in the workers, and memory freed in pieces across them is more than `malloc_trim` can
+# hand back: over 9 meshing tasks in one process the memory held between tasks rose 3-5 MiB
+# (0.4 MiB with one arena; after 5 tasks two arenas held what one did), and the last tasks of a
+# 1024^3 run began 19 MiB above the 256^3 run's (14 with two arenas). Two: the main thread's,
+# one the I/O threads share. The training pool keeps glibc's default: TensorFlow's threads
+# allocate in parallel.
 CPU_WORKER_ENV = {"MALLOC_ARENA_MAX": "2"}
 
 
