@@ -376,10 +376,15 @@ class BlockReader:
 def save_id_table(path: str | Path, offsets: np.ndarray, lookup: np.ndarray, merges: int) -> None:
     """One uint64 .npy: merges, the number of blocks, the offsets, then the lookup, so that
     `load_id_table` can map it instead of reading it."""
-    head = np.array([merges, len(offsets)], np.uint64)
-    table = np.concatenate([head, offsets.astype(np.uint64), lookup.astype(np.uint64)])
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, table)
+    # Filled in place: no copy of the lookup, which holds 8 bytes per object of the volume.
+    with atomic_path(path) as tmp:
+        size = 2 + len(offsets) + len(lookup)
+        table = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint64, shape=(size,))
+        table[:2] = merges, len(offsets)
+        table[2 : 2 + len(offsets)] = offsets
+        table[2 + len(offsets) :] = lookup
+        table.flush()
+        del table
 
 
 def load_id_table(path: str | Path) -> tuple[np.ndarray, np.ndarray, int]:
