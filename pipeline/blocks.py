@@ -9,9 +9,11 @@ exists) means finished, and a restarted run skips finished blocks.
 Stitching the blocks' results into one segmentation: `pipeline.stitching`.
 """
 
+import bisect
 import dataclasses
 import itertools
 import json
+import math
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -108,20 +110,53 @@ def _axis_starts(size: int, block: int, overlap: int) -> list[int]:
     return [int(s) for s in np.round(np.linspace(0, size - block, count))]
 
 
-def plan_blocks(volume_shape: Sequence[int], config: BlockConfig) -> list[Block]:
+@dataclass(frozen=True)
+class BlockGrid(Sequence[Block]):
+    """The blocks of `plan_blocks`: per axis the blocks' starts, and the one block shape. Block k
+    is the k-th of the starts' product (z, y, x order); the blocks that overlap a region are
+    found from the axes alone, so a task asks about its neighbourhood without listing the whole
+    grid (10^6 blocks at 10^12 voxels)."""
+
+    starts_zyx: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    block_shape: ZYX
+
+    def __len__(self) -> int:
+        return math.prod(len(starts) for starts in self.starts_zyx)
+
+    def __getitem__(self, k: int) -> Block:  # type: ignore[override]  (no slices)
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"block {k} of a grid of {len(self)}")
+        place = np.unravel_index(k % len(self), [len(s) for s in self.starts_zyx])
+        start = tuple(s[i] for s, i in zip(self.starts_zyx, place, strict=True))
+        return Block(start, tuple(a + b for a, b in zip(start, self.block_shape, strict=True)))
+
+    def axis_intervals(self, axis: int) -> list[tuple[int, int]]:
+        """The blocks' (start, stop) along `axis`, in order."""
+        return [(s, s + self.block_shape[axis]) for s in self.starts_zyx[axis]]
+
+    def overlapping(self, region: Block) -> list[int]:
+        """The blocks that share a voxel with `region`, in index order."""
+        ranges = [
+            range(bisect.bisect_right(starts, low - size), bisect.bisect_left(starts, high))
+            for starts, size, low, high in zip(
+                self.starts_zyx, self.block_shape, region.start, region.stop, strict=True
+            )
+        ]
+        counts = [len(s) for s in self.starts_zyx]
+        return [int(np.ravel_multi_index(place, counts)) for place in itertools.product(*ranges)]
+
+
+def plan_blocks(volume_shape: Sequence[int], config: BlockConfig) -> BlockGrid:
     """The block grid over `volume_shape`, in z, y, x order; blocks larger than the volume shrink
     to it."""
     if len(volume_shape) != 3:
         raise VolumeShapeError(f"volume shape must be (z, y, x), got {tuple(volume_shape)}")
-    shape = [min(b, s) for b, s in zip(config.block_shape_zyx, volume_shape, strict=True)]
-    starts = [
-        _axis_starts(s, b, o)
+    shape = tuple(min(b, s) for b, s in zip(config.block_shape_zyx, volume_shape, strict=True))
+    starts = tuple(
+        tuple(_axis_starts(s, b, o))
         for s, b, o in zip(volume_shape, shape, config.overlap_zyx, strict=True)
-    ]
-    return [
-        Block(tuple(start), tuple(a + b for a, b in zip(start, shape, strict=True)))
-        for start in itertools.product(*starts)
-    ]
+    )
+    return BlockGrid(starts, shape)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from pipeline.atomic import atomic_path
 from pipeline.blocks import (
     Block,
     BlockConfig,
+    BlockGrid,
     BlockResult,
     _provenance,
     block_done,
@@ -64,10 +65,6 @@ from pipeline.model import ModelConfig
 from pipeline.stamps import digest
 
 Pairs = tuple[np.ndarray, np.ndarray]
-
-
-def _axis_intervals(blocks: Sequence[Block], axis: int) -> list[tuple[int, int]]:
-    return sorted({(b.start[axis], b.stop[axis]) for b in blocks})
 
 
 def _split(previous: tuple[int, int], following: tuple[int, int], align: int) -> int:
@@ -175,13 +172,13 @@ class BlockPairs:
     pairs: dict[int, Pairs]
 
 
-def later_neighbours(k: int, blocks: Sequence[Block]) -> list[int]:
+def later_neighbours(k: int, blocks: BlockGrid) -> list[int]:
     """The blocks after k (in plan order) that overlap it: whose pairs with k block k's task finds."""
-    return [j for j in range(k + 1, len(blocks)) if _intersection(blocks[k], blocks[j])]
+    return [j for j in blocks.overlapping(blocks[k]) if j > k]
 
 
 def block_pairs(
-    k: int, blocks: Sequence[Block], labels_of: Callable[[int], np.ndarray], config: BlockConfig
+    k: int, blocks: BlockGrid, labels_of: Callable[[int], np.ndarray], config: BlockConfig
 ) -> BlockPairs:
     """Step 1 for block k: reads block k and the later blocks that overlap it."""
     labels = labels_of(k)
@@ -222,27 +219,24 @@ def join_ids(found: Sequence[BlockPairs]) -> tuple[np.ndarray, np.ndarray, int]:
     return offsets, component.astype(np.uint64), len(a)
 
 
-def block_core(
-    k: int, blocks: Sequence[Block], align: Sequence[int] = (1, 1, 1)
-) -> tuple[slice, ...]:
+def block_core(k: int, blocks: BlockGrid, align: Sequence[int] = (1, 1, 1)) -> tuple[slice, ...]:
     """The part of the volume block k owns; with `align` (a chunk shape) its inner faces lie on
     multiples of it, so the cores of a grid write whole chunks, each chunk from one task."""
-    return _core(blocks[k], [_axis_intervals(blocks, axis) for axis in range(3)], align)
+    return _core(blocks[k], [blocks.axis_intervals(axis) for axis in range(3)], align)
 
 
 def _box(region: tuple[slice, ...]) -> Block:
     return Block(tuple(s.start for s in region), tuple(s.stop for s in region))
 
 
-def core_neighbours(k: int, blocks: Sequence[Block], align: Sequence[int] = (1, 1, 1)) -> list[int]:
+def core_neighbours(k: int, blocks: BlockGrid, align: Sequence[int] = (1, 1, 1)) -> list[int]:
     """The blocks (k included, in index order) that overlap block k's core."""
-    core = _box(block_core(k, blocks, align))
-    return [i for i, block in enumerate(blocks) if _intersection(block, core) is not None]
+    return blocks.overlapping(_box(block_core(k, blocks, align)))
 
 
 def relabel_core(
     k: int,
-    blocks: Sequence[Block],
+    blocks: BlockGrid,
     labels_of: Callable[[int], np.ndarray],
     offsets: np.ndarray,
     lookup: np.ndarray,
@@ -281,7 +275,7 @@ def relabel_core(
 
 def write_core(
     k: int,
-    blocks: Sequence[Block],
+    blocks: BlockGrid,
     labels_of: Callable[[int], np.ndarray],
     offsets: np.ndarray,
     lookup: np.ndarray,
@@ -321,7 +315,7 @@ class CoresChecked:
 def check_cores(
     records: Iterable[dict],
     layer: SegmentationWriter,
-    blocks: Sequence[Block],
+    blocks: BlockGrid,
     labels_of: Callable[[int], np.ndarray],
     id_table: tuple[np.ndarray, np.ndarray, int],
 ) -> CoresChecked:
@@ -352,7 +346,7 @@ def check_cores(
     return CoresChecked(stats, repaired, inference, token.hexdigest())
 
 
-def _read_block(blocks: Sequence[Block], paths: dict[int, str | Path], i: int) -> BlockResult:
+def _read_block(blocks: BlockGrid, paths: dict[int, str | Path], i: int) -> BlockResult:
     return read_block_result(paths[i], blocks[i])
 
 
@@ -360,7 +354,7 @@ class BlockReader:
     """Block results by block index, each read when first asked for and kept while it may be
     asked again (a block's neighbourhood); `paths[i]` is block i's result file."""
 
-    def __init__(self, blocks: Sequence[Block], paths: dict[int, str | Path]) -> None:
+    def __init__(self, blocks: BlockGrid, paths: dict[int, str | Path]) -> None:
         # A cache of a function, not of a bound method: no reference cycle keeps a task's
         # blocks in its worker's memory after the task.
         read = functools.partial(_read_block, blocks, paths)
@@ -409,33 +403,17 @@ def load_core_record(path: str | Path) -> dict:
 # In one process
 
 
-def _check_grid(blocks: Sequence[Block], volume_shape: Sequence[int]) -> None:
-    intervals = [_axis_intervals(blocks, axis) for axis in range(3)]
-    grid = {tuple(b.start) for b in blocks}
-    expected = np.prod([len(spans) for spans in intervals])
-    covers = all(
-        spans[0][0] == 0 and spans[-1][1] == s
-        for spans, s in zip(intervals, volume_shape, strict=True)
-    )
-    if len(grid) != len(blocks) or len(blocks) != expected or not covers:
-        raise BlockResultError(
-            f"{len(blocks)} block results do not form a grid covering the volume {tuple(volume_shape)}"
-        )
-
-
 def stitch_blocks(
-    blocks: Sequence[Block],
+    blocks: BlockGrid,
     labels_of: Callable[[int], np.ndarray],
-    volume_shape: Sequence[int],
     config: BlockConfig,
     write: Callable[[tuple[slice, ...], np.ndarray], None],
 ) -> StitchStats:
-    """The three steps over `blocks` (a grid tiling `volume_shape`), one after the other, in one
-    process that never holds more than a block's neighbourhood: `labels_of(i)` reads block i's
-    labels (cache them if reading is slow), `write(core, ids)` stores each core. Ids are 1..N:
-    a first pass over the cores finds which stitched ids are left (an object may survive in no
-    core), the second writes them renumbered."""
-    _check_grid(blocks, volume_shape)
+    """The three steps over `blocks`, one after the other, in one process that never holds more
+    than a block's neighbourhood: `labels_of(i)` reads block i's labels (cache them if reading is
+    slow), `write(core, ids)` stores each core. Ids are 1..N: a first pass over the cores finds
+    which stitched ids are left (an object may survive in no core), the second writes them
+    renumbered."""
     found = [block_pairs(k, blocks, labels_of, config) for k in range(len(blocks))]
     offsets, lookup, merges = join_ids(found)
     total = sum(f.count for f in found)
@@ -453,15 +431,20 @@ def stitch_blocks(
 def stitch(
     results: Sequence[BlockResult], volume_shape: Sequence[int], config: BlockConfig
 ) -> tuple[np.ndarray, StitchStats]:
-    """Join block results that tile `volume_shape` into one uint64 segmentation in memory."""
+    """Join block results that tile `volume_shape` into one uint64 segmentation in memory: the
+    results of `plan_blocks(volume_shape, config)`'s blocks, in its order."""
+    grid = plan_blocks(volume_shape, config)
+    if [r.block for r in results] != list(grid):
+        raise BlockResultError(
+            f"{len(results)} block results do not form the grid of {len(grid)} blocks that "
+            f"these block settings cut the volume {tuple(volume_shape)} into"
+        )
     segmentation = np.zeros(tuple(volume_shape), np.uint64)
 
     def write(core: tuple[slice, ...], ids: np.ndarray) -> None:
         segmentation[core] = ids
 
-    stats = stitch_blocks(
-        [r.block for r in results], lambda i: results[i].labels, volume_shape, config, write
-    )
+    stats = stitch_blocks(grid, lambda i: results[i].labels, config, write)
     return segmentation, stats
 
 

@@ -51,9 +51,31 @@ def test_blocks_tile_the_volume_with_at_least_the_overlap():
     starts = [sorted({b.start[axis] for b in blocks}) for axis in range(3)]
     # The fewest blocks with at least the overlap, spread evenly: overlaps 16, 22, 32.
     assert starts == [[0, 16, 32], [0, 26, 52], [0, 32, 64]]
-    assert plan_blocks((10, 20, 30), BlockConfig((64, 64, 64), (8, 8, 8))) == [
+    assert list(plan_blocks((10, 20, 30), BlockConfig((64, 64, 64), (8, 8, 8)))) == [
         Block((0, 0, 0), (10, 20, 30))
     ]
+
+
+@pytest.mark.parametrize(
+    "volume, config",
+    [
+        ((64, 100, 128), BlockConfig((32, 48, 64), (8, 16, 16))),  # overlaps 16, 22, 32
+        ((10, 20, 30), BlockConfig((64, 64, 64), (8, 8, 8))),  # one block
+        ((40, 57, 300), BlockConfig((16, 16, 40), (4, 6, 0))),  # no overlap along x
+    ],
+)
+def test_the_blocks_a_region_overlaps_are_found_from_the_grid_axes(volume, config):
+    grid = plan_blocks(volume, config)
+    listed = list(grid)
+    assert len(listed) == len(grid) and grid[-1] == listed[-1]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        start = [int(rng.integers(0, n)) for n in volume]
+        stop = [int(rng.integers(a + 1, n + 1)) for a, n in zip(start, volume, strict=True)]
+        region = np.zeros(volume, bool)
+        region[tuple(slice(a, b) for a, b in zip(start, stop, strict=True))] = True
+        expected = [k for k, block in enumerate(listed) if region[block.slices].any()]
+        assert grid.overlapping(Block(tuple(start), tuple(stop))) == expected
 
 
 @pytest.mark.parametrize(
@@ -215,7 +237,7 @@ def test_an_object_merged_in_one_block_does_not_swallow_its_neighbours_objects()
 
 def test_blocks_that_do_not_tile_the_volume_are_refused():
     left = _result((0, 0, 0), (1, 2, 4), np.ones((1, 2, 4)))
-    with pytest.raises(BlockResultError, match="do not form a grid"):
+    with pytest.raises(BlockResultError, match="do not form the grid"):
         stitch([left], (1, 2, 6), BlockConfig((1, 2, 4), (0, 0, 2)))
 
 

@@ -3,6 +3,7 @@ core relabelled on its own from its neighbours only. The hand-made cases (sliver
 neighbour, merged objects not swallowing their neighbours) are in test_blocks.py."""
 
 import dataclasses
+import time
 
 import cc3d
 import fastremap
@@ -12,7 +13,7 @@ import pytest
 from test_inference import assert_same_segmentation
 from test_parts import CUT
 
-from pipeline.blocks import BlockConfig, BlockResult, plan_blocks
+from pipeline.blocks import Block, BlockConfig, BlockResult, plan_blocks
 from pipeline.errors import ConfigError
 from pipeline.export import SegmentationWriter, new_segmentation, segmentation_spec
 from pipeline.inference import InferenceStats
@@ -22,6 +23,7 @@ from pipeline.stitching import (
     check_cores,
     core_neighbours,
     join_ids,
+    later_neighbours,
     load_block_pairs,
     load_id_table,
     relabel_core,
@@ -54,7 +56,7 @@ def blocks_of(truth: np.ndarray) -> list[BlockResult]:
 def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task(tmp_path):
     truth = real_bodies()
     results = blocks_of(truth)
-    blocks = [r.block for r in results]
+    blocks = plan_blocks(truth.shape, CONFIG)
     assert len(blocks) == 32  # 2 x 4 x 4: the middle ones have neighbours on every side
 
     # Step 1, a task per block, each leaving a file; step 2 reads only those files.
@@ -97,7 +99,7 @@ def test_a_relabel_task_pages_in_only_its_blocks_ids_not_the_whole_id_table(tmp_
 
     truth = real_bodies()
     results = blocks_of(truth)
-    blocks = [r.block for r in results]
+    blocks = plan_blocks(truth.shape, CONFIG)
 
     def labels_of(i: int) -> np.ndarray:
         return results[i].labels
@@ -130,7 +132,7 @@ def test_cores_on_a_chunk_grid_keep_the_labels_of_the_blocks_nearest_each_voxel(
     # reliable. Its content must still come from the block whose centre is nearest.
     truth = real_bodies()
     results = blocks_of(truth)
-    blocks = [r.block for r in results]
+    blocks = plan_blocks(truth.shape, CONFIG)
     config = dataclasses.replace(CONFIG, min_overlap_voxels=200)
     labels_of = lambda i: results[i].labels  # noqa: E731
     offsets, lookup, _ = join_ids([block_pairs(k, blocks, labels_of, config) for k in range(32)])
@@ -148,7 +150,7 @@ def test_cores_on_a_chunk_grid_keep_the_labels_of_the_blocks_nearest_each_voxel(
 def test_cores_go_into_the_segmentation_layer_and_a_lost_or_cut_chunk_is_written_again(tmp_path):
     truth = real_bodies()
     results = blocks_of(truth)
-    blocks = [r.block for r in results]
+    blocks = plan_blocks(truth.shape, CONFIG)
     labels_of = lambda i: results[i].labels  # noqa: E731
     found = [block_pairs(k, blocks, labels_of, CONFIG) for k in range(len(blocks))]
     offsets, lookup, merges = join_ids(found)
@@ -184,3 +186,25 @@ def test_the_output_chunks_must_fit_in_the_overlaps():
     assert BlockConfig(overlap_zyx=(16, 24, 100)).chunks == (16, 16, 64)  # powers of two
     with pytest.raises(ConfigError, match="chunk_zyx <= overlap_zyx"):
         BlockConfig(overlap_zyx=(8, 8, 8), chunk_zyx=(8, 16, 16))
+
+
+def test_a_task_finds_its_neighbours_in_a_teravoxel_grid_without_listing_its_blocks():
+    # 10^12 voxels in 128^3 blocks every 96: over a million blocks. The tasks of block k ask
+    # only about its neighbourhood; going through every block would take seconds per task.
+    config = BlockConfig((128, 128, 128), (32, 32, 32))
+    started = time.perf_counter()
+    grid = plan_blocks((10_000, 10_000, 10_000), config)
+    middle = grid.overlapping(Block((5000, 5000, 5000), (5001, 5001, 5001)))[0]
+    later = later_neighbours(middle, grid)
+    around = core_neighbours(middle, grid, config.chunks)
+    assert time.perf_counter() - started < 1.0
+    assert len(grid) > 10**6
+    # An inner block: 26 neighbours, half of them later in plan order; all overlap its core.
+    assert len(later) == 13 and all(k > middle for k in later)
+    assert len(around) == 27 and middle in around
+    block = grid[middle]
+    for k in around:
+        assert all(
+            a < d and c < b
+            for a, b, c, d in zip(block.start, block.stop, grid[k].start, grid[k].stop, strict=True)
+        )
