@@ -30,6 +30,7 @@ from pipeline.errors import FFNError
 from pipeline.stamps import Task, plan
 
 if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
+    from pipeline.blocks import BlockGrid
     from pipeline.run_config import RunConfig
     from site_configs.base import SiteSpec
 
@@ -275,7 +276,7 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     return steps
 
 
-def stitch_steps(config: RunConfig, paths: RunPaths, blocks: list) -> list[Step]:
+def stitch_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> list[Step]:
     """A pairs task per block, one join, a relabel task per block writing its core into the
     stitched volume, then the check that writes stitch.json (apps/stitch.py)."""
     from pipeline.blocks import block_path
