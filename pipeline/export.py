@@ -28,6 +28,7 @@ Sizes are reversed only by `_xyz`, arrays transposed (a view, no copy) only wher
 CLI: `python -m pipeline.cli.export --raw vol.h5:raw --segmentation seg.h5:segmentation --out DIR`.
 """
 
+import array
 import contextlib
 import hashlib
 import io
@@ -678,14 +679,15 @@ def _write_mesh_manifests(mesh_dir: Path) -> None:
     Its task holds every fragment's name and a list per segment (about 2 KB a fragment); here a
     fragment is 12 bytes, (id, which task), however many the meshing tasks wrote."""
     fragment = re.compile(r"(\d+):0:([^.]+)(?:\.gz)?")
-    segments, tasks, bounds = [], [], {}
+    # Typed arrays, not lists of Python ints (about 36 bytes an entry).
+    segments, tasks, bounds = array.array("Q"), array.array("i"), {}
     with os.scandir(mesh_dir) as listing:
         for entry in listing:
             if match := fragment.fullmatch(entry.name):
                 segments.append(int(match[1]))
                 tasks.append(bounds.setdefault(match[2], len(bounds)))
     names = list(bounds)
-    segments, tasks = np.array(segments, np.uint64), np.array(tasks, np.int32)
+    segments, tasks = np.frombuffer(segments, np.uint64), np.frombuffer(tasks, np.int32)
     order = np.argsort(segments, kind="stable")
     starts = np.flatnonzero(np.diff(segments[order], prepend=np.uint64(0)) != 0)
     for group in np.split(order, starts[1:]) if order.size else []:

@@ -7,7 +7,8 @@ it):
     identity  digest of the task's settings and of the tokens of its inputs
     settings  the settings themselves, so a later run can say which one changed
     inputs    [name, token] per input, so a later run can say which one changed
-    outputs   {name: state}: size and mtime of a file, sizes of every file in a folder
+    outputs   {name: state}: size and mtime of a file; of a folder, its files, bytes and a
+              digest of every file's name and size
     token     what tasks downstream key on: a digest of the content where the task computes
               one (staged volumes, chosen weights, block labels, the segmentation), else a
               fresh random value, so whatever reads this output runs again after it is rebuilt
@@ -122,10 +123,29 @@ def output_state(path: str | os.PathLike) -> object:
     path = Path(path)
     if path.is_file():
         return _file_state(path)
-    if path.is_dir():  # a folder (the export): every file in it, with its size
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        return digest([[str(p.relative_to(path)), p.stat().st_size] for p in files])
+    if path.is_dir():  # a folder (the export)
+        return _folder_state(path)
     return None
+
+
+def _folder_state(folder: Path) -> list:
+    """[files, bytes, digest of every file's name and size] under `folder`. The digest is a sum
+    of one sha256 per file, so its order does not matter: the folders are read as they list,
+    nothing held or sorted (an export of 10^12 voxels has tens of millions of files)."""
+    files = size = total = 0
+    pending = [folder]
+    while pending:
+        with os.scandir(pending.pop()) as listing:
+            for entry in listing:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif entry.is_file():
+                    bytes_ = entry.stat().st_size
+                    name = os.path.relpath(entry.path, folder).replace(os.sep, "/")
+                    one = hashlib.sha256(f"{name}\0{bytes_}".encode()).digest()
+                    total = (total + int.from_bytes(one, "big")) % (1 << 256)
+                    files, size = files + 1, size + bytes_
+    return [files, size, f"{total:064x}"]
 
 
 def source_token(path: str | os.PathLike) -> str:
@@ -220,15 +240,17 @@ def write_stamp(
     outputs: Sequence[Path],
     token: str | None = None,
     measured: dict | None = None,
+    states: dict | None = None,
 ) -> dict:
     """Record that `outputs` were made from `settings` and `inputs` (call after writing them);
-    `measured`: what making them cost (seconds, peak memory)."""
+    `measured`: what making them cost (seconds, peak memory); `states`: the outputs' states
+    (`output_state`, by name) where the caller has read them already."""
     settings, tokens = _plain(settings), [input_token(p) for p in inputs]
     record = {
         "identity": task_identity(settings, tokens),
         "settings": settings,
         "inputs": [[_display(p), t] for p, t in zip(inputs, tokens, strict=True)],
-        "outputs": {Path(o).name: output_state(o) for o in outputs},
+        "outputs": states or {Path(o).name: output_state(o) for o in outputs},
         "token": token or uuid.uuid4().hex,
         "measured": measured or {},
     }
@@ -260,6 +282,8 @@ def run_once(
     token = work()
     if token is not None and not isinstance(token, str):
         raise TypeError(f"run_once: work() must return a digest (str) or None, got {token!r}")
+    # Read inside the measured window: stamping a folder of many files is part of the task.
+    states = {output.name: output_state(output) for output in outputs}
     measured = {
         "seconds": round(time.perf_counter() - started, 3),
         # Below `seconds` where the task waited for a core (or for I/O).
@@ -269,7 +293,7 @@ def run_once(
         # starting point is what earlier tasks left behind.
         "start_rss_mib": held_before,
     }
-    write_stamp(settings, inputs, outputs, token, measured)
+    write_stamp(settings, inputs, outputs, token, measured, states)
     return "ran"
 
 

@@ -74,6 +74,50 @@ def test_a_missing_or_changed_output_is_not_trusted(tmp_path, source, fault):
     assert run_once({}, [source], [output], work(output)) == "ran" and calls == ["result"]
 
 
+@pytest.mark.parametrize("fault", ["truncate", "delete", "add", "rename"])
+def test_a_changed_file_deep_in_an_output_folder_is_noticed(tmp_path, source, fault):
+    folder = tmp_path / "export"
+
+    def export() -> None:
+        for name in ("info", "seg/info", "seg/s0/0-64_0-64_0-64", "seg/mesh/7:0"):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(name)
+
+    run_once({}, [source], [folder], export)
+    assert why_stale({}, [source], [folder]) is None
+    chunk = folder / "seg" / "s0" / "0-64_0-64_0-64"
+    if fault == "truncate":
+        chunk.write_text("0-64")
+    elif fault == "delete":
+        chunk.unlink()
+    elif fault == "add":
+        (folder / "seg" / "s0" / "64-128_0-64_0-64").write_text("x")
+    else:
+        chunk.rename(chunk.with_name("0-64_0-64_64-128"))  # same size, another name
+    assert why_stale({}, [source], [folder]) == "output changed since it was made: " + (
+        "/".join(folder.parts[-2:])
+    )
+
+
+def test_a_folders_state_is_read_without_holding_its_listing(tmp_path):
+    import tracemalloc
+
+    from pipeline.stamps import output_state
+
+    folder = tmp_path / "export"
+    for part in ("s0", "mesh"):
+        (folder / part).mkdir(parents=True)
+        for i in range(10_000):
+            (folder / part / f"{i}:0").write_bytes(b"x" * (i % 7))
+    tracemalloc.start()
+    state = output_state(folder)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert state[:2] == [20_000, 2 * sum(i % 7 for i in range(10_000))]  # files, bytes
+    # Listing the 20,000 paths, sorted, with names and sizes, took 13 MB (traced, before).
+    assert peak < 1_000_000, f"{peak} bytes traced while reading the state of 20,000 files"
+
+
 def test_a_task_killed_half_way_is_not_taken_for_done(tmp_path, source):
     output = tmp_path / "out.txt"
     run_once({"v": 1}, [source], [output], make("old")[0](output))
