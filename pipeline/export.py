@@ -28,7 +28,6 @@ Sizes are reversed only by `_xyz`, arrays transposed (a view, no copy) only wher
 CLI: `python -m pipeline.cli.export --raw vol.h5:raw --segmentation seg.h5:segmentation --out DIR`.
 """
 
-import array
 import contextlib
 import hashlib
 import io
@@ -39,6 +38,7 @@ import os
 import re
 import shutil
 import time
+from array import array as typed_array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -680,7 +680,7 @@ def _write_mesh_manifests(mesh_dir: Path) -> None:
     fragment is 12 bytes, (id, which task), however many the meshing tasks wrote."""
     fragment = re.compile(r"(\d+):0:([^.]+)(?:\.gz)?")
     # Typed arrays, not lists of Python ints (about 36 bytes an entry).
-    segments, tasks, bounds = array.array("Q"), array.array("i"), {}
+    segments, tasks, bounds = typed_array("Q"), typed_array("i"), {}
     with os.scandir(mesh_dir) as listing:
         for entry in listing:
             if match := fragment.fullmatch(entry.name):
