@@ -811,12 +811,38 @@ def export_precomputed(
 
 def export_complete(folder: str | Path) -> bool:
     """True when `folder` holds a finished export: its record lists the layers' info files and
-    every file it lists is there with the size it had when written."""
+    every file it lists is there with the size it had when written. The record is read a line
+    at a time, its list of files not held."""
     folder = Path(folder)
+    missing = set(REQUIRED_FILES)
     try:
-        files = json.loads((folder / MANIFEST).read_text())["files"]
-        if not all(name in files for name in REQUIRED_FILES):
-            return False
-        return all((folder / name).stat().st_size == size for name, size in files.items())
-    except (OSError, ValueError, KeyError, TypeError):
+        for name, size in _recorded_files(folder / MANIFEST):
+            # os.path, not pathlib: pathlib interns every name it parses.
+            if os.stat(os.path.join(folder, name)).st_size != size:
+                return False
+            missing.discard(name)
+    except (OSError, ValueError, TypeError, AttributeError):
         return False
+    return not missing
+
+
+_FILES_LINE = ' "files": {\n'  # where `_write_manifest`'s list begins: one file a line after it
+
+
+def _recorded_files(record: Path) -> Iterator[tuple[str, int]]:
+    """(name, size) of every file `record` (`export.json`, as `_write_manifest` writes it) lists;
+    ValueError if it is of another format or cut short."""
+    with open(record) as lines:
+        head = "".join(itertools.takewhile(lambda line: line != _FILES_LINE, lines))
+        if json.loads(head.rstrip().removesuffix(",") + "}").get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"{record}: not an export record of format {MANIFEST_FORMAT}")
+        for line in lines:
+            if line == " }\n":
+                if lines.read() != "}":
+                    raise ValueError(f"{record}: ends otherwise than its format")
+                return
+            ((name, size),) = json.loads("{" + line.rstrip().removesuffix(",") + "}").items()
+            if not isinstance(size, int):
+                raise ValueError(f"{record}: size of {name} is {size!r}")
+            yield name, size
+    raise ValueError(f"{record}: cut short")

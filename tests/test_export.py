@@ -212,6 +212,40 @@ def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
     assert not export_complete(tmp_path / "nowhere")
 
 
+@pytest.mark.parametrize("damage", ["cut", "format"])
+def test_a_cut_or_foreign_record_is_not_complete(exported, tmp_path, damage):
+    folder, _ = exported
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    record = copy / "export.json"
+    text = record.read_text()
+    if damage == "cut":  # every line listed is there: only the record's end is lost
+        record.write_text(text[: text.rindex("\n", 0, len(text) // 2) + 1])
+    else:
+        record.write_text(text.replace('"format": 1,', '"format": 2,'))
+    assert not export_complete(copy)
+
+
+def test_an_exports_record_is_checked_without_holding_its_list(tmp_path):
+    import tracemalloc
+
+    folder = tmp_path / "export"
+    for name in export.REQUIRED_FILES:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("{}")
+    (folder / "segmentation" / "s0").mkdir()
+    for i in range(20_000):
+        (folder / "segmentation" / "s0" / f"{i}-{i + 1}_0-64_0-64").write_bytes(b"x" * (i % 5))
+    assert export._write_manifest(folder, {}) == 20_000 + len(export.REQUIRED_FILES)
+    tracemalloc.start()
+    complete = export_complete(folder)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert complete
+    # Reading the record whole (json.loads, before) took 3.4 MB here.
+    assert peak < 500_000, f"{peak} bytes traced while checking 20,000 recorded files"
+
+
 def test_failure_midway_leaves_no_destination_and_no_temporary(volume, tmp_path, monkeypatch):
     raw, segmentation = volume
 
