@@ -721,13 +721,16 @@ def _write_segment_properties(folder: Path, ids: np.ndarray, counts: np.ndarray)
         tmp.write_text(json.dumps(properties))
 
 
+_FILES_LINE = ' "files": {\n'  # the line before the list of files: one a line, `export_complete` reads them so
+
+
 def _write_manifest(folder: Path, summary: dict) -> int:
     """List every file with its size in `export.json`, written as the folders are walked (the
     list is not held: a large export has millions of files); returns the number of files."""
     head = json.dumps({"format": MANIFEST_FORMAT, **summary}, indent=1)
     count = 0
     with atomic_path(folder / MANIFEST) as tmp, open(tmp, "w") as out:
-        out.write(head.removesuffix("\n}") + ',\n "files": {')
+        out.write(head.removesuffix("\n}") + ",\n" + _FILES_LINE.removesuffix("\n"))
         for name, size in _files_under(folder, folder):
             if name not in (MANIFEST, tmp.name):  # the record, old and being written
                 out.write(f"{',' if count else ''}\n  {json.dumps(name)}: {size}")
@@ -824,9 +827,6 @@ def export_complete(folder: str | Path) -> bool:
     except (OSError, ValueError, TypeError, AttributeError):
         return False
     return not missing
-
-
-_FILES_LINE = ' "files": {\n'  # where `_write_manifest`'s list begins: one file a line after it
 
 
 def _recorded_files(record: Path) -> Iterator[tuple[str, int]]:
