@@ -17,7 +17,6 @@ import argparse
 import collections
 import concurrent.futures
 import platform
-import resource
 import sys
 import tempfile
 import time
@@ -33,16 +32,8 @@ import workflow  # noqa: E402
 from pipeline.blocks import BlockConfig  # noqa: E402
 from pipeline.run_config import RunConfig  # noqa: E402
 from pipeline.staging import DataConfig, reads_in_place  # noqa: E402
+from pipeline.stamps import peak_memory_mib, resident_memory_mib  # noqa: E402
 from site_configs import local  # noqa: E402
-
-
-def resident_mib() -> float:
-    status = Path("/proc/self/status").read_text()
-    return int(status.split("VmRSS:")[1].split()[0]) / 1024
-
-
-def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def metadata_only_volume(folder: Path, edge: int) -> Path:
@@ -65,7 +56,7 @@ def plan(volume: Path, run_dir: Path, block: tuple, overlap: int) -> None:
         blocks=blocks,
     )
     paths = workflow.RunPaths(run_dir, reads_in_place(config.data))
-    before = resident_mib()
+    before = resident_memory_mib()
     started = time.perf_counter()
     steps = workflow.dag_steps(config, paths, local.SITE)
     planned = time.perf_counter()
@@ -75,7 +66,7 @@ def plan(volume: Path, run_dir: Path, block: tuple, overlap: int) -> None:
     print(f"{len(steps):,} tasks:", ", ".join(f"{app} {n:,}" for app, n in kinds.items()))
     print(
         f"dag_steps {planned - started:.1f} s, plan_run {done - planned:.1f} s; resident "
-        f"{before:.0f} MiB before, peak {peak_mib():.0f} MiB"
+        f"{before:.0f} MiB before, peak {peak_memory_mib():.0f} MiB"
     )
 
 
@@ -92,9 +83,9 @@ def parsl_pending(count: int, run_dir: Path) -> None:
     parsl.load(Config(executors=[ThreadPoolExecutor(max_threads=1)], run_dir=str(run_dir)))
     try:
         gate: concurrent.futures.Future = concurrent.futures.Future()
-        before, started = resident_mib(), time.perf_counter()
+        before, started = resident_memory_mib(), time.perf_counter()
         futures = [task({"block": i, "start": [i, 0, 0]}, inputs=[gate]) for i in range(count)]
-        seconds, grown = time.perf_counter() - started, resident_mib() - before
+        seconds, grown = time.perf_counter() - started, resident_memory_mib() - before
         gate.set_result(None)
         for future in futures:
             future.result()

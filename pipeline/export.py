@@ -58,6 +58,7 @@ from pipeline.errors import (
     VoxelSizeError,
 )
 from pipeline.roi import Roi, tiles
+from pipeline.stamps import files_under
 from pipeline.volumes import ZYX, VoxelSize
 
 IMAGE_LAYER = "image"
@@ -731,23 +732,12 @@ def _write_manifest(folder: Path, summary: dict) -> int:
     count = 0
     with atomic_path(folder / MANIFEST) as tmp, open(tmp, "w") as out:
         out.write(head.removesuffix("\n}") + ",\n" + _FILES_LINE.removesuffix("\n"))
-        for name, size in _files_under(folder, folder):
+        for name, size in files_under(folder):
             if name not in (MANIFEST, tmp.name):  # the record, old and being written
                 out.write(f"{',' if count else ''}\n  {json.dumps(name)}: {size}")
                 count += 1
         out.write("\n }\n}")
     return count
-
-
-def _files_under(folder: Path, root: Path) -> Iterator[tuple[str, int]]:
-    """(path relative to `root`, size) of every file under `folder`, in the order the folders
-    list them: a folder's listing is read as it goes, not held (nor sorted)."""
-    with os.scandir(folder) as listing:
-        for entry in listing:
-            if entry.is_dir(follow_symlinks=False):
-                yield from _files_under(Path(entry.path), root)
-            elif entry.is_file():
-                yield os.path.relpath(entry.path, root).replace(os.sep, "/"), entry.stat().st_size
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,23 +128,30 @@ def output_state(path: str | os.PathLike) -> object:
     return None
 
 
+def files_under(
+    folder: str | os.PathLike, root: str | os.PathLike | None = None
+) -> Iterator[tuple[str, int]]:
+    """(path relative to `root`, default `folder`, with "/"; size) of every file under `folder`,
+    in the order the folders list them: a folder's listing is read as it goes, not held (nor
+    sorted)."""
+    root = folder if root is None else root
+    with os.scandir(folder) as listing:
+        for entry in listing:
+            if entry.is_dir(follow_symlinks=False):
+                yield from files_under(entry.path, root)
+            elif entry.is_file():
+                yield os.path.relpath(entry.path, root).replace(os.sep, "/"), entry.stat().st_size
+
+
 def _folder_state(folder: Path) -> list:
     """[files, bytes, digest of every file's name and size] under `folder`. The digest is a sum
-    of one sha256 per file, so its order does not matter: the folders are read as they list,
-    nothing held or sorted (an export of 10^12 voxels has tens of millions of files)."""
+    of one sha256 per file, so its order does not matter: nothing is held or sorted (an export
+    of 10^12 voxels has tens of millions of files)."""
     files = size = total = 0
-    pending = [folder]
-    while pending:
-        with os.scandir(pending.pop()) as listing:
-            for entry in listing:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-                elif entry.is_file():
-                    bytes_ = entry.stat().st_size
-                    name = os.path.relpath(entry.path, folder).replace(os.sep, "/")
-                    one = hashlib.sha256(f"{name}\0{bytes_}".encode()).digest()
-                    total = (total + int.from_bytes(one, "big")) % (1 << 256)
-                    files, size = files + 1, size + bytes_
+    for name, bytes_ in files_under(folder):
+        one = hashlib.sha256(f"{name}\0{bytes_}".encode()).digest()
+        total = (total + int.from_bytes(one, "big")) % (1 << 256)
+        files, size = files + 1, size + bytes_
     return [files, size, f"{total:064x}"]
 
 
