@@ -245,19 +245,19 @@ def write_stamp(
     settings: dict,
     inputs: Sequence[Path],
     outputs: Sequence[Path],
+    states: dict,
     token: str | None = None,
     measured: dict | None = None,
-    states: dict | None = None,
 ) -> dict:
-    """Record that `outputs` were made from `settings` and `inputs` (call after writing them);
-    `measured`: what making them cost (seconds, peak memory); `states`: the outputs' states
-    (`output_state`, by name) where the caller has read them already."""
+    """Record that `outputs`, whose states (`output_state`, by name) are `states`, were made
+    from `settings` and `inputs` (call after writing them); `measured`: what making them cost
+    (seconds, peak memory)."""
     settings, tokens = _plain(settings), [input_token(p) for p in inputs]
     record = {
         "identity": task_identity(settings, tokens),
         "settings": settings,
         "inputs": [[_display(p), t] for p, t in zip(inputs, tokens, strict=True)],
-        "outputs": states or {Path(o).name: output_state(o) for o in outputs},
+        "outputs": states,
         "token": token or uuid.uuid4().hex,
         "measured": measured or {},
     }
@@ -300,7 +300,7 @@ def run_once(
         # starting point is what earlier tasks left behind.
         "start_rss_mib": held_before,
     }
-    write_stamp(settings, inputs, outputs, token, measured, states)
+    write_stamp(settings, inputs, outputs, states, token, measured)
     return "ran"
 
 
