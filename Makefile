@@ -1,11 +1,11 @@
 # The two commands a user needs (README): `make demo` runs the workflow on this machine,
 # `make test` runs lint + tests. Both create or reuse .venv first (tools/setup_env.sh).
 VENV ?= .venv
-# Set-up flavours (tools/setup_env.sh): MPI=wheel|system, GPU=0|1, DRY_RUN=1 to only print the plan.
-MPI ?= wheel
-GPU ?= 0
+# Set-up flavours (tools/setup_env.sh): MPI=wheel|system, GPU=0|1, recorded in the venv. No default
+# here: MPI/GPU not given means the venv's own flavour (wheel, 0 for a new venv), so a plain
+# `make test` keeps a venv made with `make env MPI=system`. DRY_RUN=1 only prints the plan.
 DRY_RUN ?= 0
-BIN := $(CURDIR)/$(VENV)/bin
+BIN := $(abspath $(VENV))/bin
 # The venv's bin/ first on PATH: mpiexec (mpich wheel), horovodrun and Parsl's interchange live there.
 RUN := PATH="$(BIN):$$PATH"
 

@@ -2,7 +2,7 @@
 
     python workflow.py --site local                      # this machine, the synthetic demo
     python workflow.py --site theta --config run.toml    # the same DAG on an HPC site
-    python workflow.py --site local --resume             # skip what a previous run finished
+    python workflow.py --run-dir R --resume              # go on with R's own settings and site
     python workflow.py --site theta --dry-run            # print the DAG and the site, submit nothing
     python workflow.py status --run-dir data/runs/demo   # what a run has done, where its logs are
     python workflow.py view --run-dir data/runs/demo     # open the result in Neuroglancer
@@ -22,11 +22,12 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
-from pipeline.errors import FFNError
+from pipeline.errors import ConfigError, FFNError
 from pipeline.stamps import Task, plan
 
 if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
@@ -349,11 +350,20 @@ def plan_run(
     return plan([s.task for s in steps], runnable=lambda t: t.stage in stages)
 
 
-def describe_plan(steps: list[Step], reasons: dict[str, str | None]) -> list[str]:
-    """Per stage: how many tasks are up to date, and why the others run."""
+def describe_plan(
+    steps: list[Step], reasons: dict[str, str | None], stages: frozenset[str] = frozenset(STAGES)
+) -> list[str]:
+    """Per stage: how many tasks are up to date, and why the others run; a stage --stages leaves
+    out says so, with how many of its tasks are up to date all the same."""
+    left_out = {s.task.stage for s in steps} - stages
+    whole = plan_run(steps) if left_out else reasons  # what a run of every stage would do
     lines = []
     for stage in dict.fromkeys(s.task.stage for s in steps):
         names = [s.task.name for s in steps if s.task.stage == stage]
+        if stage in left_out:
+            kept = sum(whole[n] is None for n in names)
+            lines.append(f"  {stage:<10} left out by --stages; {kept}/{len(names)} up to date")
+            continue
         kept = sum(reasons[n] is None for n in names)
         why: dict[str, list[str]] = {}
         for name in names:
@@ -366,6 +376,13 @@ def describe_plan(steps: list[Step], reasons: dict[str, str | None]) -> list[str
             f"  {stage:<10} {kept}/{len(names)} up to date" + (f"; runs: {runs}" if runs else "")
         )
     return lines
+
+
+def stale_left_out(steps: list[Step], stages: frozenset[str]) -> list[str]:
+    """Stages --stages left out that are not up to date now: a report would mix two runs."""
+    whole = plan_run(steps)
+    stale = [s.task.stage for s in steps if s.task.stage not in stages and whole[s.task.name]]
+    return list(dict.fromkeys(stale))
 
 
 def _app(step: Step):
@@ -425,6 +442,7 @@ def describe_training(config: RunConfig, ranks: int) -> str:
 def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
     from pipeline.blocks import plan_blocks
     from site_configs import describe
+    from site_configs.base import expanded_launch_line
 
     blocks = plan_blocks(_eval_shape(config), config.blocks)
     if config.pretrained_model:
@@ -442,7 +460,7 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
         f"  train      {launch.num_ranks} rank(s) on {launch.num_nodes} node(s), "
         f"{config.train.max_steps} steps -> {paths.train_dir}",
         f"             {describe_training(config, launch.num_ranks)}",
-        f"             $ {training_command(config, paths, launch)}",
+        f"             $ {expanded_launch_line(site, launch, training_command(config, paths, launch))}",
         f"  select     on {paths.select_volume if config.data.has_select_part else paths.train_volume}"
         f" -> {paths.selection}",
         f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel -> {paths.blocks_dir}",
@@ -589,52 +607,174 @@ def execute(
     return 0
 
 
-def _with_allocation(spec: SiteSpec, args: argparse.Namespace) -> SiteSpec:
-    """--account/--queue, else $FFN_ACCOUNT/$FFN_QUEUE, over the site module's values."""
+def _site_source(name_or_path: str) -> str:
+    """How a run records its site: a known site's name, or a user module's absolute path (a
+    resume from another directory must find the same module)."""
+    from site_configs import known_sites
+
+    if name_or_path in known_sites():
+        return name_or_path
+    return str(Path(name_or_path).expanduser().resolve())
+
+
+def save_site_record(path: Path, source: str, spec: SiteSpec) -> None:
+    """site.json: the site module the run uses and its resolved settings (account, queue, job
+    sizes): what `--resume` and `status` go on with."""
+    from pipeline.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(
+            json.dumps({"site": source, "spec": config_io.to_dict(spec)}, indent=2) + "\n"
+        )
+
+
+def load_site_record(path: Path) -> tuple[str, SiteSpec]:
+    """(site module, settings) a run recorded. Runs made before the module was recorded saved the
+    settings alone: their site is the known site of that name."""
+    from site_configs import known_sites
+    from site_configs.base import SiteSpec
+
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise FFNError(f"{path}: the run's site record cannot be read ({exc})") from None
+    if "spec" not in record:
+        record = {"site": record.get("name", ""), "spec": record}
+        if record["site"] not in known_sites():
+            raise FFNError(
+                f"{path} does not say which site module made the run (site {record['site']!r}); "
+                "give it with --site and --move-site"
+            )
+    return record["site"], config_io.from_dict(SiteSpec, record["spec"], str(path))
+
+
+def _allocation(args: argparse.Namespace, recorded: bool) -> dict[str, str]:
+    """--account, --queue, --walltime, --cpu-queue, --cpu-walltime as given; for a site not recorded by the run
+    also $FFN_ACCOUNT/$FFN_QUEUE (a resumed run keeps what it recorded over the environment's)."""
     import os
 
     changes = {
         name: value
-        for name in ("account", "queue")
-        if (value := getattr(args, name) or os.environ.get(f"FFN_{name.upper()}"))
+        for name in ("account", "queue", "walltime", "cpu_queue", "cpu_walltime")
+        if (value := getattr(args, name))
     }
-    return replace(spec, **changes) if changes else spec
+    if not recorded:
+        for name in ("account", "queue"):
+            if name not in changes and (value := os.environ.get(f"FFN_{name.upper()}")):
+                changes[name] = value
+    return changes
 
 
-def run(args: argparse.Namespace) -> int:
+def choose_site(args: argparse.Namespace, paths: RunPaths) -> tuple[str, SiteSpec | None]:
+    """The site module a run uses and, when it goes on with what it recorded, its settings.
+
+    A new run: --site (default local). A resume: the site in the run's site.json with its
+    settings; another --site only with --move-site, which takes that module's current settings
+    (a batch run must never move to the login node because --site was left out)."""
+    if args.move_site and not args.resume:
+        raise FFNError("--move-site goes with --resume: it moves an earlier run to another site")
+    if not args.resume:
+        return args.site or "local", None
+    if not paths.site.is_file():
+        if args.site is None:
+            raise FFNError(
+                f"--resume: {paths.site} is missing, so the run's site is not known; give --site"
+            )
+        return args.site, None
+    source, spec = load_site_record(paths.site)
+    if args.move_site:
+        return args.site or source, None
+    if args.site is not None and _site_source(args.site) != source:
+        raise FFNError(
+            f"--resume: the run in {paths.root} was made on site {source}; it resumes there "
+            f"(leave out --site), or add --move-site to go on on {args.site}"
+        )
+    return source, spec
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """What a run, its dry run and its resume go on with, and where each came from."""
+
+    config: RunConfig
+    paths: RunPaths
+    site: ModuleType  # the site module: make_config
+    site_source: str  # its name, or the path of a user's module (recorded in site.json)
+    spec: SiteSpec  # its settings for this run
+    origin: str  # one line: which site and settings, from where
+
+
+def resolve_run(args: argparse.Namespace) -> ResolvedRun:
+    """The run's settings, paths and site, the same for a run, its dry run and its resume."""
     from pipeline.run_config import load_run_config
-    from pipeline.staging import check_sources, reads_in_place
+    from pipeline.staging import reads_in_place
     from site_configs import load_site
-    from site_configs.base import sized_for_training
+    from site_configs.base import for_run
 
     config = load_run_config(args.config)
-    if args.train_nodes is not None:
-        config = replace(config, train_nodes=args.train_nodes)
-    site = load_site(args.site)
     paths = RunPaths(Path(args.run_dir or ROOT / "data" / "runs" / config.name).resolve())
-    if args.resume and not args.dry_run:
+    if args.resume:
         if not paths.config.is_file():
             raise FFNError(
                 f"--resume: {paths.root} holds no run (no config.json); leave out --resume to start one"
             )
         if args.config is None:  # the run's own settings, not the demo's
             config = load_run_config(paths.config)
+    if args.train_nodes is not None:
+        config = replace(config, train_nodes=args.train_nodes)
     paths = replace(paths, eval_in_place=reads_in_place(config.data))
-    spec = sized_for_training(site.SITE, config.train_nodes)  # one job = the nodes training uses
-    spec = _with_allocation(spec, args)
+    source, recorded = choose_site(args, paths)
+    site = load_site(source)
+    spec = for_run(
+        recorded or site.SITE,  # one job = the nodes training uses
+        train_nodes=config.train_nodes,
+        **_allocation(args, recorded is not None),
+    )
+    settings = args.config or (
+        f"the run's own {paths.config.name}" if args.resume else "the demo's defaults"
+    )
+    site_from = "as the run recorded it" if recorded is not None else f"from {site.__file__}"
+    origin = f"site {spec.name} ({site_from}), settings: {settings}"
+    return ResolvedRun(config, paths, site, _site_source(source), spec, origin)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.run_lock import hold
+    from pipeline.staging import check_sources
+    from site_configs.base import venv_path
+    from site_configs.environment import check_environment, describe_environment, read_environment
+
+    resolved = resolve_run(args)
+    config, paths, spec = resolved.config, resolved.paths, resolved.spec
     check_sources(config.data, config.train.model.fov_shape_zyx)  # before a job is submitted
+    environment = read_environment(venv_path(spec))
     if args.dry_run:
         print(describe_dag(config, paths, spec))
+        print(f"  {resolved.origin}")
+        print(f"  {describe_environment(environment)}")
+        try:
+            if warning := check_environment(spec, environment):
+                print(f"  {warning}")
+        except ConfigError as refusal:  # the dry run shows what the run would refuse
+            print(f"  a run would be refused: {refusal}")
         if paths.root.is_dir():
             steps = dag_steps(config, paths, spec)
-            print(f"tasks in {paths.root}:", *describe_plan(steps, plan_run(steps)), sep="\n")
+            stages = frozenset(args.stages or STAGES)
+            print(
+                f"tasks in {paths.root}:",
+                *describe_plan(steps, plan_run(steps, stages), stages),
+                sep="\n",
+            )
         return 0
+    # A GPU site with a CPU-only TensorFlow is refused here, before a job is asked for.
+    environment_warning = check_environment(spec, environment)
     if (paths.root / "runinfo").exists() and not args.resume:
         print(
             f"error: {paths.root} holds an earlier run; add --resume, or choose another --run-dir",
             file=sys.stderr,
         )
         return 2
+    lock = hold(paths.root)  # noqa: F841  (held until this process ends)
     stages = frozenset(args.stages or STAGES)
     if config.pretrained_model:  # inference only: the model's checkpoint is the selection
         from pipeline.pretrained import stage_pretrained_selection
@@ -642,28 +782,33 @@ def run(args: argparse.Namespace) -> int:
         stage_pretrained_selection(config.pretrained_model, paths.selection)
         stages = stages - {"preprocess", "train", "select"}
     check_stage_inputs(stages, paths.root)  # before any worker starts
-    paths.root.mkdir(parents=True, exist_ok=True)
     config_io.save_json(paths.config, config)
-    config_io.save_json(paths.site, spec)  # for `status`, which has no --site
+    save_site_record(paths.site, resolved.site_source, spec)
     if not config.pretrained_model:
         config_io.save_json(paths.train_dir / "requested_config.json", config.train)
     steps = dag_steps(config, paths, spec)
     reasons = plan_run(steps, stages)
-    source = args.config or (
-        f"the run's own {paths.config.name}" if args.resume else "the demo's defaults"
-    )
-    _say(f"site {spec.name}, run dir {paths.root}, settings: {source}")
+    _say(f"run dir {paths.root}, {resolved.origin}")
+    _say(describe_environment(environment))
+    if environment_warning:
+        _say(environment_warning)
     if not config.pretrained_model:
         _say(describe_training(config, spec.mpi_launch().num_ranks))
     _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
-    for line in describe_plan(steps, reasons):
+    for line in describe_plan(steps, reasons, stages):
         _say(line)
     if all(r is None for r in reasons.values()):
         _say("nothing to do: every task is up to date")
     else:
-        status = execute(steps, reasons, site, spec, paths)
+        status = execute(steps, reasons, resolved.site, spec, paths)
         if status:
             return status
+    if args.stages and (stale := stale_left_out(steps, stages)):
+        _say(
+            f"report not written: --stages left out {', '.join(stale)}, not up to date; run them "
+            "(or --resume without --stages) for a report of one consistent run"
+        )
+        return 0
     from pipeline.report import write_report
 
     write_report(paths.root)
@@ -673,29 +818,39 @@ def run(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     """What a run has done, from its stamps, monitoring.db and files; starts nothing."""
-    from pipeline.report import task_states
+    from pipeline.blocks import block_progress_path
+    from pipeline.report import failed_tasks, task_states
     from pipeline.run_config import load_run_config
+    from pipeline.run_lock import holder
     from pipeline.staging import reads_in_place
     from pipeline.train_metrics import last_metrics
-    from site_configs.base import SiteSpec
 
     paths = RunPaths(Path(args.run_dir).resolve())
     if not paths.config.is_file() or not paths.site.is_file():
         raise FFNError(f"status: {paths.root} holds no run (no config.json / site.json)")
     config = load_run_config(paths.config)
     paths = replace(paths, eval_in_place=reads_in_place(config.data))
-    spec = config_io.load_json(SiteSpec, paths.site)
+    source, spec = load_site_record(paths.site)
     steps = dag_steps(config, paths, spec)
-    print(f"run {config.name} in {paths.root} (site {spec.name})")
+    print(f"run {config.name} in {paths.root} (site {source})")
+    running = holder(paths.root)
+    print(f"workflow: {running.describe() if running else 'no workflow has run here'}")
     print("stamps (what is done and valid now):", *describe_plan(steps, plan_run(steps)), sep="\n")
-    states = task_states(paths.root / "monitoring.db")
-    if states:
+    for step in [s for s in steps if s.task.stage == "infer"]:
+        progress = block_progress_path(step.task.outputs[0])
+        if record := _progress_of(progress, {}):  # a block begun and not finished
+            when = time.strftime("%H:%M:%S", time.localtime(progress.stat().st_mtime))
+            print(f"  at {when}: {describe_progress(step.task.name, record)}")
+    db = paths.root / "monitoring.db"
+    if states := task_states(db):
         counts = {stage: {s: v.count(s) for s in set(v)} for stage, v in states.items()}
         print(
             "last Parsl run (monitoring.db):",
             *(f"  {st:<10} {c}" for st, c in counts.items()),
             sep="\n",
         )
+    for app, output, error in failed_tasks(db):
+        print(f"  failed: {app} -> {output}: {error}")
     if (metrics := last_metrics(paths.train_dir / "metrics.csv")) is not None:
         print(
             f"training: step {metrics['step']:.0f}/{config.train.max_steps}, loss {metrics['loss']:.4f}, "
@@ -722,8 +877,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("command", nargs="?", default="run", choices=["run", "status", "view"])
     parser.add_argument(
-        "--site", default="local", help="local, theta, polaris, slurm, or a path to a site module"
+        "--site",
+        help="local, theta, polaris, slurm, or a path to a site module (default: local; with "
+        "--resume the site the run recorded)",
     )
+    parser.add_argument(
+        "--move-site", action="store_true",
+        help="with --resume: go on on --site (its current settings) instead of the run's own site",
+    )  # fmt: skip
     parser.add_argument(
         "--config",
         help="TOML of run settings (see configs/), over the local demo's; default: the demo, or "
@@ -737,6 +898,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--queue", help="batch queue or partition (default: $FFN_QUEUE, else the site's)"
     )
+    parser.add_argument(
+        "--walltime", metavar="HH:MM:SS", help="walltime of the training's batch jobs"
+    )
+    parser.add_argument(
+        "--cpu-queue", help="batch queue of the single-process tasks' jobs (default: --queue's)"
+    )
+    parser.add_argument(
+        "--cpu-walltime", metavar="HH:MM:SS",
+        help="walltime of the batch jobs of single-process tasks (inference, export, ...)",
+    )  # fmt: skip
     parser.add_argument(
         "--train-nodes", type=int, metavar="N",
         help="nodes the training uses, and so the size of its batch job (the config's train_nodes; "

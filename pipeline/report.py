@@ -5,6 +5,7 @@ Per-stage wall times come from Parsl's monitoring database (`monitoring.db`: tab
 """
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -57,6 +58,31 @@ def task_states(db: str | Path, run: int = -1) -> dict[str, list[str]]:
     for app, state in rows:
         states.setdefault(STAGE_OF_APP.get(app, app), []).append(state)
     return states
+
+
+def failed_tasks(db: str | Path, run: int = -1) -> list[tuple[str, str, str]]:
+    """(app, its first output, the error of its last try) of each task that failed in one run
+    (-1 = the last): what `status` shows when the workflow's own output is gone."""
+    db = Path(db)
+    runs = [r[0] for r in _query(db, "SELECT run_id FROM workflow ORDER BY time_began")]
+    if not runs:
+        return []
+    rows = _query(
+        db,
+        "SELECT t.task_func_name, t.task_outputs, y.task_fail_history FROM task t JOIN try y "
+        "ON y.task_id = t.task_id AND y.run_id = t.run_id WHERE t.run_id = ? "
+        "AND y.try_id = (SELECT MAX(try_id) FROM try WHERE task_id = t.task_id AND run_id = t.run_id) "
+        "AND (SELECT task_status_name FROM status s WHERE s.task_id = t.task_id AND s.run_id = t.run_id "
+        "ORDER BY s.timestamp DESC LIMIT 1) = 'failed' ORDER BY t.task_id",
+        (runs[run],),
+    )
+    failed = []
+    for app, outputs, history in rows:
+        # Parsl records the outputs as the repr of its File objects, the errors comma-joined.
+        output = re.search(r"url=(\S+)", outputs or "")
+        error = (history or "").strip() or "no error recorded"
+        failed.append((app, output.group(1) if output else "?", error[-500:]))
+    return failed
 
 
 def stage_wall_times(db: str | Path) -> dict[str, float]:

@@ -61,14 +61,14 @@ def _init_runtime(config: TrainConfig, expected_ranks: int | None = None):
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from pipeline.devices import bind_to_gpu, check_world_size
+    from pipeline.devices import bind_to_gpu, check_world_size, gpu_order
 
     tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     os.environ["HOROVOD_CYCLE_TIME"] = str(config.horovod_cycle_time_ms)  # read by hvd.init
     hvd.init()
     check_world_size(hvd.size(), expected_ranks)
-    device = bind_to_gpu(tf, hvd.local_rank())
+    device = bind_to_gpu(tf, hvd.local_rank(), gpu_order(os.environ))  # the site's order
     if hvd.rank() == 0:
         print(f"[train] {hvd.size()} rank(s); rank 0 on {device}", flush=True)
     if config.deterministic:

@@ -8,7 +8,11 @@
 `--site` takes one of these names or the path of a user's own module (`load_site`). A site module
 has `SITE` (a `SiteSpec`) and `make_config(run_dir, site=None) -> parsl.config.Config`; copy one
 of the modules above to start. `make_config` refuses (ConfigError) while `account` or `queue`
-still hold a "YOUR_..." placeholder; `describe(site)` works regardless (for `--dry-run`).
+still hold a "YOUR_..." placeholder; `describe(site)` works regardless (for `--dry-run`). A site
+lists its queues' limits (`SiteSpec.queue_limits`, `QueueLimit`): a SiteSpec whose training or
+cpu jobs (nodes, walltime) its queue does not take is refused when built, naming the queues that
+would; `base.for_run(site, train_nodes=, account=, queue=, walltime=, cpu_queue=, cpu_walltime=)`
+applies a run's changes together, in one check.
 
 Every Config has the same two executors, so apps can name them on any site:
 
@@ -24,7 +28,7 @@ does not train starts no "mpi" interchange.
 
 The launcher contract for the training app, the same code on every site:
 
-    site = module.SITE                      # or dataclasses.replace(module.SITE, account=...)
+    site = module.SITE                      # or base.for_run(module.SITE, account=...)
     launch = site.mpi_launch(num_nodes)     # default: nodes_per_block / mpi_tasks_per_block
 
     @bash_app(executors=[launch.executor])  # "mpi"
@@ -34,7 +38,8 @@ The launcher contract for the training app, the same code on every site:
 
     train(args, parsl_resource_specification=launch.resource_specification)
 
-`launch.command(program)` exports OMP_NUM_THREADS and puts `launch.prefix` in front of the program:
+`launch.command(program)` exports OMP_NUM_THREADS and FFN_GPU_ORDER (`SiteSpec.gpu_order`, which
+GPU each rank of a node takes: pipeline.devices) and puts `launch.prefix` in front of the program:
 `$PARSL_MPI_PREFIX` on local, polaris and slurm (Parsl's MPI mode composes it from the resource
 specification `{num_nodes, ranks_per_node, num_ranks[, launcher_options]}` and the block's nodes:
 `mpiexec -n 2 -ppn 2 -hosts localhost` locally, `srun --ntasks ...` on Slurm), and on theta a
@@ -53,12 +58,13 @@ from pathlib import Path
 from types import ModuleType
 
 from pipeline.errors import ConfigError
-from site_configs.base import CPU_LABEL, MPI_LABEL, MPILaunch, SiteSpec, describe
+from site_configs.base import CPU_LABEL, MPI_LABEL, MPILaunch, QueueLimit, SiteSpec, describe
 
 __all__ = [
     "CPU_LABEL",
     "MPI_LABEL",
     "MPILaunch",
+    "QueueLimit",
     "SiteSpec",
     "describe",
     "known_sites",
@@ -66,7 +72,7 @@ __all__ = [
 ]
 
 # Modules of this package that are building blocks, not sites.
-_NOT_SITES = {"base", "cobalt"}
+_NOT_SITES = {"base", "cobalt", "environment"}
 
 
 def known_sites() -> list[str]:

@@ -17,7 +17,7 @@ import shlex
 import shutil
 import string
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -28,6 +28,7 @@ from parsl.executors.base import ParslExecutor
 from parsl.executors.high_throughput.mpi_prefix_composer import compose_all
 from parsl.logconfigs.file import FileLogging
 
+from pipeline.devices import GPU_ORDER_ENV, GPU_ORDERS, GpuOrder
 from pipeline.errors import ConfigError, FFNError
 
 # The two executor labels every site provides; apps pick one with `executors=[...]`.
@@ -38,6 +39,14 @@ PARSL_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # SiteSpec.parsl_log_l
 
 # A setting that contains this is a placeholder the user must replace before submitting.
 PLACEHOLDER_PREFIX = "YOUR_"
+_MAY_HOLD_PLACEHOLDERS = (
+    "account",
+    "queue",
+    "cpu_queue",
+    "venv",
+    "worker_init",
+    "scheduler_options",
+)
 
 
 def _interchange_cmd() -> str:
@@ -84,6 +93,62 @@ LAUNCHER_OPTION_FIELDS = (
     "cores_per_node",
 )
 _WALLTIME = re.compile(r"^\d{1,4}:[0-5]\d:[0-5]\d$")
+# What MPILaunch.prefix holds where Parsl's MPI mode composes the launcher line for the task.
+MPI_PREFIX = "$PARSL_MPI_PREFIX"
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
+def _seconds(walltime: str) -> int:
+    hours, minutes, seconds = map(int, walltime.split(":"))
+    return 3600 * hours + 60 * minutes + seconds
+
+
+@dataclass(frozen=True)
+class QueueLimit:
+    """What one batch queue accepts: jobs of `min_nodes` to `max_nodes` nodes for up to
+    `max_walltime`. A routing queue whose longest walltime depends on the job's size (Polaris'
+    prod) has one entry per size range, all under its name."""
+
+    name: str  # as qsub -q / sbatch --partition takes it
+    min_nodes: int
+    max_nodes: int
+    max_walltime: str  # HH:MM:SS
+
+    def __post_init__(self) -> None:
+        where = f"queue limit {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"{where}: name must be a non-empty string")
+        for value in (self.min_nodes, self.max_nodes):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: node counts must be whole numbers >= 1, got {value!r}")
+        if self.min_nodes > self.max_nodes:
+            raise ConfigError(f"{where}: min_nodes {self.min_nodes} > max_nodes {self.max_nodes}")
+        if not isinstance(self.max_walltime, str) or not _WALLTIME.match(self.max_walltime):
+            raise ConfigError(f"{where}: max_walltime {self.max_walltime!r} is not HH:MM:SS")
+
+    @property
+    def size(self) -> str:
+        """Its sizes as "1-2 nodes, <= 01:00:00"."""
+        return f"{self.min_nodes}-{self.max_nodes} nodes, <= {self.max_walltime}"
+
+    def allows(self, nodes: int, walltime: str) -> bool:
+        return self.min_nodes <= nodes <= self.max_nodes and _seconds(walltime) <= _seconds(
+            self.max_walltime
+        )
+
+
+def _sizes(limits: Iterable[QueueLimit]) -> str:
+    return "; ".join(limit.size for limit in limits)
+
+
+def _describe_queues(limits: Iterable[QueueLimit]) -> str:
+    """The queues as "debug (1-2 nodes, <= 01:00:00), prod (10-24 nodes, ...; 25-99 nodes, ...)"."""
+    limits = tuple(limits)
+    names = dict.fromkeys(limit.name for limit in limits)
+    return ", ".join(f"{n} ({_sizes(q for q in limits if q.name == n)})" for n in names)
 
 
 @dataclass(frozen=True)
@@ -105,7 +170,10 @@ class SiteSpec:
     threads_per_rank: int = 1  # OMP_NUM_THREADS and TensorFlow intra-op threads of each rank
     cores_per_node: int = 1  # physical cores of a compute node
     hyperthreads_per_core: int = 1  # hardware threads per core a rank may use (aprun -j, srun -c)
-    gpus_per_node: int = 0  # requested from the scheduler where it asks (PBS select ngpus)
+    gpus_per_node: int = 0  # requested from the scheduler (PBS ngpus, sbatch --gpus-per-node)
+    # Which GPU each rank of a node takes (pipeline.devices): "local_rank" (GPU r) or "reverse"
+    # (GPU n-1-r, ALCF's advice for Polaris' NUMA layout). Exported to the ranks as $FFN_GPU_ORDER.
+    gpu_order: GpuOrder = "local_rank"
     mpi_tasks_per_block: int = 1  # multi-rank tasks one block runs at once (each on its own nodes)
     max_blocks: int = 1  # batch jobs of the mpi pool alive at once
     launcher_options: str = ""  # extra launcher flags for every multi-rank task; may use the
@@ -116,10 +184,21 @@ class SiteSpec:
     cpu_nodes_per_block: int = 1  # nodes in one batch job of the cpu pool
     cpu_workers_per_node: int = 1  # concurrent tasks per node (each gets cpus_per_node / this)
     cpu_max_blocks: int = 1  # batch jobs of the cpu pool alive at once
+    # Queue and walltime of the cpu pool's jobs; None: the training's `queue` and `walltime`.
+    # Their own, because the pools' jobs differ: Polaris' prod takes no job under 10 nodes, so a
+    # training there sends its 1-node cpu jobs to another queue; and a long training need not make
+    # every inference job ask for (and wait in the queue for) as long. None, not a copy on each
+    # site, so a site or a user that sets one walltime (or queue) still sets it for both pools.
+    cpu_queue: str | None = None
+    cpu_walltime: str | None = None
 
     # -- batch jobs (ignored by the local site) --
-    walltime: str = "01:00:00"  # HH:MM:SS of every batch job
+    walltime: str = "01:00:00"  # HH:MM:SS of the training's batch jobs (and the cpu pool's: above)
     queue: str | None = None  # PBS/Cobalt queue or Slurm partition; None = the scheduler's default
+    # The site's queues and the jobs each accepts: a job that its queue does not accept is refused
+    # when the SiteSpec is built, naming the queues that would take it, not by qsub half-way into
+    # a run. A queue not listed here (a reservation, a user's partition) is not checked.
+    queue_limits: tuple[QueueLimit, ...] = ()
     account: str | None = None  # allocation charged; None = the scheduler's default
     scheduler_options: str = ""  # extra '#PBS' / '#COBALT' / '#SBATCH' lines for every job
     worker_init: str = ""  # shell lines run before the venv is activated (module loads)
@@ -199,8 +278,14 @@ class SiteSpec:
             )
         if self.scheduler == "local" and (self.nodes_per_block, self.cpu_nodes_per_block) != (1, 1):
             raise ConfigError(f"{where}: the local scheduler has one node; set nodes_per_block=1")
-        if not _WALLTIME.match(self.walltime):
-            raise ConfigError(f"{where}: walltime {self.walltime!r} is not HH:MM:SS")
+        for name in ("walltime", "cpu_walltime"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and _WALLTIME.match(value)):
+                raise ConfigError(f"{where}: {name} {value!r} is not HH:MM:SS")
+        if self.gpu_order not in GPU_ORDERS:
+            raise ConfigError(
+                f"{where}: gpu_order {self.gpu_order!r} is not one of {', '.join(GPU_ORDERS)}"
+            )
         if self.max_idletime < 0 or self.resource_monitoring_interval < 0:
             raise ConfigError(
                 f"{where}: max_idletime and resource_monitoring_interval must be >= 0"
@@ -213,7 +298,7 @@ class SiteSpec:
         period = self.strategy_period
         if isinstance(period, bool) or not isinstance(period, int | float) or not 0 < period <= 600:
             raise ConfigError(f"{where}: strategy_period must be in (0, 600] s")
-        for name in ("queue", "account", "venv"):
+        for name in ("queue", "cpu_queue", "account", "venv"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"{where}: {name} must be a non-empty string or None")
@@ -224,6 +309,34 @@ class SiteSpec:
                 f"{where}: launcher_options {self.launcher_options!r} uses an unknown field "
                 f"{err}; known: {', '.join('{' + f + '}' for f in LAUNCHER_OPTION_FIELDS)}"
             ) from None
+        self._check_queues()
+
+    def _check_queues(self) -> None:
+        """Each pool's jobs (nodes, walltime) must be ones its queue accepts."""
+        limits = self.queue_limits
+        if not isinstance(limits, tuple) or not all(isinstance(q, QueueLimit) for q in limits):
+            raise ConfigError(f"site {self.name!r}: queue_limits must be a tuple of QueueLimit")
+        self._check_job("training", self.queue, self.nodes_per_block, self.walltime)
+        self._check_job("cpu", self.cpu_job_queue, self.cpu_nodes_per_block, self.cpu_job_walltime)
+
+    def _check_job(self, pool: str, queue: str | None, nodes: int, walltime: str) -> None:
+        known = self.limits_of(queue)
+        if not known or any(limit.allows(nodes, walltime) for limit in known):
+            return
+        fit = [limit for limit in self.queue_limits if limit.allows(nodes, walltime)]
+        # The workflow's options for this pool's jobs (its size: --train-nodes, training only).
+        flag = "--" if pool == "training" else "--cpu-"
+        if any(limit.min_nodes <= nodes <= limit.max_nodes for limit in known):
+            advice = f"a shorter {flag}walltime or another {flag}queue"
+        elif pool == "training":
+            advice = "another --queue, or --train-nodes that the queue takes"
+        else:
+            advice = "another --cpu-queue"
+        raise ConfigError(
+            f"site {self.name!r}: a {pool} job of {_nodes(nodes)} for {walltime} does not fit "
+            f"queue {queue!r} ({_sizes(known)}); queues that fit: "
+            f"{_describe_queues(fit) or 'none'}; give {advice}"
+        )
 
     # -- derived values --
     @property
@@ -231,9 +344,23 @@ class SiteSpec:
         """Settings that still hold a "YOUR_..." placeholder."""
         return tuple(
             name
-            for name in ("account", "queue", "venv", "worker_init", "scheduler_options")
+            for name in _MAY_HOLD_PLACEHOLDERS
             if PLACEHOLDER_PREFIX in (getattr(self, name) or "")
         )
+
+    @property
+    def cpu_job_queue(self) -> str | None:
+        """The queue of the cpu pool's jobs: `cpu_queue`, else the training's."""
+        return self.cpu_queue or self.queue
+
+    @property
+    def cpu_job_walltime(self) -> str:
+        """The walltime of the cpu pool's jobs: `cpu_walltime`, else the training's."""
+        return self.cpu_walltime or self.walltime
+
+    def limits_of(self, queue: str | None) -> tuple[QueueLimit, ...]:
+        """The entries of `queue_limits` for this queue; () when the site does not know it."""
+        return tuple(limit for limit in self.queue_limits if limit.name == queue)
 
     @property
     def cpus_per_node(self) -> int:
@@ -272,7 +399,8 @@ class SiteSpec:
             )
         ranks = nodes * self.ranks_per_node
         options = self.format_launcher_options()
-        env = {"OMP_NUM_THREADS": str(self.threads_per_rank)}
+        # The launchers pass the launching shell's environment on to every rank.
+        env = {"OMP_NUM_THREADS": str(self.threads_per_rank), GPU_ORDER_ENV: self.gpu_order}
         if self.scheduler == "cobalt":
             # Classic Theta pattern: the worker runs on the MOM node and calls aprun itself; ALPS
             # places the ranks on free nodes of the job, so no node list and no resource spec.
@@ -280,7 +408,7 @@ class SiteSpec:
             spec: dict[str, int | str] = {}
         else:
             # Parsl's MPI mode composes $PARSL_MPI_PREFIX from this spec and the block's nodes.
-            prefix = "$PARSL_MPI_PREFIX"
+            prefix = MPI_PREFIX
             spec = {"num_nodes": nodes, "ranks_per_node": self.ranks_per_node, "num_ranks": ranks}
             if options:
                 spec["launcher_options"] = options
@@ -319,7 +447,7 @@ class MPILaunch:
     executor: str  # label of the executor to run on ("mpi")
     prefix: str  # put before the program: "$PARSL_MPI_PREFIX" or "aprun -n ... --cc depth"
     resource_specification: dict  # pass as parsl_resource_specification= ({} where unused)
-    env: dict  # exported before the launch (OMP_NUM_THREADS)
+    env: dict  # exported before the launch (OMP_NUM_THREADS, FFN_GPU_ORDER)
     num_nodes: int
     num_ranks: int
     ranks_per_node: int
@@ -331,15 +459,42 @@ class MPILaunch:
         return f"{exports}{self.prefix} {program}"
 
 
-def sized_for_training(site: SiteSpec, train_nodes: int) -> SiteSpec:
-    """The site with training jobs of exactly the nodes the training uses (0: as it is), so the
-    nodes requested are the nodes used: a job of `train_nodes` x `mpi_tasks_per_block` nodes."""
-    if train_nodes == 0:
+def for_run(
+    site: SiteSpec,
+    *,
+    train_nodes: int = 0,
+    account: str | None = None,
+    queue: str | None = None,
+    walltime: str | None = None,
+    cpu_queue: str | None = None,
+    cpu_walltime: str | None = None,
+) -> SiteSpec:
+    """The site as a run uses it: training jobs of exactly the nodes the training uses (a job of
+    `train_nodes` x `mpi_tasks_per_block` nodes; 0: the site's nodes_per_block), and the account,
+    queues and walltimes given (None: the site's). One replace, so one check of all the changes
+    together: a run of 128 nodes fits only with the queue that takes it, which neither change
+    passes alone."""
+    asked = {
+        "train_nodes": train_nodes or None,
+        "account": account,
+        "queue": queue,
+        "walltime": walltime,
+        "cpu_queue": cpu_queue,
+        "cpu_walltime": cpu_walltime,
+    }
+    asked = {name: value for name, value in asked.items() if value is not None}
+    if not asked:
         return site
+    changes = {name: value for name, value in asked.items() if name != "train_nodes"}
+    if train_nodes:
+        changes["nodes_per_block"] = train_nodes * site.mpi_tasks_per_block
     try:
-        return dataclasses.replace(site, nodes_per_block=train_nodes * site.mpi_tasks_per_block)
+        return dataclasses.replace(site, **changes)
     except ConfigError as exc:
-        raise ConfigError(f"train_nodes {train_nodes}: {exc}") from None
+        # What the run asked for, since the site's message names its own settings
+        # (nodes_per_block where the user gave train_nodes).
+        context = ", ".join(f"{name} {value}" for name, value in asked.items())
+        raise ConfigError(f"{context}: {exc}") from None
 
 
 # -- shared pieces of every site's Config --
@@ -519,39 +674,63 @@ def check_scheduler(site: SiteSpec, scheduler: str, module: str) -> None:
 
 
 # -- --dry-run --
+def expanded_launch_line(site: SiteSpec, launch: MPILaunch, command: str) -> str:
+    """`command` (a `launch.command(...)` line) as it runs in a job whose nodes are <node0>,
+    <node1>, ...: $PARSL_MPI_PREFIX replaced by what Parsl's MPI mode composes from the resource
+    specification and the job's nodes. A Cobalt site's aprun line is complete already."""
+    if launch.prefix != MPI_PREFIX:
+        return command
+    hosts = [f"<node{i}>" for i in range(launch.num_nodes)]
+    spec = {k: str(v) for k, v in launch.resource_specification.items()}
+    composed = compose_all(site.mpi_launcher, spec, hosts)["PARSL_MPI_PREFIX"].strip()
+    return command.replace(MPI_PREFIX, composed)
+
+
+def _describe_jobs(site: SiteSpec, queue: str | None, walltime: str) -> str:
+    """Where one pool's jobs go: "batch jobs of 01:00:00 in queue debug (1-2 nodes, ...)"."""
+    if queue is None:
+        where = "the scheduler's default queue"
+    else:
+        sizes = _sizes(site.limits_of(queue)) or "limits not in the site's queue_limits"
+        where = f"queue {queue} ({sizes})"
+    return f"    batch jobs of {walltime} in {where}"
+
+
 def describe(site: SiteSpec, run_dir: str | Path | None = None) -> str:
     """A few lines saying what the site's Config would do, without a scheduler or a submission."""
     launch = site.mpi_launch()
     provider = PROVIDER_FOR[site.scheduler]
     batch = site.scheduler != "local"
-    lines = [f"site {site.name}: {provider}" + (f", walltime {site.walltime}" if batch else "")]
+    lines = [f"site {site.name}: {provider}"]
     if batch:
         for name in ("account", "queue"):
             value = getattr(site, name)
             note = "  <- placeholder: set it before submitting" if name in site.placeholders else ""
             lines.append(f"  {name}: {value if value is not None else '(scheduler default)'}{note}")
+        if site.queue_limits:
+            lines.append(f"  the site's queues: {_describe_queues(site.queue_limits)}")
     if site.scheduler == "cobalt":
         mpi_exec = (
             f"HighThroughputExecutor, {site.mpi_tasks_per_block} worker(s) on the job's MOM node "
             f"that call aprun ({provider}, SimpleLauncher)"
         )
-        line = launch.command("python -m pipeline.cli.train ...")
     else:
         mpi_exec = (
             f"MPIExecutor(mpi_launcher={site.mpi_launcher!r}, "
             f"max_workers_per_block={site.mpi_tasks_per_block}) ({provider}, SimpleLauncher)"
         )
-        hosts = [f"<node{i}>" for i in range(launch.num_nodes)]
-        spec = {k: str(v) for k, v in launch.resource_specification.items()}
-        composed = compose_all(site.mpi_launcher, spec, hosts)["PARSL_MPI_PREFIX"].strip()
-        line = launch.command("python -m pipeline.cli.train ...").replace(launch.prefix, composed)
+    line = expanded_launch_line(site, launch, launch.command("python -m pipeline.cli.train ..."))
     lines += [
         f'  executor "{MPI_LABEL}": {mpi_exec}',
         f"    {site.nodes_per_block} node(s) per block, up to {site.max_blocks} block(s); "
         f"{site.ranks_per_node} rank(s) per node x {site.threads_per_rank} thread(s), "
         f"{site.cpus_per_rank} hardware thread(s) per rank",
-        f"    training on {launch.num_nodes} node(s): {line}",
     ]
+    if batch:
+        lines.append(_describe_jobs(site, site.queue, site.walltime))
+    if site.gpus_per_node:
+        lines.append(f"    {site.gpus_per_node} GPU(s) per node, GPU order {site.gpu_order}")
+    lines.append(f"    training on {launch.num_nodes} node(s): {line}")
     if launch.resource_specification:
         lines.append(f"    parsl_resource_specification={launch.resource_specification}")
     lines += [
@@ -561,6 +740,10 @@ def describe(site: SiteSpec, run_dir: str | Path | None = None) -> str:
         f"block(s), {site.cpu_workers_per_node} worker(s) per node x "
         f"{site.cpu_threads_per_worker} thread(s), "
         + " ".join(f"{k}={v}" for k, v in CPU_WORKER_ENV.items()),
+    ]
+    if batch:
+        lines.append(_describe_jobs(site, site.cpu_job_queue, site.cpu_job_walltime))
+    lines += [
         "  worker_init:",
         *[f"    {x}" for x in worker_init(site).splitlines()],
     ]
@@ -571,7 +754,6 @@ def describe(site: SiteSpec, run_dir: str | Path | None = None) -> str:
         ]
     where = Path(run_dir).resolve() if run_dir is not None else Path("<run_dir>")
     lines.append(
-        f"  checkpoints: {where / 'runinfo'}/*/checkpoint (task_exit); monitoring: "
-        + (f"sqlite:///{where / 'monitoring.db'}" if site.monitoring else "off")
+        "  monitoring: " + (f"sqlite:///{where / 'monitoring.db'}" if site.monitoring else "off")
     )
     return "\n".join(lines)

@@ -5,11 +5,11 @@
            `mpiexec -n <ranks> -ppn 4 -hosts <the job's nodes> --cpu-bind depth --depth=8 ...`.
     "cpu": HighThroughputExecutor on PBSProProvider(MpiExecLauncher): a worker pool per node.
 
-Before submitting: set `account` (and `queue` for runs bigger than debug allows), and create the
-venv on a file system the compute nodes mount (home, eagle) with the site's MPI and the GPU build,
-after the same module loads as `worker_init`:  `make env MPI=system GPU=1` (README, "On an HPC
-machine"). Each training rank takes the A100 of its local rank (pipeline.devices); each worker of
-the "cpu" pool gets one A100 of its own (CUDA_VISIBLE_DEVICES), for inference.
+Before submitting: set `account` (and `queue` for runs bigger than debug allows: `QUEUES`), and
+create the venv on a file system the compute nodes mount (home, eagle) with the site's MPI and the
+GPU build, after the same module loads as `worker_init`:  `make env MPI=system GPU=1` (README, "On
+an HPC machine"). Local rank r of a node takes A100 3-r (`gpu_order="reverse"`, pipeline.devices);
+each worker of the "cpu" pool gets one A100 of its own (CUDA_VISIBLE_DEVICES), for inference.
 """
 
 from __future__ import annotations
@@ -22,7 +22,26 @@ from parsl.launchers import MpiExecLauncher, SimpleLauncher
 from parsl.providers import PBSProProvider
 
 from site_configs import base
-from site_configs.base import SiteSpec
+from site_configs.base import QueueLimit, SiteSpec
+
+# Polaris' queues, from ALCF's "Running Jobs on Polaris" (docs.alcf.anl.gov/polaris/running-jobs/).
+# prod is a routing queue: it sends a job by its size to small, medium or large, each with its own
+# longest walltime (10 to 496 nodes in all). Left out: demand (by request only) and the per-user
+# and per-project job counts (debug: 1 job running; debug-scaling: 1 job in all; prod: 10
+# running per project; preemptable: 20 per project, killed when demand jobs need the nodes).
+QUEUES = (
+    QueueLimit("debug", 1, 2, "01:00:00"),
+    QueueLimit("debug-scaling", 1, 10, "01:00:00"),
+    QueueLimit("prod", 10, 24, "03:00:00"),  # routed to small
+    QueueLimit("prod", 25, 99, "06:00:00"),  # medium
+    QueueLimit("prod", 100, 496, "24:00:00"),  # large
+    QueueLimit("preemptable", 1, 10, "72:00:00"),
+)
+# As ALCF's Polaris job scripts ask: `-l select=N:system=polaris` (the machine the nodes come
+# from; ALCF's qsub2pbs leaves `system` for the user to fill in) and `-l place=scatter` (each
+# chunk of the select on a node of its own).
+SELECT_SYSTEM = "system=polaris"
+PLACE = "#PBS -l place=scatter"
 
 SITE = SiteSpec(
     name="polaris",
@@ -34,14 +53,18 @@ SITE = SiteSpec(
     cores_per_node=32,  # AMD EPYC Milan 7543P
     hyperthreads_per_core=1,  # one thread per core: TensorFlow gains little from SMT
     gpus_per_node=4,  # asked for with select ngpus=4 (whole nodes are allocated anyway)
+    gpu_order="reverse",  # local rank r on GPU 3-r: ALCF's set_affinity_gpu_polaris.sh (NUMA)
     mpi_tasks_per_block=1,  # one training per job; raise with nodes_per_block for sweeps
     max_blocks=1,  # one training job at a time
     launcher_options="--cpu-bind depth --depth={cpus_per_rank}",  # ALCF: bind ranks by depth
     cpu_nodes_per_block=1,  # inference/preprocessing jobs of one node...
     cpu_workers_per_node=4,  # ...with 4 single-process tasks of 8 threads each
     cpu_max_blocks=4,  # up to 4 such jobs at once
+    cpu_queue=None,  # the training's queue; with prod (10+ nodes): debug-scaling or preemptable
+    cpu_walltime=None,  # the training's walltime
     walltime="01:00:00",  # debug queue maximum; prod allows longer
     queue="debug",  # debug (<= 2 nodes, 1 h), debug-scaling (<= 10 nodes), prod, preemptable
+    queue_limits=QUEUES,  # a job its queue does not take is refused before it is submitted
     account="YOUR_ALLOCATION",  # your ALCF project: make_config refuses to submit with this
     scheduler_options="#PBS -l filesystems=home:eagle",  # file systems the job needs mounted
     # The Python 3.11 the venv was made with, and Cray MPICH: Horovod was built against it
@@ -59,10 +82,12 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
     site = site or SITE
     base.check_scheduler(site, "pbspro", "polaris")
     site.require_submittable()
-    # -l select=N:ncpus=64:ngpus=4. PBS counts both hardware threads of a core as ncpus (64 per
-    # Polaris node, as in parsl/configs/polaris.py).
+    # -l select=N:ncpus=64:ngpus=4:system=polaris. PBS counts both hardware threads of a core as
+    # ncpus (64 per Polaris node, as in parsl/configs/polaris.py).
     ncpus = 2 * site.cores_per_node
-    select = f"ngpus={site.gpus_per_node}" if site.gpus_per_node else ""
+    gpus = [f"ngpus={site.gpus_per_node}"] if site.gpus_per_node else []
+    select = ":".join([*gpus, SELECT_SYSTEM])
+    scheduler_options = "\n".join(filter(None, [PLACE, site.scheduler_options]))
     return base.build_config(
         run_dir,
         site,
@@ -81,7 +106,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     nodes_per_block=site.nodes_per_block,
                     cpus_per_node=ncpus,
                     select_options=select,
-                    scheduler_options=site.scheduler_options,
+                    scheduler_options=scheduler_options,
                     worker_init=base.worker_init(site),
                     init_blocks=0,  # nodes are requested when a training task is ready
                     min_blocks=0,
@@ -103,12 +128,12 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                         bind_cmd="--cpu-bind", overrides=f"--depth={site.cpus_per_node} --ppn 1"
                     ),
                     account=site.account,
-                    queue=site.queue,
-                    walltime=site.walltime,
+                    queue=site.cpu_job_queue,
+                    walltime=site.cpu_job_walltime,
                     nodes_per_block=site.cpu_nodes_per_block,
                     cpus_per_node=ncpus,
                     select_options=select,
-                    scheduler_options=site.scheduler_options,
+                    scheduler_options=scheduler_options,
                     worker_init=base.cpu_worker_init(site),
                     init_blocks=0,  # requested when the first task is ready
                     min_blocks=0,

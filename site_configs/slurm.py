@@ -3,11 +3,12 @@
     "mpi": MPIExecutor(mpi_launcher="srun") on SlurmProvider(SimpleLauncher); one worker pool on
            the job's first node, and a training task runs `$PARSL_MPI_PREFIX python ...`, i.e.
            `srun --ntasks <ranks> --ntasks-per-node 4 --nodelist <the job's nodes> --nodes <n>
-           --cpus-per-task=64 --cpu-bind=cores python ...`.
+           --cpus-per-task=64 --cpu-bind=cores --mpi=pmix python ...`.
     "cpu": HighThroughputExecutor on SlurmProvider(SrunLauncher): a worker pool per node.
 
 Before submitting set `account`, and `queue` (the partition) or, on Perlmutter, `queue=None`
-with `scheduler_options="#SBATCH --constraint=cpu\\n#SBATCH --qos=debug"`.
+with `scheduler_options="#SBATCH --constraint=cpu\\n#SBATCH --qos=debug"`; with Cray MPICH
+(Perlmutter) give `--mpi=cray_shasta` in `launcher_options` in place of `--mpi=pmix`.
 """
 
 from __future__ import annotations
@@ -33,12 +34,20 @@ SITE = SiteSpec(
     hyperthreads_per_core=2,  # Slurm counts hardware threads: -c = 2 x cores per rank
     mpi_tasks_per_block=1,  # one training per job
     max_blocks=1,  # one training job at a time
-    launcher_options="--cpus-per-task={cpus_per_rank} --cpu-bind=cores",  # NERSC's advice
+    # NERSC's binding advice, and PMIx to start the ranks as one world under an OpenMPI (or
+    # other PMIx) build of Horovod; with Cray MPICH (Perlmutter) use --mpi=cray_shasta instead.
+    launcher_options="--cpus-per-task={cpus_per_rank} --cpu-bind=cores --mpi=pmix",
     cpu_nodes_per_block=1,  # inference/preprocessing jobs of one node...
     cpu_workers_per_node=32,  # ...32 single-process tasks of 4 cores each
     cpu_max_blocks=4,  # up to 4 such jobs at once
+    cpu_queue=None,  # the training's partition
+    cpu_walltime=None,  # the training's walltime
     walltime="00:30:00",  # short jobs start sooner; raise for long trainings
     queue="YOUR_PARTITION",  # partition; None on Perlmutter (use the qos line above instead)
+    # None known: partitions differ from cluster to cluster. Add yours, as
+    # (QueueLimit(name, min_nodes, max_nodes, "HH:MM:SS"), ...) from `scontrol show partition`
+    # (MinNodes, MaxNodes, MaxTime), to have a job that does not fit refused before submitting.
+    queue_limits=(),
     account="YOUR_ALLOCATION",  # your allocation: make_config refuses to submit with this
     scheduler_options="",  # extra #SBATCH lines (constraint, qos, ...)
     # e.g. "module load python openmpi": the venv's Python, and the MPI Horovod was built
@@ -74,6 +83,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     scheduler_options=site.scheduler_options,
                     worker_init=base.worker_init(site),
                     exclusive=True,  # whole nodes: the ranks bind to all cores
+                    gpus_per_node=site.gpus_per_node or None,  # GRES: no GPU visible unless asked
                     init_blocks=0,  # nodes are requested when a training task is ready
                     min_blocks=0,
                     max_blocks=site.max_blocks,
@@ -91,13 +101,14 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     launcher=SrunLauncher(
                         overrides=f"--cpus-per-task={site.cpus_per_node} --cpu-bind=cores"
                     ),
-                    partition=site.queue,
+                    partition=site.cpu_job_queue,
                     account=site.account,
-                    walltime=site.walltime,
+                    walltime=site.cpu_job_walltime,
                     nodes_per_block=site.cpu_nodes_per_block,
                     scheduler_options=site.scheduler_options,
                     worker_init=base.cpu_worker_init(site),
                     exclusive=True,
+                    gpus_per_node=site.gpus_per_node or None,
                     init_blocks=0,  # requested when the first task is ready
                     min_blocks=0,
                     max_blocks=site.cpu_max_blocks,

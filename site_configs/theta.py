@@ -21,8 +21,23 @@ from parsl.executors import HighThroughputExecutor
 from parsl.launchers import AprunLauncher, SimpleLauncher
 
 from site_configs import base
-from site_configs.base import SiteSpec
+from site_configs.base import QueueLimit, SiteSpec
 from site_configs.cobalt import CobaltProvider
+
+# Theta's KNL queues, from ALCF's "Job and Queue Scheduling for Theta" (argonne-lcf/user-guides,
+# docs/theta/queueing-and-running-jobs/job-and-queue-scheduling.md). default's longest walltime
+# grows with the job's size; its minimum of 128 nodes is charged for smaller jobs, so a smaller
+# job is refused here rather than charged for 128 nodes. Its largest job: 4,100 nodes (the docs'
+# last note; 4,392 nodes in all). Left out: 1 running job per user in the debug queues.
+QUEUES = (
+    QueueLimit("debug-cache-quad", 1, 8, "01:00:00"),
+    QueueLimit("debug-flat-quad", 1, 8, "01:00:00"),
+    QueueLimit("default", 128, 255, "03:00:00"),
+    QueueLimit("default", 256, 383, "06:00:00"),
+    QueueLimit("default", 384, 639, "09:00:00"),
+    QueueLimit("default", 640, 801, "12:00:00"),
+    QueueLimit("default", 802, 4100, "24:00:00"),
+)
 
 SITE = SiteSpec(
     name="theta",
@@ -44,8 +59,11 @@ SITE = SiteSpec(
     cpu_nodes_per_block=2,  # inference/preprocessing jobs of 2 nodes...
     cpu_workers_per_node=16,  # ...16 single-process tasks per node, 4 cores each
     cpu_max_blocks=4,  # up to 4 such jobs at once
+    cpu_queue=None,  # the training's queue; with default (128+ nodes): a debug queue
+    cpu_walltime=None,  # the training's walltime
     walltime="01:00:00",  # debug queue maximum
     queue="debug-cache-quad",  # debug-cache-quad | debug-flat-quad | default (128+ nodes)
+    queue_limits=QUEUES,  # a job its queue does not take is refused before it is submitted
     account="YOUR_ALLOCATION",  # your ALCF project: make_config refuses to submit with this
     scheduler_options="#COBALT --attrs filesystems=home,grand",  # file systems the job needs
     worker_init="module load miniconda-3",  # Python the venv was made with
@@ -98,8 +116,8 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                         )
                     ),
                     account=site.account,
-                    queue=site.queue,
-                    walltime=site.walltime,
+                    queue=site.cpu_job_queue,
+                    walltime=site.cpu_job_walltime,
                     nodes_per_block=site.cpu_nodes_per_block,
                     scheduler_options=site.scheduler_options,
                     worker_init=base.cpu_worker_init(site),

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.devices import bind_to_gpu, check_world_size, gpu_for_rank
+from pipeline.devices import bind_to_gpu, check_world_size, gpu_for_rank, gpu_order
 from pipeline.errors import ConfigError, LaunchError
 
 
@@ -31,6 +31,22 @@ def test_four_ranks_of_a_polaris_node_take_one_a100_each(local_rank):
     devices = FakeDevices(gpus=4)
     assert bind_to_gpu(SimpleNamespace(config=devices), local_rank) == f"GPU {local_rank} of 4"
     assert devices.visible == f"GPU:{local_rank}" and devices.growth == [f"GPU:{local_rank}"]
+
+
+@pytest.mark.parametrize("local_rank", range(4))
+def test_in_reverse_order_local_rank_0_takes_the_last_gpu(local_rank):
+    """ALCF's order for Polaris (set_affinity_gpu_polaris.sh): GPU 3 - local rank."""
+    devices = FakeDevices(gpus=4)
+    gpu = 3 - local_rank
+    assert bind_to_gpu(SimpleNamespace(config=devices), local_rank, "reverse") == f"GPU {gpu} of 4"
+    assert devices.visible == f"GPU:{gpu}" and devices.growth == [f"GPU:{gpu}"]
+
+
+def test_the_order_comes_from_the_launch_lines_environment():
+    assert gpu_order({"FFN_GPU_ORDER": "reverse"}) == "reverse"
+    assert gpu_order({}) == "local_rank"  # a training started by hand
+    with pytest.raises(ConfigError, match="FFN_GPU_ORDER='numa' is not one of local_rank, reverse"):
+        gpu_order({"FFN_GPU_ORDER": "numa"})
 
 
 def test_without_gpus_nothing_is_bound():

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -27,7 +28,16 @@ from parsl.providers import LocalProvider, PBSProProvider, SlurmProvider
 
 import site_configs
 from pipeline.errors import ConfigError
-from site_configs import CPU_LABEL, MPI_LABEL, SiteSpec, base, describe, known_sites, load_site
+from site_configs import (
+    CPU_LABEL,
+    MPI_LABEL,
+    QueueLimit,
+    SiteSpec,
+    base,
+    describe,
+    known_sites,
+    load_site,
+)
 from site_configs.cobalt import CobaltProvider
 
 FAKE_SCHEDULER = Path(__file__).with_name("fake_scheduler")
@@ -162,17 +172,15 @@ def test_a_pipeline_error_is_not_retried_but_a_lost_worker_is():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 @pytest.mark.parametrize("train_nodes", [0, 1, 2])
 def test_the_nodes_a_training_job_requests_are_the_nodes_it_uses(name, train_nodes, tmp_path):
-    import re
-
     import workflow
     from pipeline.run_config import RunConfig
 
     module = load_site(name)
     if name == "local" and train_nodes > 1:
         with pytest.raises(ConfigError, match="train_nodes 2: .*one node"):
-            base.sized_for_training(module.SITE, train_nodes)
+            base.for_run(module.SITE, train_nodes=train_nodes)
         return
-    site = submittable(base.sized_for_training(module.SITE, train_nodes))
+    site = submittable(base.for_run(module.SITE, train_nodes=train_nodes))
     config = RunConfig(train_nodes=train_nodes)
     plan = workflow.describe_dag(config, workflow.RunPaths(tmp_path), site)
     used = int(re.search(r"train +\d+ rank\(s\) on (\d+) node", plan)[1])
@@ -209,7 +217,8 @@ def test_local_training_launch_uses_parsl_mpi_prefix():
     assert launch.prefix == "$PARSL_MPI_PREFIX"
     assert launch.resource_specification == {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
     assert launch.command("python -m pipeline.cli.train") == (
-        "export OMP_NUM_THREADS=1; $PARSL_MPI_PREFIX python -m pipeline.cli.train"
+        "export OMP_NUM_THREADS=1; export FFN_GPU_ORDER=local_rank; "
+        "$PARSL_MPI_PREFIX python -m pipeline.cli.train"
     )
     # What --dry-run shows is what Parsl's MPI mode will compose for the block's nodes.
     assert "mpiexec -n 2 -ppn 2 -hosts <node0> python -m pipeline.cli.train" in describe(local.SITE)
@@ -247,6 +256,159 @@ def test_a_training_task_cannot_span_blocks():
 
 
 @pytest.mark.parametrize(
+    "name, expected",
+    [
+        (
+            "polaris",
+            "export OMP_NUM_THREADS=8; export FFN_GPU_ORDER=reverse; "
+            "mpiexec -n 8 -ppn 4 -hosts <node0>,<node1> --cpu-bind depth --depth=8 python -m x",
+        ),
+        (
+            "slurm",  # PMIx starts the ranks of an OpenMPI-built Horovod as one world
+            "export OMP_NUM_THREADS=32; export FFN_GPU_ORDER=local_rank; "
+            "srun --ntasks 8 --ntasks-per-node 4 --nodelist <node0>,<node1> --nodes 2 "
+            "--cpus-per-task=64 --cpu-bind=cores --mpi=pmix python -m x",
+        ),
+        (
+            "theta",  # complete already: the app calls aprun itself
+            "export OMP_NUM_THREADS=64; export FFN_GPU_ORDER=local_rank; "
+            "aprun -n 8 -N 1 -d 64 -j 1 --cc depth -e OMP_NUM_THREADS=64 python -m x",
+        ),
+    ],
+)
+def test_the_launch_line_shown_is_what_parsl_composes_for_the_jobs_nodes(name, expected):
+    site = load_site(name).SITE
+    launch = site.mpi_launch()
+    assert base.expanded_launch_line(site, launch, launch.command("python -m x")) == expected
+
+
+def test_polaris_ranks_take_the_gpus_in_alcfs_reverse_order():
+    from pipeline.devices import gpu_for_rank, gpu_order
+    from site_configs import local, polaris
+
+    exported = polaris.SITE.mpi_launch().env  # what the launch line gives every rank
+    assert [gpu_for_rank(rank, 4, gpu_order(exported)) for rank in range(4)] == [3, 2, 1, 0]
+    assert gpu_order(local.SITE.mpi_launch().env) == "local_rank"
+
+
+# ---- queues and walltimes ----
+
+PROD_SIZES = "10-24 nodes, <= 03:00:00; 25-99 nodes, <= 06:00:00; 100-496 nodes, <= 24:00:00"
+PROD = f"prod ({PROD_SIZES})"  # a routing queue: the longest walltime grows with the size
+
+
+@pytest.mark.parametrize(
+    "name, changes, message",
+    [
+        (
+            "polaris",
+            {"train_nodes": 128},
+            "train_nodes 128: site 'polaris': a training job of 128 nodes for 01:00:00 does not "
+            "fit queue 'debug' (1-2 nodes, <= 01:00:00); queues that fit: prod (100-496 nodes, "
+            "<= 24:00:00); give another --queue, or --train-nodes that the queue takes",
+        ),
+        (
+            "theta",
+            {"train_nodes": 128},
+            "a training job of 128 nodes for 01:00:00 does not fit queue 'debug-cache-quad' (1-8 "
+            "nodes, <= 01:00:00); queues that fit: default (128-255 nodes, <= 03:00:00)",
+        ),
+        (
+            "polaris",  # prod takes no job under 10 nodes: the cpu pool needs a queue of its own
+            {"train_nodes": 128, "queue": "prod"},
+            f"a cpu job of 1 node for 01:00:00 does not fit queue 'prod' ({PROD_SIZES}); queues "
+            "that fit: debug (1-2 nodes, <= 01:00:00), debug-scaling (1-10 nodes, <= 01:00:00), "
+            "preemptable (1-10 nodes, <= 72:00:00); give another --cpu-queue",
+        ),
+        (
+            "polaris",
+            {"walltime": "02:00:00"},
+            "a training job of 2 nodes for 02:00:00 does not fit queue 'debug' (1-2 nodes, <= "
+            "01:00:00); queues that fit: preemptable (1-10 nodes, <= 72:00:00); give a shorter "
+            "--walltime or another --queue",
+        ),
+        (
+            "polaris",  # prod routes 16 nodes to small: 3 h at most
+            {
+                "train_nodes": 16,
+                "queue": "prod",
+                "walltime": "06:00:00",
+                "cpu_queue": "preemptable",
+            },
+            f"a training job of 16 nodes for 06:00:00 does not fit queue 'prod' ({PROD_SIZES}); "
+            "queues that fit: none; give a shorter --walltime",
+        ),
+        (
+            "polaris",
+            {"cpu_walltime": "02:00:00"},
+            "a cpu job of 1 node for 02:00:00 does not fit queue 'debug'",
+        ),
+    ],
+)
+def test_a_job_its_queue_does_not_take_is_refused_naming_the_queues_that_would(
+    name, changes, message
+):
+    with pytest.raises(ConfigError) as refused:
+        base.for_run(load_site(name).SITE, **changes)
+    assert message in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_run_changes_nodes_queues_and_walltimes_in_one_check(tmp_path):
+    """Each change alone is refused (128 nodes in debug, 1-node cpu jobs in prod, 12 h in
+    debug); together they fit, and each pool's jobs get their own queue and walltime."""
+    from site_configs import polaris
+
+    for alone in ({"train_nodes": 128}, {"queue": "prod"}, {"walltime": "12:00:00"}):
+        with pytest.raises(ConfigError, match="does not fit queue"):
+            base.for_run(polaris.SITE, **alone)
+    site = base.for_run(
+        polaris.SITE,
+        train_nodes=128,
+        account="abc123",
+        queue="prod",
+        walltime="12:00:00",
+        cpu_queue="preemptable",
+        cpu_walltime="02:00:00",
+    )
+    pools = executors(polaris.make_config(tmp_path / "run", site))
+    mpi, cpu = pools[MPI_LABEL].provider, pools[CPU_LABEL].provider
+    assert (mpi.nodes_per_block, mpi.queue, mpi.walltime) == (128, "prod", "12:00:00")
+    assert (cpu.nodes_per_block, cpu.queue, cpu.walltime) == (1, "preemptable", "02:00:00")
+    assert mpi.account == cpu.account == "abc123"
+    text = describe(site)  # --dry-run: both pools' walltimes, and their queues' limits
+    assert f"    batch jobs of 12:00:00 in queue {PROD}" in text.splitlines()
+    assert "    batch jobs of 02:00:00 in queue preemptable (1-10 nodes, <= 72:00:00)" in text
+
+
+def test_a_queue_the_site_does_not_list_is_not_checked():
+    from site_configs import polaris, slurm
+
+    reservation = base.for_run(polaris.SITE, train_nodes=128, queue="R123456")
+    assert reservation.nodes_per_block == 128
+    assert "queue R123456 (limits not in the site's queue_limits)" in describe(reservation)
+    assert slurm.SITE.queue_limits == ()  # partitions differ per cluster: a user adds theirs
+    assert base.for_run(slurm.SITE, train_nodes=64, walltime="48:00:00").nodes_per_block == 64
+
+
+def test_dry_run_shows_each_pools_walltime_the_sites_queues_and_no_checkpoint_folder():
+    from site_configs import polaris
+
+    text = describe(base.for_run(polaris.SITE, cpu_walltime="00:20:00"))
+    mpi, cpu = text.split('executor "cpu"')
+    assert "    batch jobs of 01:00:00 in queue debug (1-2 nodes, <= 01:00:00)" in mpi
+    assert "    batch jobs of 00:20:00 in queue debug (1-2 nodes, <= 01:00:00)" in cpu
+    assert (
+        "  the site's queues: debug (1-2 nodes, <= 01:00:00), debug-scaling (1-10 nodes, "
+        f"<= 01:00:00), {PROD}, preemptable (1-10 nodes, <= 72:00:00)"
+    ) in text.splitlines()
+    assert "4 GPU(s) per node, GPU order reverse" in text
+    # The Config sets no checkpoint_mode, so Parsl makes no checkpoint folder to point at.
+    assert "checkpoint" not in text
+    assert "$PARSL_MPI_PREFIX" not in text
+
+
+@pytest.mark.parametrize(
     "changes, message",
     [
         ({"ranks_per_node": 3}, "ranks_per_node 3 > 2 hardware threads"),
@@ -260,6 +422,10 @@ def test_a_training_task_cannot_span_blocks():
         ({"account": ""}, "account must be a non-empty string"),
         ({"strategy_period": 0}, "strategy_period must be in"),
         ({"parsl_log_level": "VERBOSE"}, "parsl_log_level 'VERBOSE' is not one of DEBUG, INFO"),
+        ({"cpu_walltime": "20m"}, "cpu_walltime '20m' is not HH:MM:SS"),
+        ({"cpu_queue": " "}, "cpu_queue must be a non-empty string or None"),
+        ({"gpu_order": "numa"}, "gpu_order 'numa' is not one of local_rank, reverse"),
+        ({"queue_limits": [QueueLimit("q", 1, 2, "01:00:00")]}, "queue_limits must be a tuple"),
     ],
 )
 def test_site_spec_rejects_inconsistent_settings(changes, message):
@@ -268,6 +434,20 @@ def test_site_spec_rejects_inconsistent_settings(changes, message):
     )
     with pytest.raises(ConfigError, match=message):
         dataclasses.replace(site, **changes)
+
+
+@pytest.mark.parametrize(
+    "limit, message",
+    [
+        (("", 1, 2, "01:00:00"), "name must be a non-empty string"),
+        (("q", 0, 2, "01:00:00"), "node counts must be whole numbers >= 1, got 0"),
+        (("q", 3, 2, "01:00:00"), "min_nodes 3 > max_nodes 2"),
+        (("q", 1, 2, "1h"), "max_walltime '1h' is not HH:MM:SS"),
+    ],
+)
+def test_queue_limit_rejects_inconsistent_settings(limit, message):
+    with pytest.raises(ConfigError, match=message):
+        QueueLimit(*limit)
 
 
 # ---- --site: a name or a path ----
@@ -510,6 +690,79 @@ def test_provider_submits_polls_and_cancels_through_the_stand_in_tools(
     assert "done" in Path(provider.resources[quick]["job_stdout_path"]).read_text()
 
 
+SUBMIT_TOOL = {"pbspro": "qsub", "cobalt": "qsub", "slurm": "sbatch"}
+
+
+def submitted_jobs(config, scheduler: FakeScheduler, script_dir: Path) -> dict[str, tuple]:
+    """Submit a job of `true` through each pool's provider and cancel it: per pool label, the
+    arguments the stand-in qsub/sbatch received and the job script."""
+    jobs = {}
+    for executor in config.executors:
+        provider = executor.provider
+        provider.script_dir = str(script_dir)
+        provider.cancel([provider.submit("true", 1, executor.label)])
+        argv = scheduler.calls(SUBMIT_TOOL[scheduler.flavour])[-1]
+        jobs[executor.label] = (argv, Path(argv[-1]).read_text())
+    assert scheduler.live_jobs() == []
+    return jobs
+
+
+def asked_walltime(flavour: str, argv: list[str], script: str) -> str:
+    """A job's walltime as its scheduler was told it."""
+    if flavour == "cobalt":
+        return f"{argv[argv.index('-t') + 1]} min"
+    if flavour == "slurm":
+        minutes = re.search(r"^#SBATCH --time=(\d+)$", script, re.M)[1]
+        return f"{minutes} min"
+    return re.search(r"^#PBS -l walltime=(\S+)$", script, re.M)[1]
+
+
+@pytest.mark.parametrize(
+    "name, flavour, expected",
+    [
+        ("polaris", "pbspro", ("00:50:00", "00:20:00")),
+        ("theta", "cobalt", ("50 min", "20 min")),
+        ("slurm", "slurm", ("50 min", "20 min")),
+    ],
+)
+def test_each_pools_jobs_ask_for_their_own_walltime(
+    name, flavour, expected, tmp_path, fake_scheduler
+):
+    sched = fake_scheduler(flavour)
+    module = load_site(name)
+    site = base.for_run(small(module.SITE, sched), walltime="00:50:00", cpu_walltime="00:20:00")
+    jobs = submitted_jobs(module.make_config(tmp_path / "run", site), sched, tmp_path)
+    assert (
+        tuple(asked_walltime(flavour, *jobs[pool]) for pool in (MPI_LABEL, CPU_LABEL)) == expected
+    )
+
+
+def test_polaris_jobs_ask_for_polaris_nodes_one_chunk_per_node(tmp_path, fake_scheduler):
+    """As ALCF's Polaris job scripts do: -l select=N:system=polaris, -l place=scatter."""
+    from site_configs import polaris
+
+    pbs = fake_scheduler("pbspro")
+    jobs = submitted_jobs(
+        polaris.make_config(tmp_path / "run", small(polaris.SITE, pbs)), pbs, tmp_path
+    )
+    for _, script in jobs.values():
+        lines = script.splitlines()
+        assert "#PBS -l select=1:ncpus=4:ngpus=4:system=polaris" in lines
+        assert "#PBS -l place=scatter" in lines
+        assert "#PBS -l filesystems=home:eagle" in lines  # the site's own options stay
+
+
+def test_slurm_jobs_ask_for_the_sites_gpus(tmp_path, fake_scheduler):
+    from site_configs import slurm
+
+    sched = fake_scheduler("slurm")
+    site = dataclasses.replace(small(slurm.SITE, sched), gpus_per_node=4)
+    jobs = submitted_jobs(slurm.make_config(tmp_path / "run", site), sched, tmp_path)
+    assert all("#SBATCH --gpus-per-node=4" in script.splitlines() for _, script in jobs.values())
+    cpu_only = slurm.make_config(tmp_path / "cpu", small(slurm.SITE, sched))  # none asked for
+    assert all(e.provider.gpus_per_node is None for e in cpu_only.executors)
+
+
 # The apps the submission tests run. Workers import them from this module, so the tests put
 # this folder on the workers' PYTHONPATH (WORKER_INIT), as a workflow's apps come from its venv.
 WORKER_INIT = f"export PYTHONPATH={Path(__file__).parent}"
@@ -536,7 +789,8 @@ def ranks(launch, program, parsl_resource_specification=None, stdout=None, stder
 # Each rank reports in one write(), so the ranks' lines cannot interleave.
 MPI_RANK_PROGRAM = """import os
 e = os.environ
-os.write(1, f"rank {e['PMI_RANK']} of {e['PMI_SIZE']} threads {e['OMP_NUM_THREADS']}\\n".encode())
+os.write(1, f"rank {e['PMI_RANK']} of {e['PMI_SIZE']} threads {e['OMP_NUM_THREADS']} "
+            f"gpus {e['FFN_GPU_ORDER']}\\n".encode())
 """
 HOROVOD_PROGRAM = """import os
 import horovod.tensorflow as hvd
@@ -600,12 +854,13 @@ def test_polaris_submits_through_pbs_pro(tmp_path, fake_scheduler, leftovers):
 
     lines = run_two_tasks(config, site, tmp_path, pbs.job_output)
 
-    assert lines == ["rank 0 of 2 threads 1", "rank 1 of 2 threads 1"]
+    # Every rank sees the site's GPU order, exported by the launch line.
+    assert lines == ["rank 0 of 2 threads 1 gpus reverse", "rank 1 of 2 threads 1 gpus reverse"]
     qsubs = pbs.calls("qsub")
     assert len(qsubs) == 2  # one job per pool
     assert all(q[:4] == ["-q", "debug", "-A", "test_account"] for q in qsubs)
     script = Path(qsubs[0][-1]).read_text()
-    assert "#PBS -l select=1:ncpus=4:ngpus=4" in script  # the nodes the plan's training uses
+    assert "#PBS -l select=1:ncpus=4:ngpus=4:system=polaris" in script  # the plan's nodes
     assert site.mpi_launch().num_nodes == 1
     assert "#PBS -l filesystems=home:eagle" in script
     # The cpu pool's worker pool went through PALS mpiexec, one per node, bound by depth;
@@ -631,7 +886,10 @@ def test_theta_submits_through_cobalt_with_aprun(tmp_path, fake_scheduler, lefto
 
     lines = run_two_tasks(config, site, tmp_path, cobalt.job_output)
 
-    assert lines == ["rank 0 of 2 threads 1", "rank 1 of 2 threads 1"]
+    assert lines == [
+        "rank 0 of 2 threads 1 gpus local_rank",
+        "rank 1 of 2 threads 1 gpus local_rank",
+    ]
     qsubs = cobalt.calls("qsub")
     assert len(qsubs) == 2
     for argv in qsubs:  # -n: the nodes the plan's training uses
@@ -659,7 +917,10 @@ def test_slurm_submits_through_sbatch_with_srun(tmp_path, fake_scheduler, leftov
 
     lines = run_two_tasks(config, site, tmp_path, sched.job_output)
 
-    assert lines == ["rank 0 of 2 threads 1", "rank 1 of 2 threads 1"]
+    assert lines == [
+        "rank 0 of 2 threads 1 gpus local_rank",
+        "rank 1 of 2 threads 1 gpus local_rank",
+    ]
     assert len(sched.calls("sbatch")) == 2
     script = Path(sched.calls("sbatch")[0][-1]).read_text()
     assert "#SBATCH --partition=test_queue" in script
@@ -670,7 +931,7 @@ def test_slurm_submits_through_sbatch_with_srun(tmp_path, fake_scheduler, leftov
     assert any(
         c.startswith(
             "--ntasks 2 --ntasks-per-node 2 --nodelist localhost --nodes 1 "
-            "--cpus-per-task=1 --cpu-bind=cores python"
+            "--cpus-per-task=1 --cpu-bind=cores --mpi=pmix python"
         )
         for c in sruns
     )

@@ -1,0 +1,240 @@
+"""What a venv holds, as its set-up recorded it, checked against the site a run goes to.
+
+tools/setup_env.sh ends a successful set-up by writing `<venv>/ffn-environment.json`
+(`RECORD_NAME`): the set-up flavour (MPI wheel|system, GPU 0|1), the MPI Horovod was built with,
+TensorFlow's package, version and build (CPU or CUDA, from TensorFlow's own build info), and
+Horovod's version with the controllers and tensor operations `horovodrun --check-build` marks.
+The workflow, on every run and dry run (reading imports no TensorFlow: it takes milliseconds):
+
+    record = read_environment(venv_path(site))  # EnvironmentRecord, or None: no venv, no record
+    print(describe_environment(record))         # one line: TensorFlow (CPU/CUDA), MPI, Horovod
+    warning = check_environment(site, record)   # ConfigError (one line) if the venv cannot serve
+                                                # the site; a warning line for a risk, else None
+
+The set-up's side: `python -m site_configs.environment --write VENV --mpi-flavour ... <
+check-build output` (`main`) parses the check-build output (`parse_check_build`), asks TensorFlow
+how it was built and writes the record atomically (`write_environment`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from pipeline.atomic import atomic_path
+from pipeline.errors import ConfigError, first_line
+from site_configs.base import SiteSpec
+
+RECORD_NAME = "ffn-environment.json"
+_REMAKE = "run `make env` for that venv (VENV=...) to write it again"
+_GPU_FIX = (
+    "make a GPU venv on the site: `make clean-venv` (or another VENV=) then "
+    "`make env MPI=system GPU=1`"
+)
+
+# The type of each field of EnvironmentRecord: a record read back from JSON is checked with it.
+_TYPES = {
+    "venv": Path,
+    "mpi_flavour": str,
+    "gpu": bool,
+    "mpi": str,
+    "mpi_wrapper": str,
+    "mpi_id": str,
+    "tensorflow_package": str,
+    "tensorflow_version": str,
+    "tensorflow_cuda_build": bool,
+    "cuda_version": (str, type(None)),
+    "horovod_version": str,
+    "horovod_controllers": tuple,
+    "horovod_operations": tuple,
+}
+
+
+@dataclass(frozen=True)
+class EnvironmentRecord:
+    """One venv's record: the fields of its JSON file, and `venv`, the folder it was read from."""
+
+    venv: Path
+    mpi_flavour: str  # "wheel": the mpich PyPI wheel's MPI; "system": the site's (MPI=system)
+    gpu: bool  # set up with GPU=1
+    mpi: str  # the MPI Horovod was built with: "MPICH 5.0.2", "Open MPI v4.1.5", ...
+    mpi_wrapper: str  # its compiler wrapper (mpicxx, or a Cray PE's CC)
+    mpi_id: str  # short hash of the MPI's identity, as in the Horovod wheel's cache folder name
+    tensorflow_package: str  # "tensorflow-cpu" or "tensorflow" (GPU=1: tensorflow[and-cuda])
+    tensorflow_version: str
+    tensorflow_cuda_build: bool  # TensorFlow's build info `is_cuda_build`
+    cuda_version: str | None  # the CUDA a CUDA build was made for; None for a CPU build
+    horovod_version: str
+    horovod_controllers: tuple[str, ...]  # e.g. ("MPI", "Gloo")
+    horovod_operations: tuple[str, ...]  # tensor operations, e.g. ("NCCL", "MPI", "Gloo")
+
+    def __post_init__(self) -> None:
+        if self.mpi_flavour not in ("wheel", "system"):
+            raise ConfigError(f"mpi_flavour must be 'wheel' or 'system', got {self.mpi_flavour!r}")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, _TYPES[field.name]) or (
+                isinstance(value, tuple) and not all(isinstance(x, str) for x in value)
+            ):
+                raise ConfigError(f"{field.name} has a wrong type: {value!r}")
+
+
+def read_environment(venv: Path | None) -> EnvironmentRecord | None:
+    """The record of `venv`; None when there is no venv (a system Python) or it has no record
+    (made before set-ups wrote one, or not by tools/setup_env.sh). A record that cannot be read
+    raises ConfigError."""
+    if venv is None:
+        return None
+    path = Path(venv) / RECORD_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: unreadable ({first_line(exc)}); {_REMAKE}") from None
+    fields = {f.name for f in dataclasses.fields(EnvironmentRecord)} - {"venv"}
+    if not isinstance(data, dict) or set(data) != fields:
+        raise ConfigError(f"{path}: not an environment record (fields {sorted(fields)}); {_REMAKE}")
+    lists = {k: tuple(v) for k, v in data.items() if isinstance(v, list)}
+    try:
+        return EnvironmentRecord(venv=Path(venv), **{**data, **lists})
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}; {_REMAKE}") from None
+
+
+def describe_environment(record: EnvironmentRecord | None) -> str:
+    """One line for the run's log and its dry run: TensorFlow's build, the MPI, Horovod's parts."""
+    if record is None:
+        return (
+            f"venv: no {RECORD_NAME}, so its TensorFlow build, MPI and Horovod are unknown and "
+            "not checked against the site: `make env` (VENV=<the venv>) records them"
+        )
+    build = f"CUDA {record.cuda_version} build" if record.tensorflow_cuda_build else "CPU build"
+    source = "mpich wheel" if record.mpi_flavour == "wheel" else record.mpi_wrapper
+    return (
+        f"venv {record.venv}: TensorFlow {record.tensorflow_version} ({build}), "
+        f"MPI: {record.mpi} ({source}), Horovod {record.horovod_version}: controllers "
+        f"{', '.join(record.horovod_controllers)}; operations {', '.join(record.horovod_operations)}"
+    )
+
+
+def check_environment(site: SiteSpec, record: EnvironmentRecord | None) -> str | None:
+    """Refuse (ConfigError, one line naming the fix) a venv that cannot serve `site`: the site
+    wants GPUs and the venv's TensorFlow is CPU-only or its Horovod has no NCCL (training would
+    run on the CPUs). Return a warning line for a risk that need not stop the run: a batch site
+    with the mpich wheel's MPI (the site's launcher may not start its ranks as one job), a GPU
+    site with an unrecorded venv; None when there is nothing to say."""
+    if site.gpus_per_node > 0 and record is None:
+        return (
+            f"warning: site {site.name!r} wants GPUs, but the venv's TensorFlow build is not "
+            "recorded: `make env` (VENV=<the venv>) records it"
+        )
+    if site.gpus_per_node > 0 and (lacks := _gpu_lack(record)):
+        raise ConfigError(
+            f"site {site.name!r} has {site.gpus_per_node} GPU(s) per node, but in venv "
+            f"{record.venv} {lacks}: {_GPU_FIX}"
+        )
+    if site.scheduler != "local" and record is not None and record.mpi_flavour == "wheel":
+        return (
+            f"warning: site {site.name!r} submits batch jobs, but venv {record.venv} has the mpich "
+            f"wheel's MPI ({record.mpi}), which the site's launcher may start as 1-rank jobs: "
+            "make the venv on the site with `make env MPI=system`"
+        )
+    return None
+
+
+def _gpu_lack(record: EnvironmentRecord) -> str | None:
+    """What the venv lacks for training on GPUs, or None."""
+    if not record.tensorflow_cuda_build:
+        return (
+            f"TensorFlow {record.tensorflow_version} is a CPU-only build "
+            f"({record.tensorflow_package})"
+        )
+    if "NCCL" not in record.horovod_operations:
+        return f"Horovod {record.horovod_version} has no NCCL operations"
+    return None
+
+
+# -- the set-up's side --
+def parse_check_build(text: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """Horovod's version, controllers and tensor operations from `horovodrun --check-build`
+    (a "Horovod v0.28.1:" line, then sections of "[X] name" / "[ ] name" lines)."""
+    version, section = "", ""
+    marked: dict[str, list[str]] = {}
+    for line in (raw.strip() for raw in text.splitlines()):
+        if line.startswith("Horovod v") and line.endswith(":"):
+            version = line[len("Horovod v") : -1]
+        elif line.endswith(":"):
+            section = line[:-1]
+        elif line.startswith("[X]"):
+            marked.setdefault(section, []).append(line[3:].strip())
+    controllers = tuple(marked.get("Available Controllers", ()))
+    operations = tuple(marked.get("Available Tensor Operations", ()))
+    if not version or not controllers:
+        raise ConfigError(f"not the output of `horovodrun --check-build`: {text[:200]!r}")
+    return version, controllers, operations
+
+
+def write_environment(record: EnvironmentRecord) -> Path:
+    """Write `record` into its venv, atomically (a reader sees the old record or the new one)."""
+    data = {k: v for k, v in dataclasses.asdict(record).items() if k != "venv"}
+    path = record.venv / RECORD_NAME
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def _tensorflow_build() -> tuple[str, str, bool, str | None]:
+    """The installed TensorFlow's package, version, whether it is a CUDA build and for which
+    CUDA. Imports TensorFlow (seconds): for the set-up only, never on the workflow's path."""
+    import tensorflow as tf
+
+    info = tf.sysconfig.get_build_info()
+    cuda = bool(info.get("is_cuda_build"))
+    try:  # GPU=1 installs `tensorflow` (its and-cuda extra), GPU=0 `tensorflow-cpu`
+        package = metadata.distribution("tensorflow-cpu").metadata["Name"]
+    except metadata.PackageNotFoundError:
+        package = "tensorflow"
+    return package, tf.__version__, cuda, info.get("cuda_version") if cuda else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Record a venv's environment (tools/setup_env.sh, at the end of a set-up); "
+        "`horovodrun --check-build` output on stdin."
+    )
+    parser.add_argument("--write", type=Path, required=True, metavar="VENV")
+    parser.add_argument("--mpi-flavour", choices=("wheel", "system"), required=True)
+    parser.add_argument("--gpu", choices=("0", "1"), required=True)
+    parser.add_argument("--mpi", required=True)
+    parser.add_argument("--mpi-wrapper", required=True)
+    parser.add_argument("--mpi-id", required=True)
+    args = parser.parse_args(argv)
+    horovod_version, controllers, operations = parse_check_build(sys.stdin.read())
+    package, version, cuda_build, cuda_version = _tensorflow_build()
+    record = EnvironmentRecord(
+        venv=args.write.resolve(),
+        mpi_flavour=args.mpi_flavour,
+        gpu=args.gpu == "1",
+        mpi=args.mpi,
+        mpi_wrapper=args.mpi_wrapper,
+        mpi_id=args.mpi_id,
+        tensorflow_package=package,
+        tensorflow_version=version,
+        tensorflow_cuda_build=cuda_build,
+        cuda_version=cuda_version,
+        horovod_version=horovod_version,
+        horovod_controllers=controllers,
+        horovod_operations=operations,
+    )
+    print(f"[setup] recorded in {write_environment(record)}: {describe_environment(record)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
