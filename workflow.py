@@ -117,17 +117,20 @@ def _full_resolution(config: RunConfig, paths: RunPaths) -> Path:
     return paths.precomputed / SEGMENTATION_LAYER / full_resolution_key(_eval_voxel_size(config))
 
 
-def _eval_context(config: RunConfig) -> tuple[int, int, int]:
-    """Voxels segmented around an evaluated ROI: the inference model's FOV radius, so a FOV can
-    be centred on the ROI's faces."""
+def _segmenting_fov(config: RunConfig) -> tuple[int, int, int]:
+    """The FOV of the model that segments: the given pretrained one, else the one trained."""
     if config.pretrained_model:
         from pipeline.inference import checkpoint_model_config
         from pipeline.pretrained import converted_checkpoint
 
-        fov = checkpoint_model_config(converted_checkpoint(config.pretrained_model)).fov_shape_zyx
-    else:
-        fov = config.train.model.fov_shape_zyx
-    return tuple(int(f) // 2 for f in fov)
+        return checkpoint_model_config(converted_checkpoint(config.pretrained_model)).fov_shape_zyx
+    return config.train.model.fov_shape_zyx
+
+
+def _eval_context(config: RunConfig) -> tuple[int, int, int]:
+    """Voxels segmented around an evaluated ROI: the inference model's FOV radius, so a FOV can
+    be centred on the ROI's faces."""
+    return tuple(int(f) // 2 for f in _segmenting_fov(config))
 
 
 def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
@@ -746,7 +749,7 @@ def run(args: argparse.Namespace) -> int:
 
     resolved = resolve_run(args)
     config, paths, spec = resolved.config, resolved.paths, resolved.spec
-    check_sources(config.data, config.train.model.fov_shape_zyx)  # before a job is submitted
+    check_sources(config.data, _segmenting_fov(config))  # before a job is submitted
     environment = read_environment(venv_path(spec))
     if args.dry_run:
         print(describe_dag(config, paths, spec))
@@ -887,8 +890,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--config",
-        help="TOML of run settings (see configs/), over the local demo's; default: the demo, or "
-        "with --resume the run's own config.json",
+        help="TOML of run settings (see configs/) over each section's own defaults "
+        "(pipeline/run_config.py); relative paths in it are relative to the file; default: the "
+        "demo, or with --resume the run's own config.json",
     )
     parser.add_argument("--run-dir", help="default: data/runs/<name from the config>")
     parser.add_argument(

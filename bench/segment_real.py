@@ -59,8 +59,12 @@ CONFIGS = {
     "FIB-25 weights, bf16": "configs/flyem_fib25_bf16.toml",
     "FIB-25 fine-tuned": "configs/flyem_finetune.toml",
 }
-# The converted FIB-25 weights the configs name, and the precision each was converted with.
-MODELS = {"data/models/fib25": "float32", "data/models/fib25-bf16": "mixed_bfloat16"}
+# The converted FIB-25 weights the configs name (absolute, as a loaded config names them), and
+# the precision each was converted with.
+MODELS = {
+    str(ROOT / "data/models/fib25"): "float32",
+    str(ROOT / "data/models/fib25-bf16"): "mixed_bfloat16",
+}
 FIB25_CHECKPOINT = ROOT.parent / "shared/models/google-ffn-fib25/model.ckpt-27465036"
 REFERENCE = ROOT.parent / "shared/data/flyem_medulla_google_ffn_fib25.h5:segmentation"
 REFERENCE_ROW = "authors' FIB-25 segmentation (reference, made on the whole file)"

@@ -3,12 +3,18 @@
 Each stage owns one dataclass (its fields are the single source of truth for its settings);
 this module only converts between those dataclasses and the outside world. Command-line flags
 for a dataclass: `pipeline.cli.add_arguments` / `from_arguments`.
+
+A setting that names a file is declared with `path_setting`: in a config file a relative path
+means relative to that file's folder (`resolve_paths`), so the file reads the same data from any
+current directory, and the run's saved settings name it absolutely.
 """
 
 import dataclasses
 import json
+import os
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +22,39 @@ from pipeline.atomic import atomic_path
 from pipeline.errors import ConfigError
 
 T = TypeVar("T")
+# How a path setting's text is made absolute against a folder; kept in the field's metadata.
+Resolver = Callable[[str, Path], str]
+RESOLVER = "resolve_against_folder"
+
+
+def resolve_file(text: str, folder: Path) -> str:
+    """A relative file or folder name, made absolute against `folder`; "" (not set), an
+    absolute path and a URL (`scheme://...`) stay as they are."""
+    if not text or "://" in text or Path(text).is_absolute():
+        return text
+    # normpath, not resolve(): a linked file keeps the name the config gives it.
+    return os.path.normpath(folder / text)
+
+
+def path_setting(resolve: Resolver = resolve_file) -> Any:
+    """A `str` field, "" by default, that names a file or folder; `resolve` makes a relative one
+    absolute against a config file's folder."""
+    return dataclasses.field(default="", metadata={RESOLVER: resolve})
+
+
+def resolve_paths(cls: type, values: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`values` for `cls`, as a config file in `folder` gives them, with every path setting
+    (`path_setting`, in nested settings too) made absolute against `folder`. Anything else,
+    unknown keys included, stays for `from_dict` to build or refuse."""
+    hints = typing.get_type_hints(cls)
+    resolved = dict(values)
+    for field in dataclasses.fields(cls):
+        value = values.get(field.name)
+        if isinstance(value, str) and RESOLVER in field.metadata:
+            resolved[field.name] = field.metadata[RESOLVER](value, folder)
+        elif isinstance(value, dict) and dataclasses.is_dataclass(hints[field.name]):
+            resolved[field.name] = resolve_paths(hints[field.name], value, folder)
+    return resolved
 
 
 def to_dict(config: Any) -> dict[str, Any]:

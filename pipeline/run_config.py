@@ -1,12 +1,16 @@
 """The settings of one workflow run, read from `--config run.toml`, saved as `config.json`.
 
-The defaults are the local demo's: the synthetic volumes, a reduced FFN (FOV 9 x 17 x 17, depth 5,
-16 features: the full FFN trains at about 3 FOV/s on a 2-core CPU) trained for minutes, four
-inference blocks. The demo itself (no `--config`) starts that training from the small model the
-project trained on the same synthetic tissue (`models/demo-synthetic`, its README says how); a
-`--config` file starts from scratch unless it names `train_init_from`. `configs/` holds examples,
-among them the paper-sized model for HPC sites. Each section is the stage's own config class;
-this module only groups them.
+Each section is the stage's own config class and its defaults are that class's: `[train]` is
+`TrainConfig`, whose defaults are the paper's FFN (`ModelConfig`'s) and batch, the ones
+`python -m pipeline.cli.train --help` prints. A `--config` file changes only what it names over
+them, and a relative path in it is relative to the file's folder. The few settings of the run
+itself (its name, `train_nodes`, the models it starts from) are documented at their fields below.
+
+What runs without `--config` is the local demo, `demo_config()`: the synthetic volumes, a reduced
+FFN fine-tuned for minutes from the small model the project trained on the same synthetic tissue
+(`models/demo-synthetic`, its README says how), four inference blocks. `configs/` holds examples,
+among them `paper.toml`, the paper's model and batch for HPC sites. This module only groups the
+sections.
 """
 
 import json
@@ -38,40 +42,29 @@ DEMO_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-synthetic"
 DEMO_FINE_TUNING_RATE = 5e-5
 
 
-def _demo_train() -> TrainConfig:
-    return TrainConfig(
-        # The shape of models/demo-synthetic: at ~140 FOV/s on 2 cores an hour trains it far
-        # enough to beat the watershed (BENCHMARKS "Run D"); a FOV of 17 x 33 x 33 trains at 17.
-        model=ModelConfig(fov_shape_zyx=(9, 17, 17), deltas_zyx=(2, 4, 4), depth=5, features=16),
-        batch_size=2,  # per rank
-        max_steps=1000,
-        log_every_steps=50,
-        checkpoint_every_steps=250,
-    )
-
-
 @dataclass(frozen=True)
 class RunConfig:
+    # The run's folder is data/runs/<name> unless --run-dir says otherwise.
     name: str = "demo"
     data: DataConfig = field(default_factory=DataConfig)
-    partitions: PartitionConfig = field(
-        default_factory=lambda: PartitionConfig(samples_per_class=2000)
-    )
-    train: TrainConfig = field(default_factory=_demo_train)
+    partitions: PartitionConfig = field(default_factory=PartitionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     # Nodes of the training task, and so of its batch job; 0 = the site's job size
     # (nodes_per_block). Ranks = nodes x the site's ranks_per_node.
     train_nodes: int = 0
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
-    blocks: BlockConfig = field(default_factory=lambda: BlockConfig(block_shape_zyx=(64, 80, 80)))
+    blocks: BlockConfig = field(default_factory=BlockConfig)
     watershed: WatershedConfig = field(default_factory=WatershedConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     # A model folder made by `python -m pipeline.cli.pretrained` (e.g. the authors' FIB-25 weights):
     # preprocessing, training and selection are skipped and this model segments the volume.
-    pretrained_model: str = ""
-    # Fine-tune instead: start the training stage from these weights (same kinds of source).
-    train_init_from: str = ""
+    # "": none, the run trains its own.
+    pretrained_model: str = config_io.path_setting()
+    # Fine-tune instead: start the training stage from these weights (same kinds of source);
+    # "": from scratch.
+    train_init_from: str = config_io.path_setting()
 
     def __post_init__(self) -> None:
         if not self.name.replace("-", "").replace("_", "").isalnum():
@@ -88,30 +81,34 @@ class RunConfig:
         return replace(self.partitions, margin_zyx=tuple(int(m) for m in margin))
 
 
-def _overlay(defaults: dict, values: dict) -> dict:
-    """`values` over `defaults`, table by table: a section changes only the keys it names."""
-    merged = dict(defaults)
-    for key, value in values.items():
-        if isinstance(value, dict) and isinstance(defaults.get(key), dict):
-            merged[key] = _overlay(defaults[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def demo_config() -> RunConfig:
-    """What runs without `--config`: the defaults, fine-tuning the shipped demo model."""
-    demo = RunConfig()
-    return replace(
-        demo,
+    """What runs without `--config`: the local demo, sized for a 2-core machine and the
+    synthetic volume (64 x 128 x 128 voxels), fine-tuning the shipped demo model."""
+    return RunConfig(
+        # Up to 13 classes x 2,000 coordinates: more than the 4,000 FOVs the demo trains on.
+        partitions=PartitionConfig(samples_per_class=2000),
+        train=TrainConfig(
+            # The shape of models/demo-synthetic: at ~140 FOV/s on 2 cores an hour trains it far
+            # enough to beat the watershed (BENCHMARKS "Run D"); the paper's FOV of 17 x 33 x 33
+            # trains at 17.
+            model=ModelConfig(
+                fov_shape_zyx=(9, 17, 17), deltas_zyx=(2, 4, 4), depth=5, features=16
+            ),
+            batch_size=2,  # per rank
+            learning_rate=DEMO_FINE_TUNING_RATE,
+            max_steps=1000,
+            log_every_steps=50,
+            checkpoint_every_steps=250,
+        ),
+        blocks=BlockConfig(block_shape_zyx=(64, 80, 80)),  # the volume in 4 blocks, in parallel
         train_init_from=str(DEMO_MODEL),
-        train=replace(demo.train, learning_rate=DEMO_FINE_TUNING_RATE),
     )
 
 
 def load_run_config(path: str | Path | None) -> RunConfig:
-    """No file: the demo. A TOML file: its settings over the defaults above. A run's saved
-    `config.json` (every setting resolved): as it is."""
+    """No file: the demo. A TOML file: its settings over the defaults of each section's class,
+    its relative paths made absolute against its folder. A run's saved `config.json` (every
+    setting resolved, paths absolute): as it is."""
     if path is None:
         return demo_config()
     path = Path(path)
@@ -126,6 +123,6 @@ def load_run_config(path: str | Path | None) -> RunConfig:
         values = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
-    return config_io.from_dict(
-        RunConfig, _overlay(config_io.to_dict(RunConfig()), values), str(path)
-    )
+    # A section names only what it changes: from_dict builds each class from its own defaults.
+    values = config_io.resolve_paths(RunConfig, values, path.resolve().parent)
+    return config_io.from_dict(RunConfig, values, str(path))

@@ -15,10 +15,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 
+from pipeline import config as config_io
 from pipeline import stamps
 from pipeline.atomic import atomic_path
 from pipeline.errors import (
@@ -46,6 +48,25 @@ STAGED_ATTR = "staged_from"
 SCORED_ATTR = "scored_roi"  # z0:z1, y0:y1, x0:x1 within the staged volume
 
 
+def resolve_volume(spec: str, folder: Path) -> str:
+    """A volume spec (`path.h5:dataset`, `path.zarr:array`, either with a `[box]`) with its
+    file's relative path made absolute against `folder`, the rest kept as written; a URL
+    (`precomputed://...`) stays as it is."""
+    if "://" in spec:
+        return spec
+    body, box = spec, ""
+    if spec.endswith("]") and "[" in spec:  # the box, as VolumeSpec.parse takes it off
+        cut = spec.rindex("[")
+        body, box = spec[:cut], spec[cut:]
+    path, colon, dataset = body.rpartition(":")
+    # Without a dataset the spec is malformed: resolved whole, it fails later naming the file.
+    return config_io.resolve_file(path if colon else body, folder) + colon + dataset + box
+
+
+def _volume() -> Any:
+    return config_io.path_setting(resolve_volume)
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """The volumes of a run: training, checkpoint selection, evaluation. With no files given,
@@ -56,15 +77,16 @@ class DataConfig:
     train_seed: int = 0
     eval_seed: int = 1
     select_seed: int = 2
-    # Volumes: path.h5:dataset, path.zarr:array or precomputed://file:///layer.
-    train_raw: str = ""  # your training image ...
-    train_labels: str = ""  # ... and its ground truth
-    eval_raw: str = ""  # the volume to segment; without eval_labels it is segmented, not scored
-    eval_labels: str = ""
+    # Volumes: path.h5:dataset, path.zarr:array or precomputed://file:///layer; in a config
+    # file a relative path is relative to the file's folder.
+    train_raw: str = _volume()  # your training image ...
+    train_labels: str = _volume()  # ... and its ground truth
+    eval_raw: str = _volume()  # the volume to segment; without eval_labels it is not scored
+    eval_labels: str = _volume()
     # Selection scores checkpoints on a labeled part of its own: these files, or without them
     # select_roi of the training file; with neither, on the training volume.
-    select_raw: str = ""
-    select_labels: str = ""
+    select_raw: str = _volume()
+    select_labels: str = _volume()
     # Parts of the files, "z0:z1, y0:y1, x0:x1" (voxels, stop excluded); "" = the whole volume.
     # Parts of one file must not overlap.
     train_roi: str = ""

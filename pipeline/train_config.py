@@ -17,7 +17,11 @@ from pipeline.training import ExampleConfig
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that shapes a training run besides its input files."""
+    """Everything that shapes a training run besides its input files. The defaults are the
+    paper's training: its network (`ModelConfig`'s defaults) with google/ffn's batch and rate,
+    which Dong et al.'s Horovod job script kept (configs/paper.toml says where each comes from);
+    a run config's `[train]` section and the flags of `python -m pipeline.cli.train` change only
+    what they name."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     examples: ExampleConfig = field(default_factory=ExampleConfig)

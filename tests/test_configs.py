@@ -22,10 +22,10 @@ def test_every_example_config_loads(path):
 @pytest.mark.parametrize(
     "path", [p for p in CONFIGS if p.name.startswith("flyem")], ids=lambda p: p.name
 )
-def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, monkeypatch):
+def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, tmp_path, monkeypatch):
     if not (ROOT.parent / "shared" / "data" / "flyem_medulla.h5").is_file():
         pytest.skip("../shared/data/flyem_medulla.h5 is not here")
-    monkeypatch.chdir(ROOT)  # the configs name the file relative to the repository
+    monkeypatch.chdir(tmp_path)  # the configs name the file relative to themselves, not to here
     config = load_run_config(path)
     fov = FIB25_FOV_ZYX if config.pretrained_model else config.train.model.fov_shape_zyx
     check_sources(config.data, fov)

@@ -338,3 +338,37 @@ def test_a_batch_site_with_the_mpich_wheel_is_warned_not_refused(tmp_path):
     assert (
         check_environment(local.SITE, record(tmp_path)) is None
     )  # this machine: the wheel is right
+
+
+# -- the workflow: every run and dry run says what the venv holds; a GPU site refuses a CPU one --
+def gpu_site_module(folder: Path, venv: Path) -> Path:
+    """A user's site module: Polaris with a real account and `venv` as the venv its jobs use."""
+    module = folder / "gpu_site.py"
+    module.write_text(
+        "import dataclasses\nfrom site_configs.polaris import SITE as POLARIS, make_config\n"
+        f"SITE = dataclasses.replace(POLARIS, account='abc123', venv={str(venv)!r})\n"
+    )
+    return module
+
+
+def test_a_gpu_sites_run_with_a_cpu_only_venv_is_refused_before_anything_is_submitted(tmp_path):
+    from workflow_runs import TINY, workflow
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    write_environment(record(venv))
+    site = gpu_site_module(tmp_path, venv)
+    run_dir = tmp_path / "run"
+    dry = workflow(
+        "--site", str(site), "--config", str(TINY), "--run-dir", str(run_dir), "--dry-run"
+    )
+    assert f"venv {venv}: TensorFlow 2.15.1 (CPU build), MPI: MPICH 5.0.2" in dry.stdout
+    assert "a run would be refused: site 'polaris' has 4 GPU(s) per node" in dry.stdout
+    done = workflow("--site", str(site), "--config", str(TINY), "--run-dir", str(run_dir), expect=2)
+    assert "CPU-only build" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not run_dir.exists()  # no job asked for, nothing written
+    write_environment(record(venv, gpu=True, nccl=True))  # the venv the site needs
+    dry = workflow(
+        "--site", str(site), "--config", str(TINY), "--run-dir", str(run_dir), "--dry-run"
+    )
+    assert "TensorFlow 2.15.1 (CUDA 12.2 build)" in dry.stdout and "refused" not in dry.stdout

@@ -161,7 +161,7 @@ def test_a_source_that_cannot_be_read_in_place_is_refused_and_nothing_is_staged(
 def test_the_workflow_segments_a_zarr_volume_in_place_as_it_does_a_copy(source, tmp_path):
     """Inference only (the shipped demo model), the same part from zarr (read in place) and
     from HDF5 (copied): the same segmentation and scores."""
-    from workflow_runs import segmentation, workflow
+    from workflow_runs import ROOT, segmentation, workflow
 
     runs = {}
     for kind, raw, labels in [
@@ -170,7 +170,7 @@ def test_the_workflow_segments_a_zarr_volume_in_place_as_it_does_a_copy(source, 
     ]:
         config = tmp_path / f"{kind}.toml"
         config.write_text(
-            f'name = "{kind}"\npretrained_model = "models/demo-synthetic"\n[data]\n'
+            f'name = "{kind}"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"\n[data]\n'
             f'eval_raw = "{raw}"\neval_labels = "{labels}"\neval_roi = "{EVAL_ROI}"\n'
             "[blocks]\nblock_shape_zyx = [32, 40, 40]\noverlap_zyx = [8, 16, 16]\n"
             "[export]\nnum_scales = 2\n"

@@ -76,18 +76,17 @@ def test_resume_of_a_run_dir_that_holds_no_run_is_refused(tmp_path):
 
 
 def test_a_config_section_changes_only_the_keys_it_names(tmp_path):
-    from pipeline.run_config import RunConfig, load_run_config
+    from pipeline.run_config import load_run_config
+    from pipeline.train_config import TrainConfig
 
     path = tmp_path / "steps.toml"
     path.write_text("[train]\nmax_steps = 40\n")
-    config = load_run_config(path)
-    assert config.train.max_steps == 40
-    assert config.train.model == RunConfig().train.model  # the demo's model, not the library's
-    assert config.train.batch_size == RunConfig().train.batch_size
+    # The paper's FFN, not the demo's, and every other setting at its default.
+    assert load_run_config(path).train == TrainConfig(max_steps=40)
     # ... and the run says which model it trains before the first step (the dry run too).
     done = workflow("--config", str(path), "--dry-run")
     assert (
-        "model: depth 5, 16 features, FOV 9x17x17 (z, y, x), 63,249 weights; batch 2 per rank"
+        "model: depth 9, 32 features, FOV 17x33x33 (z, y, x), 472,353 weights; batch 4 per rank"
         in done.stdout
     )
 
@@ -129,12 +128,12 @@ def test_dry_run_opens_every_input_before_anything_is_submitted(
 def test_account_and_queue_come_from_the_command_line_or_the_environment():
     import os
 
-    env = os.environ | {"FFN_QUEUE": "prod"}
+    env = os.environ | {"FFN_QUEUE": "debug-scaling"}
     done = processes.run(
         [sys.executable, "workflow.py", "--site", "polaris", "--dry-run", "--account", "abc123"],
         cwd=ROOT, env=env, timeout=900,
     )  # fmt: skip
-    assert "account: abc123" in done.stdout and "queue: prod" in done.stdout
+    assert "account: abc123" in done.stdout and "queue: debug-scaling" in done.stdout
     assert "placeholder" not in done.stdout
 
 
@@ -187,3 +186,20 @@ def test_parsl_starts_only_the_pools_of_the_tasks_that_run(tmp_path):
     before = {"stage", "preprocess", "train", "select"}
     trained = {n: None if n.partition("[")[0] in before else r for n, r in fresh.items()}
     assert cli.executor_labels(steps, trained) == {CPU_LABEL}
+
+
+def test_queue_and_walltime_of_each_pool_come_from_the_command_line():
+    done = workflow(
+        "--site", "polaris", "--dry-run", "--train-nodes", "16", "--queue", "prod",
+        "--walltime", "03:00:00", "--cpu-queue", "preemptable", "--cpu-walltime", "02:00:00",
+    )  # fmt: skip
+    assert "batch jobs of 03:00:00 in queue prod" in done.stdout
+    assert "batch jobs of 02:00:00 in queue preemptable" in done.stdout
+    # The launch line as it runs in the job, not Parsl's variable.
+    assert "$PARSL_MPI_PREFIX" not in done.stdout and "mpiexec -n 64 -ppn 4" in done.stdout
+
+
+def test_a_job_its_queue_does_not_take_is_refused_naming_the_queues_that_would():
+    done = workflow("--site", "polaris", "--dry-run", "--train-nodes", "128", expect=2)
+    assert "does not fit queue 'debug'" in done.stderr and "prod" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -17,7 +17,8 @@ from pipeline.train_config import TrainConfig, load_train_config
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.cli.train",
-        description="Train an FFN with synchronous data-parallel SGD on Horovod (one rank per process).",
+        description="Train an FFN with synchronous data-parallel SGD on Horovod (one rank per "
+        "process). The defaults are TrainConfig's (pipeline/train_config.py): the paper's FFN.",
     )
     parser.add_argument("--raw", required=True, help="image volume, path.h5:dataset")
     parser.add_argument("--labels", required=True, help="ground-truth labels, path.h5:dataset")
