@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import re
 import shlex
 import signal
 import sys
@@ -695,6 +696,22 @@ def choose_site(args: argparse.Namespace, paths: RunPaths) -> tuple[str, SiteSpe
     return source, spec
 
 
+# Characters a path may hold where Parsl puts it into a shell line unquoted (LocalProvider runs
+# `bash <run_dir>/runinfo/.../submit_scripts/x.sh`; the batch providers likewise): a space splits
+# it (the pool never starts, and nothing says why), a `;` would run what follows as a command.
+_SHELL_SAFE_PATH = re.compile(r"[A-Za-z0-9._/+,:=@%-]+")
+
+
+def check_shell_safe(path: Path, what: str) -> None:
+    """Refuse a run dir or venv path that a shell would split or run as a command."""
+    if not _SHELL_SAFE_PATH.fullmatch(str(path)):
+        bad = sorted({c for c in str(path) if not _SHELL_SAFE_PATH.fullmatch(c)})
+        raise ConfigError(
+            f"{what} {str(path)!r} holds {' '.join(repr(c) for c in bad)}: Parsl puts it into shell "
+            "lines unquoted; choose a path of letters, digits and . _ / + , : = @ % -"
+        )
+
+
 @dataclass(frozen=True)
 class ResolvedRun:
     """What a run, its dry run and its resume go on with, and where each came from."""
@@ -726,6 +743,7 @@ def resolve_run(args: argparse.Namespace) -> ResolvedRun:
     if args.train_nodes is not None:
         config = replace(config, train_nodes=args.train_nodes)
     paths = replace(paths, eval_in_place=reads_in_place(config.data))
+    check_shell_safe(paths.root, "run dir")
     source, recorded = choose_site(args, paths)
     site = load_site(source)
     spec = for_run(
@@ -750,7 +768,10 @@ def run(args: argparse.Namespace) -> int:
     resolved = resolve_run(args)
     config, paths, spec = resolved.config, resolved.paths, resolved.spec
     check_sources(config.data, _segmenting_fov(config))  # before a job is submitted
-    environment = read_environment(venv_path(spec))
+    venv = venv_path(spec)
+    if venv is not None:
+        check_shell_safe(venv, "venv")
+    environment = read_environment(venv)
     if args.dry_run:
         print(describe_dag(config, paths, spec))
         print(f"  {resolved.origin}")
@@ -771,6 +792,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     # A GPU site with a CPU-only TensorFlow is refused here, before a job is asked for.
     environment_warning = check_environment(spec, environment)
+    spec.require_submittable()  # a placeholder account: refused before the run dir is touched
     if (paths.root / "runinfo").exists() and not args.resume:
         print(
             f"error: {paths.root} holds an earlier run; add --resume, or choose another --run-dir",

@@ -19,11 +19,12 @@ def train(
 
     def work() -> None:
         with open(log, "ab") as out:
+            begun = out.tell()  # the log goes on across runs: this launch's part starts here
             # Same process group as the worker: cancelling the worker's block stops the ranks.
             done = subprocess.run(
                 command, shell=True, executable="/bin/bash", stdout=out, stderr=subprocess.STDOUT
             )
         if done.returncode != 0:
-            raise StageFailed.from_log("training", done.returncode, log)
+            raise StageFailed.from_log("training", done.returncode, log, since=begun)
 
     return run_once(settings, [f.filepath for f in inputs], [outputs[0].filepath], work)

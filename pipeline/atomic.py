@@ -2,10 +2,33 @@
 complete result, never a partial one."""
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from pipeline.errors import DiskFull
+
+# How a full disk or an exhausted quota (common on HPC project spaces) reaches Python: an errno,
+# or only a message where a library (HDF5) wraps the system's error in its own.
+_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: Path) -> Iterator[None]:
+    """A full disk while writing `path` raises DiskFull naming the path and its free space."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _FULL and not any(text in str(exc) for text in _FULL.values()):
+            raise
+        free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
+        raise DiskFull(
+            f"{path}: the disk is full or the quota is exceeded while writing it "
+            f"({free / 2**20:.0f} MiB free on its file system); nothing was left half-written: "
+            "free space, then --resume"
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -19,7 +42,8 @@ def atomic_path(final_path: str | os.PathLike, suffix: str = "") -> Iterator[Pat
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}{final.suffix}{suffix}")
     try:
-        yield tmp
+        with naming_full_disk(final):
+            yield tmp
         os.replace(tmp, final)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -37,7 +61,8 @@ def atomic_dir(final_path: str | os.PathLike) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)  # left by a killed run that had this pid
     tmp.mkdir()
     try:
-        yield tmp
+        with naming_full_disk(final):
+            yield tmp
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.replace(final, old)

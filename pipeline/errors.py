@@ -4,6 +4,8 @@ Each message is one line that names the file (or setting) and the problem, so a 
 failed Parsl task's log knows what to fix without a traceback.
 """
 
+import signal
+
 
 def first_line(exc: BaseException) -> str:
     """The first line of a library's exception message, to quote inside one of ours."""
@@ -25,6 +27,16 @@ class VolumeError(FFNError):
 
 class VolumeReadError(VolumeError):
     """The file opens but its data cannot be read (a corrupted chunk, a truncated file)."""
+
+
+class MissingChunkError(VolumeReadError):
+    """A chunk of an input volume that a read needs was never written (or was lost): zarr and
+    cloud-volume would read it as zeros, silently, unless `[data] fill_missing = true` asks for
+    that."""
+
+
+class ChunkReadError(VolumeReadError):
+    """A chunk file of an input volume exists but cannot be decoded (truncated, overwritten)."""
 
 
 class VolumeFileMissing(VolumeError, FileNotFoundError):
@@ -82,6 +94,10 @@ class TrainingDiverged(FFNError, ArithmeticError):
     """The loss or a gradient became NaN or infinite; no checkpoint is written from that state."""
 
 
+class DiskFull(FFNError, OSError):
+    """No space (or no quota) left where an output is written; the output is not half-written."""
+
+
 class LaunchError(FFNError):
     """The ranks were not started as one job, or not one per device."""
 
@@ -99,13 +115,30 @@ class StageFailed(FFNError):
         return str(self.args[0])
 
     @classmethod
-    def from_log(cls, what: str, returncode: int, log: str) -> "StageFailed":
-        """The error the program printed last (its `error: ...` line), and where its log is."""
+    def from_log(cls, what: str, returncode: int, log: str, since: int = 0) -> "StageFailed":
+        """The error the program printed last (its `error: ...` line), and where its log is.
+        `since`: the log's size when this launch began; an appended log's earlier runs, and
+        their errors, are not this failure's."""
         try:
-            with open(log, errors="replace") as f:
-                lines = [line.strip() for line in f if line.strip()]
+            with open(log, "rb") as f:
+                f.seek(since)
+                text = f.read().decode(errors="replace")
         except OSError:
-            lines = []
+            text = ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("error:")]
         last = errors[-1] if errors else (lines[-1] if lines else "no output")
-        return cls(f"{what} exited with code {returncode}: {last} (log: {log})", returncode != 2)
+        return cls(f"{what} {_exit_status(returncode)}: {last} (log: {log})", returncode != 2)
+
+
+def _exit_status(returncode: int) -> str:
+    """How a launch ended: a shell reports a child killed by signal N as 128 + N."""
+    number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    try:
+        name = signal.Signals(number).name if number else ""
+    except ValueError:
+        name = ""
+    if not name:
+        return f"exited with code {returncode}"
+    why = " (out of memory, a lost node, or a kill)" if name == "SIGKILL" else ""
+    return f"was killed by {name}{why}, exit code {returncode}"

@@ -205,3 +205,56 @@ def test_failed_tasks_are_read_with_their_error_from_monitoring(tmp_path):
     ((app, output, error),) = failed_tasks(tmp_path / "monitoring.db")
     assert app == "broken" and output == str(tmp_path / "out.npz")
     assert "voxel size (0, 8, 8) has a zero" in error
+
+
+@pytest.mark.parametrize("name", ["with space", "a;touch INJECTED"])
+def test_a_run_dir_a_shell_would_split_is_refused_before_anything_starts(tmp_path, name):
+    run_dir = tmp_path / name
+    done = workflow("--config", str(TINY), "--run-dir", str(run_dir), expect=2, timeout=120)
+    assert "Parsl puts it into shell lines unquoted" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not run_dir.exists() and not (ROOT / "INJECTED").exists()
+
+
+def test_a_refused_placeholder_start_leaves_no_run_dir(tmp_path):
+    # Theta: no GPUs, so the venv's CPU TensorFlow is fine; its account is a placeholder.
+    run_dir = tmp_path / "run"
+    done = workflow("--site", "theta", "--config", str(TINY), "--run-dir", str(run_dir), expect=2)
+    assert "still a placeholder" in done.stderr and not run_dir.exists()
+
+
+def test_a_killed_training_is_reported_as_killed_not_as_an_earlier_runs_error(tmp_path):
+    from parsl.data_provider.files import File
+
+    from apps.train import train
+    from pipeline.errors import StageFailed
+
+    log = tmp_path / "train.log"
+    log.write_text("[train] step 20\nerror: training diverged: the loss is NaN at step 20\n")
+    # The fault: this launch's process is killed (as the kernel's OOM killer or a lost node does).
+    command = "echo '[train] step 10'; kill -9 $$"
+    with pytest.raises(StageFailed) as failure:
+        # The app's own function, as a worker runs it (Parsl's wrapper would return the error).
+        train.func.__wrapped__(
+            {"x": 1}, command, str(log), outputs=[File(str(tmp_path / "summary.json"))]
+        )
+    message = str(failure.value)
+    assert "was killed by SIGKILL" in message and "[train] step 10" in message
+    assert "NaN" not in message and failure.value.retryable
+    assert log.read_text().count("[train] step") == 2  # the log still holds both runs
+
+
+def test_a_full_disk_names_the_file_and_leaves_nothing_half_written(tmp_path):
+    from pipeline.atomic import atomic_path
+    from pipeline.errors import DiskFull
+
+    final = tmp_path / "selection.json"
+    # The fault: the temporary file the write goes to is /dev/full, where every write fails
+    # with the kernel's ENOSPC, as on a full file system.
+    (tmp_path / f".selection.tmp-{os.getpid()}.json").symlink_to("/dev/full")
+    with pytest.raises(DiskFull, match=f"{final}: the disk is full"):
+        with atomic_path(final) as tmp:
+            with open(tmp, "w") as f:
+                f.write("{}" * 10_000)
+                f.flush()
+    assert not final.exists() and list(tmp_path.iterdir()) == []
