@@ -20,14 +20,22 @@ def naming_full_disk(path: Path) -> Iterator[None]:
     """A full disk while writing `path` raises DiskFull naming the path and its free space."""
     try:
         yield
+    except DiskFull:
+        raise  # named already, by a write nested in this one
     except OSError as exc:
-        if exc.errno not in _FULL and not any(text in str(exc) for text in _FULL.values()):
+        code = (
+            exc.errno
+            if exc.errno in _FULL
+            else next((c for c, text in _FULL.items() if text in str(exc)), None)
+        )
+        if code is None:
             raise
         free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
         raise DiskFull(
-            f"{path}: the disk is full or the quota is exceeded while writing it "
-            f"({free / 2**20:.0f} MiB free on its file system); nothing was left half-written: "
-            "free space, then --resume"
+            code,
+            f"nothing left half-written, {free / 2**20:.0f} MiB free on its file system (free "
+            f"space, then --resume): {_FULL[code]}",
+            str(path),
         ) from exc
 
 

@@ -94,8 +94,13 @@ class TrainingDiverged(FFNError, ArithmeticError):
     """The loss or a gradient became NaN or infinite; no checkpoint is written from that state."""
 
 
-class DiskFull(FFNError, OSError):
-    """No space (or no quota) left where an output is written; the output is not half-written."""
+class DiskFull(OSError):
+    """No space (or no quota) left where an output is written; the output is not half-written.
+    An OSError, not an FFNError: the same task succeeds once space is freed, so it is retried,
+    and the command-line tools exit 1 as for any other failure of the file system."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
 
 
 class LaunchError(FFNError):

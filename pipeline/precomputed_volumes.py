@@ -4,15 +4,27 @@ Addressed as `precomputed://file:///abs/path/to/layer` (the layer folder holding
 scale 0 is the volume. cloud-volume indexes (x, y, z, channel) from the layer's voxel offset; the
 adapter here shows the project's convention instead, a (z, y, x) array from 0 with the voxel size
 (z, y, x) in nm as the attribute `voxel_size_nm`, so `pipeline.volumes` validates and slices it as
-it does HDF5 and zarr. A chunk that is missing is an error, never zeros.
+it does HDF5 and zarr. A chunk that is missing is an error naming it, never zeros, unless the
+run's `[data] fill_missing` asks for zeros (cloud-volume's `fill_missing`); a chunk that cannot
+be decoded is named too.
 """
 
+import hashlib
+import itertools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import VolumeFileMissing, VolumeReadError, VolumeShapeError, first_line
+from pipeline.errors import (
+    ChunkReadError,
+    MissingChunkError,
+    VolumeFileMissing,
+    VolumeReadError,
+    VolumeShapeError,
+    first_line,
+)
 from pipeline.roi import index_bounds
 
 PREFIX = "precomputed://"
@@ -40,7 +52,7 @@ class PrecomputedArray:
     """Scale 0 of a precomputed layer as a read-only (z, y, x) array: `shape`, `dtype`, `attrs`
     and numpy-style slicing with steps of 1."""
 
-    def __init__(self, path: Path, voxel_size_attr: str) -> None:
+    def __init__(self, path: Path, voxel_size_attr: str, fill_missing: bool = False) -> None:
         from cloudvolume import CloudVolume
         from cloudvolume.exceptions import InfoUnavailableError
 
@@ -50,7 +62,7 @@ class PrecomputedArray:
             )
         try:
             self._volume = CloudVolume(
-                f"{FILE_SCHEME}{path}", mip=0, fill_missing=False, progress=False
+                f"{FILE_SCHEME}{path}", mip=0, fill_missing=fill_missing, progress=False
             )
         except (InfoUnavailableError, ValueError, KeyError) as exc:
             raise VolumeReadError(
@@ -64,6 +76,9 @@ class PrecomputedArray:
         self.attrs = {voxel_size_attr: [float(r) for r in self._volume.resolution[::-1]]}
         self._offset_xyz = [int(o) for o in self._volume.voxel_offset]
         self._where = f"{PREFIX}{FILE_SCHEME}{path}"
+        self.folder = path / self._volume.key  # scale 0's chunk files
+        self.chunks = tuple(int(c) for c in self._volume.chunk_size[::-1])  # z, y, x
+        self.fill_missing = fill_missing
 
     def __getitem__(self, index: "slice | Sequence[slice] | type(Ellipsis)") -> np.ndarray:
         bounds = index_bounds(index, self.shape)
@@ -71,10 +86,63 @@ class PrecomputedArray:
             return np.zeros([stop - start for start, stop in bounds], self.dtype)
         (z0, z1), (y0, y1), (x0, x1) = bounds
         ox, oy, oz = self._offset_xyz
+        from cloudvolume.exceptions import EmptyVolumeException
+
         try:
             cutout = self._volume[ox + x0 : ox + x1, oy + y0 : oy + y1, oz + z0 : oz + z1]
-        except Exception as exc:  # cloud-volume's missing chunk, a corrupt or truncated file
-            raise VolumeReadError(
-                f"{self._where}: cannot read its data ({first_line(exc)})"
+        except (
+            EmptyVolumeException
+        ) as exc:  # its message is the chunk's name: KEY/x0-x1_y0-y1_z0-z1
+            from pipeline.zarr_volumes import FILL_MISSING_HINT
+
+            raise MissingChunkError(
+                f"{self._where}: chunk {first_line(exc)} is missing ({FILL_MISSING_HINT})"
             ) from None
+        except Exception as exc:  # a corrupt or truncated chunk file (deflate, raw size)
+            raise self._unreadable(bounds, exc) from None
         return np.ascontiguousarray(np.asarray(cutout)[..., 0].transpose(2, 1, 0))
+
+    def _unreadable(self, bounds: Sequence[tuple[int, int]], exc: Exception) -> VolumeReadError:
+        """The error naming the first chunk of the read that cannot be decoded on its own."""
+        # The chunk grid starts at the voxel offset: chunk i spans offset + i * chunk, clipped.
+        offset = self._offset_xyz[::-1]  # z, y, x
+        for coords in itertools.product(
+            *(range(a // c, -(-b // c)) for (a, b), c in zip(bounds, self.chunks, strict=True))
+        ):
+            box = [
+                (i * c, min((i + 1) * c, n))
+                for i, c, n in zip(coords, self.chunks, self.shape, strict=True)
+            ]
+            (z0, z1), (y0, y1), (x0, x1) = (
+                (a + o, b + o) for (a, b), o in zip(box, offset, strict=True)
+            )
+            try:
+                self._volume[x0:x1, y0:y1, z0:z1]
+            except Exception as chunk_exc:
+                return ChunkReadError(
+                    f"{self._where}: chunk {self._volume.key}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1} "
+                    f"cannot be read ({first_line(chunk_exc)})"
+                )
+        return VolumeReadError(f"{self._where}: cannot read its data ({first_line(exc)})")
+
+    def chunk_state(self, bounds: Sequence[tuple[int, int]]) -> dict:
+        """What scale 0's chunk files are now, without reading them: their number, bytes and a
+        digest of every file's name, size, mtime_ns and ctime_ns. The whole scale's folder is
+        listed (one scandir, a stat per file; a sharded layer's shard files alike), not only the
+        files of `bounds`; the digest is a sum of one sha256 per file, so neither order nor
+        memory grows with the millions of files a large layer holds."""
+        del bounds
+        files = size = total = 0
+        if not self.folder.is_dir():  # no chunk written yet
+            return {"files": 0, "bytes": 0, "state_sha256": f"{total:064x}"}
+        with os.scandir(self.folder) as listing:
+            for entry in listing:
+                if not entry.is_file():
+                    continue
+                stat = entry.stat()
+                one = f"{entry.name} {stat.st_size} {stat.st_mtime_ns} {stat.st_ctime_ns}"
+                total = (total + int.from_bytes(hashlib.sha256(one.encode()).digest(), "big")) % (
+                    1 << 256
+                )
+                files, size = files + 1, size + stat.st_size
+        return {"files": files, "bytes": size, "state_sha256": f"{total:064x}"}

@@ -7,7 +7,8 @@ voxel size; later stages read only these, so a run does not depend on files else
 under it. The volume to segment, when it is zarr or precomputed (what volumes too large to copy
 come as, and what many tasks can read at once), is not copied: its stage writes
 `staged/eval.json` (`reads_in_place`), naming the source's box (`VolumeSpec.box`), its shape,
-voxel size and a checksum of its metadata; every later stage reads through `read_staged`.
+voxel size, a checksum of its metadata and the state of the chunk files the box is read from
+(`volumes.chunk_state`); every later stage reads through `read_staged`.
 """
 
 import dataclasses
@@ -26,6 +27,7 @@ from pipeline.atomic import atomic_path
 from pipeline.errors import (
     ConfigError,
     EmptyLabelsError,
+    MissingChunkError,
     VolumeDtypeError,
     VolumeShapeError,
     VoxelSizeError,
@@ -34,15 +36,18 @@ from pipeline.roi import Roi, check_apart, check_roi
 from pipeline.stamps import VolumeDigest, digest, digest_files, digest_volumes
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import (
+    FILL_MISSING,
     VolumeHeader,
     VolumeSpec,
     VoxelSize,
+    chunk_state,
     is_zarr,
     new_volumes,
     read_bricks,
     read_header,
     write_volumes,
 )
+from pipeline.zarr_volumes import FILL_MISSING_HINT
 
 STAGED_ATTR = "staged_from"
 SCORED_ATTR = "scored_roi"  # z0:z1, y0:y1, x0:x1 within the staged volume
@@ -93,6 +98,11 @@ class DataConfig:
     select_roi: str = ""
     eval_roi: str = ""
     voxel_size_nm: tuple[float, float, float] | None = None  # only for files without the attribute
+    # A chunk of a zarr or precomputed input that does not exist reads as zeros (true), or is an
+    # error naming it (false). zarr and cloud-volume can do either; a lost chunk of an image read
+    # as zeros is a silent hole the model segments as nothing, so zeros must be asked for
+    # (cloud-volume's `fill_missing`), e.g. for a sparse volume whose empty chunks were not written.
+    fill_missing: bool = False
 
     def __post_init__(self) -> None:
         if self.synthetic_preset not in PRESETS:
@@ -114,6 +124,10 @@ class DataConfig:
         for name, text in self.rois.items():
             if text:
                 Roi.parse(text, name)
+        if not isinstance(self.fill_missing, bool):
+            raise ConfigError(f"fill_missing must be true or false, got {self.fill_missing!r}")
+        if self.fill_missing and self.synthetic:
+            raise ConfigError("fill_missing is about chunks of your files: give eval_raw too")
 
     @property
     def rois(self) -> dict[str, str]:
@@ -161,6 +175,8 @@ def role_settings(data: DataConfig, role: str, context_zyx: Sequence[int] = (0, 
     settings = {"role": role, "raw": raw, "labels": labels, "voxel_size_nm": data.voxel_size_nm}
     if role == "eval" and reads_in_place(data):
         settings["in_place"] = True
+    if data.fill_missing:  # only when set: the stamps of runs without it stay as they were
+        settings["fill_missing"] = True
     if not roi:
         return settings
     context = [int(c) for c in context_zyx] if role == "eval" else [0, 0, 0]
@@ -186,13 +202,30 @@ def metadata_files(spec: VolumeSpec) -> list[Path]:
     return [spec.path]
 
 
+def chunk_folder(spec: VolumeSpec) -> Path | None:
+    """The folder of a chunked volume's chunk files: a zarr array's, a precomputed layer's scale
+    0 (named in its `info`); None for HDF5 or a layer whose info cannot be read."""
+    if spec.precomputed:
+        try:
+            return spec.path / json.loads((spec.path / "info").read_text())["scales"][0]["key"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return None
+    return spec.path / spec.dataset if is_zarr(spec.path) else None
+
+
 def source_files(data: DataConfig, role: str) -> list[Path]:
     """The user's files a role's volume is read from (none for synthetic data), by which a
-    resume notices a changed source: of a chunked volume, its metadata (`metadata_files`)."""
+    resume notices a changed source: of a chunked volume, its metadata (`metadata_files`) and
+    the folder of its chunk files, so that a chunk written, rewritten, lost or restored re-runs
+    its staging (whose record then says whether the chunks of the staged box changed). Cost:
+    the token of a folder (`stamps.source_token`) lists and stats every file under it when the
+    workflow plans and when the stage runs, the whole volume's chunks, not only the box's."""
     specs = [
         VolumeSpec.parse(s) for s in map(role_settings(data, role).get, ("raw", "labels")) if s
     ]
-    return sorted({path for spec in specs for path in metadata_files(spec)})
+    files = {path for spec in specs for path in metadata_files(spec)}
+    folders = {chunk_folder(spec) for spec in specs} - {None}
+    return sorted(files | {f for f in folders if f.is_dir()})
 
 
 def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
@@ -238,10 +271,11 @@ def stage_role(path: str | Path, settings: dict) -> str:
         preset, seed, shape = (settings[k] for k in ("synthetic_preset", "seed", "shape_zyx"))
         return stage_synthetic(path, preset, seed, tuple(shape) if shape else None)
     stage = stage_in_place if settings.get("in_place") else stage_files
+    fill = FILL_MISSING if settings.get("fill_missing") else ""
     return stage(
         path,
-        settings["raw"],
-        settings["labels"],
+        settings["raw"] + fill,
+        settings["labels"] + fill if settings["labels"] else "",
         settings["voxel_size_nm"],
         settings.get("roi", ""),
         settings.get("context_zyx", (0, 0, 0)),
@@ -346,10 +380,14 @@ def stage_in_place(
 ) -> str:
     """Validate the user's chunked volume(s) as `stage_files` does, without copying a voxel:
     write the record `path` (JSON) that `read_staged` reads, naming the box of each source to
-    read (its `roi` with `context_zyx` around it), the scored part within it, the voxel size and
-    the sha256 of each source's metadata files. Read in place, the voxels are what the source
-    stores: the image must be uint8 and the labels of an integer type. Returns the digest of the
-    record."""
+    read (its `roi` with `context_zyx` around it), the scored part within it, the voxel size,
+    the sha256 of each source's metadata files and the state of the chunk files of the box
+    (`volumes.chunk_state`: per zarr chunk its size, mtime and ctime, digested; a stat per
+    chunk, no chunk read), so that the record's digest, which the blocks key on, changes when a
+    chunk they read changes. A chunk of the box that is missing is an error here already (not
+    only when a block reads it) unless the specs ask for `fill_missing`. Read in place, the
+    voxels are what the source stores: the image must be uint8 and the labels of an integer
+    type. Returns the digest of the record."""
     sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
     if sources["raw"].dtype != np.uint8:
         raise VolumeDtypeError(
@@ -362,8 +400,18 @@ def stage_in_place(
                 f"{labels_spec}: labels read in place must be of an integer type, got "
                 f"{sources['labels'].dtype}"
             )
-        _require_labeled(labels_spec, part)
     boxed = {name: str(header.spec.part(staged)) for name, header in sources.items()}
+    chunks = {name: chunk_state(spec) for name, spec in boxed.items()}
+    for name, spec in boxed.items():
+        state, parsed = chunks[name] or {}, VolumeSpec.parse(spec)
+        if state.get("missing") and not parsed.fill_missing:  # before any block reads the box
+            raise MissingChunkError(
+                f"{parsed.path / parsed.dataset}: chunk {state['first_missing']} is missing "
+                f"({state['missing']} of the {state['chunks']} chunks of {spec}; "
+                f"{FILL_MISSING_HINT})"
+            )
+    if labels_spec:
+        _require_labeled(labels_spec, part)
     record = {
         "raw": boxed["raw"],
         "labels": boxed.get("labels", ""),
@@ -376,8 +424,9 @@ def stage_in_place(
                 "shape_zyx": list(header.shape),
                 "dtype": str(header.dtype),
                 "metadata_sha256": digest_files(metadata_files(header.spec)),
+                "chunks": chunks[name],
             }
-            for header in sources.values()
+            for name, header in sources.items()
         ],
     }
     with atomic_path(path) as tmp:

@@ -36,30 +36,37 @@ from pipeline.errors import (
 from pipeline.precomputed_volumes import PREFIX as PRECOMPUTED_PREFIX
 from pipeline.precomputed_volumes import PrecomputedArray, is_precomputed, local_path
 from pipeline.roi import ZYX, Roi, grid_starts, index_bounds
-from pipeline.zarr_volumes import create_zarr, is_zarr, open_zarr
+from pipeline.zarr_volumes import ZarrInput, create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
 # Where real files keep the voxel size (z, y, x) in nm, in the order they are looked for: this
 # project's attribute, then CREMI's (and many HDF5 stacks') `resolution`.
 VOXEL_SIZE_ATTRS = (VOXEL_SIZE_ATTR, "resolution")
 VoxelSize = tuple[float, float, float]
+# A spec ending so reads chunks never written (or lost) as zeros, as `[data] fill_missing` asks.
+FILL_MISSING = "#fill_missing"
 
 
 @dataclass(frozen=True)
 class VolumeSpec:
     """Where one 3-D dataset lives: an HDF5 file (or zarr group) and a dataset path inside it,
     or a precomputed layer's folder (`dataset` empty); with `box`, only that box of it, read as
-    a volume of its own (`path.zarr:raw[z0:z1, y0:y1, x0:x1]`): a part read in place."""
+    a volume of its own (`path.zarr:raw[z0:z1, y0:y1, x0:x1]`): a part read in place. With
+    `fill_missing` (written `...#fill_missing`), a chunk of a zarr or precomputed volume that
+    does not exist reads as zeros; without, it is an error naming it (`MissingChunkError`)."""
 
     path: Path
     dataset: str
     box: Roi | None = None
+    fill_missing: bool = False
 
     @classmethod
     def parse(cls, spec: "str | VolumeSpec") -> "VolumeSpec":
         if isinstance(spec, VolumeSpec):
             return spec
         text, box = str(spec), None
+        if text.endswith(FILL_MISSING):
+            return dataclasses.replace(cls.parse(text[: -len(FILL_MISSING)]), fill_missing=True)
         if text.endswith("]") and "[" in text:
             text, _, inner = text[:-1].rpartition("[")
             box = Roi.parse(inner, f"volume spec {spec!r}: box")
@@ -87,14 +94,15 @@ class VolumeSpec:
             if self.precomputed
             else f"{self.path}:{self.dataset}"
         )
-        return f"{where}[{self.box}]" if self.box else where
+        where = f"{where}[{self.box}]" if self.box else where
+        return where + FILL_MISSING if self.fill_missing else where
 
 
 class Window:
     """A box of a volume as a read-only volume of its own: `shape`, `dtype`, `attrs` (the
     volume's) and slicing from 0 with steps of 1, clipped to the box."""
 
-    def __init__(self, dataset: "h5py.Dataset | zarr.Array | PrecomputedArray", box: Roi, spec):
+    def __init__(self, dataset: "h5py.Dataset | ZarrInput | PrecomputedArray", box: Roi, spec):
         if any(b > n for b, n in zip(box.stop, dataset.shape, strict=True)):
             raise VolumeShapeError(
                 f"{spec}: the box reaches outside the volume of shape {tuple(dataset.shape)}"
@@ -145,13 +153,17 @@ def _whole_dataset(
     if writable and (spec.precomputed or not is_zarr(spec.path)):
         raise VolumeError(f"{spec}: only zarr volumes are written part by part in place")
     if spec.precomputed:
-        yield PrecomputedArray(spec.path, VOXEL_SIZE_ATTR)
+        yield PrecomputedArray(spec.path, VOXEL_SIZE_ATTR, spec.fill_missing)
         return
     if is_zarr(spec.path):
         array = open_zarr(spec.path, spec.dataset, "r+" if writable else "r")
         _require_3d(array.shape, spec)
         with reading(spec):
-            yield array
+            # Read, every chunk a read touches must exist (or `fill_missing`) and decode; a
+            # volume opened to be written is the zarr array itself (its chunks begin unwritten).
+            yield (
+                array if writable else ZarrInput(array, spec.path / spec.dataset, spec.fill_missing)
+            )
         return
     if not spec.path.is_file():
         raise VolumeFileMissing(f"{spec.path}: file not found")
@@ -230,6 +242,19 @@ def read_header(
     return VolumeHeader(spec, shape, dtype, _resolve_voxel_size(spec, stored, voxel_size_nm))
 
 
+def chunk_state(spec: "str | VolumeSpec") -> dict | None:
+    """What the chunk files a zarr or precomputed volume's box (its `box`, else all of it) is
+    read from are now, read without their voxels (`ZarrInput.chunk_state`,
+    `PrecomputedArray.chunk_state`: a stat per chunk file); None for HDF5 (its file's own
+    state says it)."""
+    spec = VolumeSpec.parse(spec)
+    if not spec.precomputed and not is_zarr(spec.path):
+        return None
+    with _whole_dataset(spec) as dataset:
+        box = spec.box or Roi.whole(tuple(int(n) for n in dataset.shape))
+        return dataset.chunk_state(list(zip(box.start, box.stop, strict=True)))
+
+
 def volume_shape(spec: "str | VolumeSpec") -> ZYX:
     """The (z, y, x) shape of a volume, without reading its voxels; the same checks as reading."""
     with _checked_dataset(VolumeSpec.parse(spec)) as dataset:
@@ -299,8 +324,9 @@ def open_volume(
     spec: "str | VolumeSpec", writable: bool = False
 ) -> Iterator["h5py.Dataset | zarr.Array"]:
     """A volume open to be read part by part (file, dataset and 3-D checked; a read error names
-    it in one line): for volumes that need not fit in memory. An h5py dataset or a zarr array:
-    both are sliced as numpy arrays are. `writable`: a zarr volume to write chunks into."""
+    it in one line): for volumes that need not fit in memory. An h5py dataset, a zarr array read
+    through `ZarrInput` (a missing or undecodable chunk is an error naming it) or a precomputed
+    layer: all are sliced as numpy arrays are. `writable`: a zarr volume to write chunks into."""
     with _checked_dataset(VolumeSpec.parse(spec), writable) as dataset:
         yield dataset
 

@@ -10,6 +10,7 @@ from pipeline import volumes
 from pipeline.errors import (
     DatasetMissing,
     EmptyLabelsError,
+    MissingChunkError,
     NonFiniteError,
     VolumeDtypeError,
     VolumeError,
@@ -274,7 +275,6 @@ def test_a_corrupted_chunk_is_named_by_file_and_dataset(tmp_path):
     import h5py
 
     from pipeline.blocks import Block, segment_block
-    from pipeline.errors import VolumeReadError
     from pipeline.inference import InferenceConfig
     from pipeline.model import ModelConfig
 
@@ -330,13 +330,17 @@ class TestZarrVolumes:
             "0.0.1",
         ]
 
-    def test_an_unwritten_volume_reads_as_unlabeled_and_is_refused_as_labels(self, tmp_path):
+    def test_an_unwritten_volume_is_refused_unless_zeros_are_asked_for(self, tmp_path):
+        from pipeline.errors import MissingChunkError
+
         path = tmp_path / "seg.zarr"
         volumes.new_chunked_volume(path, "seg", (4, 8, 8), np.uint64, VOXEL, (4, 8, 8))
-        with volumes.open_volume(f"{path}:seg") as array:
+        with pytest.raises(MissingChunkError, match=f"^{path}/seg: chunk 0.0.0 is missing"):
+            volumes.read_labels(f"{path}:seg")
+        with volumes.open_volume(f"{path}:seg#fill_missing") as array:
             assert not array[...].any()
         with pytest.raises(EmptyLabelsError, match="all zero"):
-            volumes.read_labels(f"{path}:seg")
+            volumes.read_labels(f"{path}:seg#fill_missing")
 
     def test_bad_specs_fail_with_one_line(self, tmp_path):
         path = tmp_path / "seg.zarr"
@@ -418,7 +422,14 @@ class TestPrecomputedInputs:
         assert read["raw"] == raw_spec and read["source_shape_zyx"] == [8, 12, 16]
         assert read["voxel_size_nm"] == list(VOXEL)
         data = DataConfig(train_raw=raw_spec, train_labels=labels_spec, eval_raw=raw_spec)
-        assert source_files(data, "train") == [tmp_path / "raw" / "info", tmp_path / "seg" / "info"]
+        # The layers' info and their scale-0 chunk folders: a chunk rewritten re-runs the stage.
+        scale = "10.0_10.0_20.0"
+        assert source_files(data, "train") == [
+            tmp_path / "raw" / scale,
+            tmp_path / "raw" / "info",
+            tmp_path / "seg" / scale,
+            tmp_path / "seg" / "info",
+        ]
 
     def test_a_missing_chunk_is_an_error_never_zeros_and_a_part_reads_only_its_chunks(
         self, tmp_path
@@ -431,8 +442,11 @@ class TestPrecomputedInputs:
         # The chunk at x 7-15, y 5-13, z 3-7 (cloud-volume's names): z 0:4, y 0:8, x 0:8 here.
         (first,) = scale.glob("7-15_5-13_3-7*")
         first.unlink()
-        with pytest.raises(VolumeReadError, match=f"{spec}: cannot read its data"):
+        with pytest.raises(
+            MissingChunkError, match=f"^{spec}: chunk 10.0_10.0_20.0/7-15_5-13_3-7 is missing"
+        ):
             read_raw(spec)
+        assert not read_raw(f"{spec}#fill_missing")[0][:4, :8, :8].any()
         # A part away from the lost chunk is staged: only its own chunks were read.
         stage_files(tmp_path / "staged.h5", spec, roi="4:8, 0:12, 0:16")
         with h5py.File(tmp_path / "staged.h5") as f:
