@@ -233,6 +233,14 @@ def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
     accepted dtype with a voxel size, raw and labels agree in shape and voxel size, each part
     (ROI) lies inside its volume and is at least `min_shape_zyx` (the FOV), and the parts of one
     file do not overlap. Reads no voxels."""
+    if data.synthetic:
+        shape = PRESETS[data.synthetic_preset].with_geometry(data.synthetic_shape_zyx).shape_zyx
+        if any(s < m for s, m in zip(shape, min_shape_zyx, strict=True)):
+            raise VolumeShapeError(
+                f"the synthetic volumes, {shape} voxels (z, y, x), are smaller than the FOV "
+                f"{tuple(min_shape_zyx)}: give [data] synthetic_shape_zyx at least the FOV"
+            )
+        return
     parts_of: dict[Path, dict[str, Roi]] = {}
     for role in ROLES:
         if data.synthetic or (role == "select" and not data.has_select_part):

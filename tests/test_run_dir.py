@@ -260,3 +260,13 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_half_written(tmp_path):
                 f.write("{}" * 10_000)
                 f.flush()
     assert not final.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_fov_larger_than_the_synthetic_volume_is_refused_by_the_dry_run(tmp_path):
+    config = tmp_path / "small.toml"
+    config.write_text(
+        "[data]\nsynthetic_shape_zyx = [8, 64, 64]\n"
+        "[train.model]\nfov_shape_zyx = [9, 17, 17]\ndeltas_zyx = [2, 4, 4]\n"
+    )
+    done = workflow("--config", str(config), "--dry-run", expect=2)
+    assert "smaller than the FOV (9, 17, 17)" in done.stderr
