@@ -25,7 +25,7 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         checkpoint_model_config,
         predictor_from_checkpoint,
     )
-    from pipeline.selection import chosen_checkpoint
+    from pipeline.selection import chosen_checkpoint, recorded_checkpoint
     from pipeline.staging import read_staged
     from pipeline.stamps import digest_arrays, input_token, run_once
     from pipeline.volumes import open_volume
@@ -38,7 +38,12 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         model = checkpoint_model_config(checkpoint)
         block = Block(tuple(settings["start"]), tuple(settings["stop"]))
         # The weights' token keys the block's inference checkpoint: new weights, fresh start.
-        provenance = {"checkpoint": str(checkpoint), "weights": input_token(selection)}
+        # The checkpoint as selection.json names it (relative to the run dir), not where it is
+        # now: a block begun before the run dir was moved goes on from its saved state.
+        provenance = {
+            "checkpoint": recorded_checkpoint(selection),
+            "weights": input_token(selection),
+        }
         staged = read_staged(volume)
         with open_volume(staged.raw) as raw:
             result = segment_block(

@@ -42,7 +42,13 @@ from pipeline.partitions import (
     compute_partitions,
     save_coordinates,
 )
-from pipeline.selection import CRITERIA, SelectionConfig, select_checkpoint, selection_done
+from pipeline.selection import (
+    CRITERIA,
+    SelectionConfig,
+    chosen_checkpoint,
+    select_checkpoint,
+    selection_done,
+)
 from pipeline.stitching import segment_blockwise
 from pipeline.synthetic import PRESETS, generate
 from pipeline.train import TrainInputs, run_training, training_complete
@@ -178,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         select_checkpoint(train_dir, selection_volume, selection_config)
     selection = json.loads(selection_path.read_text())
+    checkpoint = str(chosen_checkpoint(selection_path))  # selection.json stores it relative
     timings["selection_s"] = time.perf_counter() - start
 
     blocks = BlockConfig(block_shape_zyx=tuple(args.block_shape), overlap_zyx=tuple(args.overlap))
     # A fresh blocks dir per run, so the timing is of this run's inference.
     blocks_dir = workdir / f"blocks-{time.strftime('%Y%m%d-%H%M%S')}"
-    predict = predictor_from_checkpoint(selection["checkpoint"], model)
+    predict = predictor_from_checkpoint(checkpoint, model)
     start = time.perf_counter()
     segmentation, summary = segment_blockwise(
         held_out.raw,
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         inference,
         blocks,
         blocks_dir,
-        provenance={"checkpoint": selection["checkpoint"]},
+        provenance={"checkpoint": checkpoint},
         progress=True,
     )
     inference_wall = time.perf_counter() - start

@@ -804,14 +804,19 @@ def export_precomputed(
 
 def export_complete(folder: str | Path) -> bool:
     """True when `folder` holds a finished export: its record lists the layers' info files and
-    every file it lists is there with the size it had when written. The record is read a line
-    at a time, its list of files not held."""
+    every file it lists is there with the size it had when written, and not modified after the
+    record was (written last, so a later mtime is a file rewritten in place since, its size
+    kept: a chunk partly zeroed). A copy that keeps mtimes (`cp -a`) stays complete; a rewrite
+    that puts the mtime back (`os.utime`) is not seen, as no content is read. The record is read
+    a line at a time, its list of files not held."""
     folder = Path(folder)
     missing = set(REQUIRED_FILES)
     try:
+        recorded = os.stat(folder / MANIFEST).st_mtime_ns
         for name, size in _recorded_files(folder / MANIFEST):
             # os.path, not pathlib: pathlib interns every name it parses.
-            if os.stat(os.path.join(folder, name)).st_size != size:
+            stat = os.stat(os.path.join(folder, name))
+            if stat.st_size != size or stat.st_mtime_ns > recorded:
                 return False
             missing.discard(name)
     except (OSError, ValueError, TypeError, AttributeError):

@@ -8,12 +8,17 @@ its variation of information, which sees what F1 cannot (movement, merges), at f
 `criterion` picks which of the two decides.
 
 The choice is written atomically to `selection.json` (`selection_done` is the stage's check) with
-every candidate's scores; `pipeline.inference` accepts that file in place of a checkpoint.
+every candidate's scores; `pipeline.inference` accepts that file in place of a checkpoint. A
+checkpoint inside the folder of the selection file (the run dir) is named relative to it, and read
+back against the folder the file is in now (`chosen_checkpoint`): a run dir moved or copied uses its
+own weights. A checkpoint outside it (a pretrained model) is named by its absolute path.
 
 CLI: `python -m pipeline.cli.selection --train-dir RUN --raw held.h5:raw --labels held.h5:labels`.
 """
 
+import glob
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -84,6 +89,38 @@ def candidate_checkpoints(train_dir: str | Path, config: SelectionConfig) -> lis
     last = config.last_checkpoints
     start = [c for c in found[:-last] if checkpoint_step(c) == 0 and config.start_as_candidate]
     return start + found[-last:]
+
+
+def recorded_path(path: str | Path, folder: str | Path) -> str:
+    """How a record in `folder` (a run dir) names `path`: relative to `folder` with "/" when it
+    lies inside it, so a moved or copied folder names its own file; else absolute."""
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    for inside, root in ((path, folder), (path.resolve(), folder.resolve())):
+        if inside.is_relative_to(root):
+            return inside.relative_to(root).as_posix()
+    return str(path)
+
+
+def _has_files(checkpoint: Path) -> bool:
+    return any(checkpoint.parent.glob(glob.escape(checkpoint.name) + ".*"))
+
+
+def resolve_recorded(recorded: str, folder: str | Path) -> Path:
+    """The path a record in `folder` names (`recorded_path`): a relative one against `folder`,
+    where the record is now. An absolute one (a file outside the folder, or a record written
+    before paths were relative) as it is while it exists; when it is gone (a run dir moved
+    since), the same path's longest tail found under `folder`, else as it is (its reader names
+    it missing)."""
+    path = Path(recorded)
+    if not path.is_absolute():
+        return Path(folder) / path
+    if _has_files(path) or path.exists():
+        return path
+    for start in range(1, len(path.parts) - 1):
+        local = Path(folder).joinpath(*path.parts[start:])
+        if _has_files(local):
+            return local
+    return path
 
 
 def checkpoint_step(checkpoint: str | Path) -> int:
@@ -172,6 +209,7 @@ def select_checkpoint(
     """Score the candidates of `train_dir` (`candidate_checkpoints`) on the held-out `volume`,
     write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
     config = config or SelectionConfig()
+    output = Path(output) if output is not None else Path(train_dir) / SELECTION_FILE
     candidates = candidate_checkpoints(train_dir, config)
     if not candidates:
         raise CheckpointError(f"{train_dir}: no checkpoints (checkpoints/ckpt-N.index)")
@@ -184,10 +222,12 @@ def select_checkpoint(
     for checkpoint in candidates:
         if reason := _unusable(model, checkpoint, losses):
             print(f"[select] skipping {checkpoint}: {reason}", flush=True)
-            skipped.append({"checkpoint": str(checkpoint), "reason": reason})
+            skipped.append(
+                {"checkpoint": recorded_path(checkpoint, output.parent), "reason": reason}
+            )
             continue
         row = {
-            "checkpoint": str(checkpoint),
+            "checkpoint": recorded_path(checkpoint, output.parent),
             "step": checkpoint_step(checkpoint),
             "fov_f1": fov_f1(
                 predict,
@@ -220,14 +260,13 @@ def select_checkpoint(
         "step": best["step"],
         "criterion": config.criterion,
         "score": best[config.criterion],
-        "train_dir": str(train_dir),
+        "train_dir": recorded_path(train_dir, output.parent),
         "held_out_volume": volume.name,
         "held_out_fovs": len(coords),
         "candidates": rows,
         "skipped": skipped,
         "config": config_io.to_dict(config),
     }
-    output = Path(output) if output is not None else Path(train_dir) / SELECTION_FILE
     with atomic_path(output) as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
     return record
@@ -258,13 +297,21 @@ def selection_done(
 
 
 def chosen_checkpoint(path: str | Path) -> Path:
-    """A checkpoint path as given, or the one a selection.json chose."""
+    """A checkpoint path as given, or the one a selection.json chose (`resolve_recorded`
+    against the folder the file is in)."""
     path = Path(path)
     if path.suffix != ".json":
         return path
+    return resolve_recorded(recorded_checkpoint(path), path.parent)
+
+
+def recorded_checkpoint(path: str | Path) -> str:
+    """The checkpoint as selection.json `path` names it: relative to its folder (or absolute,
+    outside it or in a file from before): what does not change when the run dir is moved."""
+    path = Path(path)
     if not selection_done(path):
         raise CheckpointError(f"{path}: not a complete selection file")
-    return Path(json.loads(path.read_text())["checkpoint"])
+    return str(json.loads(path.read_text())["checkpoint"])
 
 
 def selection_token(path: str | Path) -> str:

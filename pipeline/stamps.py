@@ -8,7 +8,7 @@ it):
     settings  the settings themselves, so a later run can say which one changed
     inputs    [name, token] per input, so a later run can say which one changed
     outputs   {name: state}: size and mtime of a file; of a folder, its files, bytes and a
-              digest of every file's name and size
+              digest of every file's name, size and mtime (`FOLDER_STATE`)
     token     what tasks downstream key on: a digest of the content where the task computes
               one (staged volumes, chosen weights, block labels, the segmentation), else a
               fresh random value, so whatever reads this output runs again after it is rebuilt
@@ -18,6 +18,12 @@ still has the state it was stamped with; anything else (no stamp, a changed sett
 output missing, truncated or rewritten) makes it run again. An input with no stamp beside it is
 a source file (the user's volume, a pretrained model): its token is a digest of its path, size,
 mtime, ctime and inode, and staging records the digest of the content it read.
+
+A stamp holds no path of the run dir: outputs are named by their file name, inputs by their last
+two path parts, tokens are digests. So a run dir moved, or copied with its mtimes (`cp -a`,
+shutil.copytree), is up to date with its own files and never with the dir it came from. An
+output's state has its mtime, not its ctime: a copy has new ctimes and would run every task
+again, so a rewrite that puts size and mtime back (`os.utime`) is not seen (no output is read).
 
 `plan()` decides for a whole DAG before anything is submitted (the workflow prints it);
 `run_once()` is what each task does on its worker, where the inputs rebuilt earlier in the same
@@ -134,25 +140,57 @@ def files_under(
     """(path relative to `root`, default `folder`, with "/"; size) of every file under `folder`,
     in the order the folders list them: a folder's listing is read as it goes, not held (nor
     sorted)."""
-    root = folder if root is None else root
+    for name, stat in _stats_under(folder, folder if root is None else root):
+        yield name, stat.st_size
+
+
+def _stats_under(
+    folder: str | os.PathLike, root: str | os.PathLike
+) -> Iterator[tuple[str, os.stat_result]]:
+    """(path relative to `root` with "/", stat) of every file under `folder`: one scandir walk,
+    one stat a file, no file read."""
     with os.scandir(folder) as listing:
         for entry in listing:
             if entry.is_dir(follow_symlinks=False):
-                yield from files_under(entry.path, root)
+                yield from _stats_under(entry.path, root)
             elif entry.is_file():
-                yield os.path.relpath(entry.path, root).replace(os.sep, "/"), entry.stat().st_size
+                yield os.path.relpath(entry.path, root).replace(os.sep, "/"), entry.stat()
 
 
-def _folder_state(folder: Path) -> list:
-    """[files, bytes, digest of every file's name and size] under `folder`. The digest is a sum
-    of one sha256 per file, so its order does not matter: nothing is held or sorted (an export
-    of 10^12 voxels has tens of millions of files)."""
+# What the digest of a folder's state covers, the state's last item. A state recorded before it
+# (three items: names and sizes only) is compared as it was made (`_state_as_recorded`), so an
+# upgrade does not run every stitch and export again; the task's next run records this one.
+FOLDER_STATE = "name size mtime_ns"
+
+
+def _folder_state(folder: Path, with_mtime: bool = True) -> list:
+    """[files, bytes, digest of every file's name, size and mtime, FOLDER_STATE] under `folder`
+    (with `with_mtime` False: [files, bytes, digest of names and sizes], the older state). The
+    digest is a sum of one sha256 per file, so its order does not matter: nothing is held or
+    sorted (an export of 10^12 voxels has tens of millions of files).
+
+    The mtime is what sees a file rewritten in place with its size kept (a chunk partly zeroed):
+    the stat that gives the size gives it too, so the walk costs no more. Not ctime, though it
+    would also see a rewrite whose mtime was put back (`os.utime` cannot set ctime): every copy
+    of a file has a new ctime, so a copied run dir (`cp -a`, shutil.copytree) would run every
+    task with a folder output again, and a moved one across file systems too. A rewrite that
+    restores size and mtime is only seen by reading the content, which a stamp does not."""
     files = size = total = 0
-    for name, bytes_ in files_under(folder):
-        one = hashlib.sha256(f"{name}\0{bytes_}".encode()).digest()
+    for name, stat in _stats_under(folder, folder):
+        text = f"{name}\0{stat.st_size}" + (f"\0{stat.st_mtime_ns}" if with_mtime else "")
+        one = hashlib.sha256(text.encode()).digest()
         total = (total + int.from_bytes(one, "big")) % (1 << 256)
-        files, size = files + 1, size + bytes_
-    return [files, size, f"{total:064x}"]
+        files, size = files + 1, size + stat.st_size
+    state = [files, size, f"{total:064x}"]
+    return [*state, FOLDER_STATE] if with_mtime else state
+
+
+def _state_as_recorded(path: Path, recorded: object) -> object:
+    """`output_state(path)` as `recorded` was made: a folder's state of an older stamp (names
+    and sizes) is read the older way."""
+    if isinstance(recorded, list) and len(recorded) == 3 and path.is_dir():
+        return _folder_state(path, with_mtime=False)
+    return output_state(path)
 
 
 def source_token(path: str | os.PathLike) -> str:
@@ -233,10 +271,11 @@ def why_stale(settings: dict, inputs: Sequence[Path], outputs: Sequence[Path]) -
         return "input changed: " + ", ".join(changed or ["inputs"])
     recorded = stamp.get("outputs", {})
     for output in outputs:
-        state = output_state(output)
+        before = recorded.get(Path(output).name)
+        state = _state_as_recorded(Path(output), before)
         if state is None:
             return f"output missing: {_display(Path(output))}"
-        if recorded.get(Path(output).name) != state:
+        if before != state:
             return f"output changed since it was made: {_display(Path(output))}"
     return None
 

@@ -257,9 +257,11 @@ def _set_aside_unreadable(
     for path in unreadable:
         for file in Path(path).parent.glob(Path(path).name + ".*"):
             os.replace(file, folder / file.name)
-    kept = [p for p in manager.checkpoints if p not in unreadable]
+    # Names, not paths: TensorFlow reads them relative to the folder (as CheckpointManager writes
+    # its own), so a run dir moved or copied later reads and deletes its own checkpoints.
+    kept = [Path(p).name for p in manager.checkpoints if p not in unreadable]
     tf.compat.v1.train.update_checkpoint_state(
-        str(checkpoint_dir), restored, all_model_checkpoint_paths=kept
+        str(checkpoint_dir), Path(restored).name, all_model_checkpoint_paths=kept
     )
     print(
         f"[train] set aside in {folder}: {', '.join(Path(p).name for p in unreadable)}", flush=True

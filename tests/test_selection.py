@@ -3,6 +3,7 @@ read back, and bad inputs are named."""
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from pipeline.selection import (
     list_checkpoints,
     select_checkpoint,
     selection_done,
+    selection_token,
 )
 from pipeline.volumes import LabeledVolume, write_volumes
 
@@ -50,7 +52,11 @@ def test_the_better_of_the_last_checkpoints_is_selected(train_dir):
     assert record["step"] == 10 and record["checkpoint"].endswith("ckpt-10")
     assert selection_done(path) and json.loads(path.read_text()) == record
     assert chosen_checkpoint(path) == train_dir / "checkpoints" / "ckpt-10"
-    assert chosen_checkpoint(record["checkpoint"]) == train_dir / "checkpoints" / "ckpt-10"
+    # Named relative to the folder of selection.json (the run dir): see the moved run below.
+    assert record["checkpoint"] == "checkpoints/ckpt-10" and record["train_dir"] == "."
+    assert (
+        chosen_checkpoint(train_dir / record["checkpoint"]) == train_dir / "checkpoints" / "ckpt-10"
+    )
     assert selection_done(path, train_dir, FAST)
 
 
@@ -171,3 +177,42 @@ def test_no_usable_checkpoint_is_one_clear_error(tmp_path):
         CheckpointError, match="none of the last 1 checkpoints can be used .*ckpt-5: its weights"
     ):
         select_checkpoint(run, held_out(), FAST)
+
+
+def test_a_moved_or_copied_run_dir_chooses_its_own_checkpoint(train_dir, tmp_path):
+    """Issue 31: selection.json named the checkpoint by its absolute path, so a copied run dir
+    segmented with the original's weights, and a moved one (the original gone) with none."""
+    record = select_checkpoint(train_dir, held_out(), FAST)
+    token = selection_token(train_dir / "selection.json")
+    copy = shutil.copytree(train_dir, tmp_path / "copy")
+    assert chosen_checkpoint(copy / "selection.json") == copy / "checkpoints" / "ckpt-10"
+    moved = shutil.move(train_dir, tmp_path / "elsewhere" / "moved")
+    assert not train_dir.exists()
+    assert chosen_checkpoint(moved / "selection.json") == moved / "checkpoints" / "ckpt-10"
+    assert selection_token(moved / "selection.json") == token  # the same weights: nothing re-runs
+    # A checkpoint outside the selection file's folder (a pretrained model) stays absolute.
+    outside = tmp_path / "choices" / "choice.json"
+    outside.parent.mkdir()
+    chosen = select_checkpoint(moved, held_out(), FAST, outside)
+    assert (
+        chosen["checkpoint"]
+        == str(moved / "checkpoints" / "ckpt-10")
+        == str(chosen_checkpoint(outside))
+    )
+    assert chosen["candidates"] == [
+        row | {"checkpoint": str(moved / row["checkpoint"])} for row in record["candidates"]
+    ]
+
+
+def test_a_selection_file_from_before_with_an_absolute_path_still_works(train_dir, tmp_path):
+    select_checkpoint(train_dir, held_out(), FAST)
+    path = train_dir / "selection.json"
+    record = json.loads(path.read_text())
+    absolute = train_dir / "checkpoints" / "ckpt-10"
+    path.write_text(json.dumps(record | {"checkpoint": str(absolute)}))  # as written before
+    assert chosen_checkpoint(path) == absolute  # there: taken as it is
+    moved = shutil.move(train_dir, tmp_path / "moved")
+    # Gone: the same path's tail under the folder the file is in now.
+    assert chosen_checkpoint(moved / "selection.json") == moved / "checkpoints" / "ckpt-10"
+    (moved / "checkpoints").rename(moved / "lost")
+    assert chosen_checkpoint(moved / "selection.json") == absolute  # named missing by its reader

@@ -99,6 +99,87 @@ def test_a_changed_file_deep_in_an_output_folder_is_noticed(tmp_path, source, fa
     )
 
 
+def chunked(folder):
+    """A task's work: an output folder of a few chunk files (100 bytes each)."""
+
+    def export() -> None:
+        for name in ("info", "seg/info", "seg/s0/0-64_0-64_0-64", "seg/s0/64-128_0-64_0-64"):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(bytes(range(100)))
+
+    return export
+
+
+def zero_bytes(path, count: int = 50) -> None:
+    """Issue 31's fault: part of a file zeroed in place, its size kept."""
+    with open(path, "r+b") as f:
+        f.seek(10)
+        f.write(b"\0" * count)
+
+
+def test_a_same_size_rewrite_deep_in_an_output_folder_is_noticed(tmp_path, source):
+    """Issue 31: a folder's state was its files' names and sizes, so a chunk partly zeroed (its
+    size kept) left the stitched volume trusted. Its mtime changes: the state has it."""
+    folder = tmp_path / "export"
+    run_once({}, [source], [folder], chunked(folder))
+    time.sleep(0.05)  # the fault comes later than the task (file times are a few ms coarse)
+    zero_bytes(folder / "seg" / "s0" / "64-128_0-64_0-64")
+    assert why_stale({}, [source], [folder]) == "output changed since it was made: " + (
+        "/".join(folder.parts[-2:])
+    )
+
+
+def test_a_copy_with_its_mtimes_is_up_to_date_so_a_rewrite_that_restores_them_is_not_seen(
+    tmp_path, source
+):
+    """The state has mtimes, not ctimes: a copy (`cp -a`, copytree) gets new ctimes and stays
+    up to date; the price is that a rewrite putting size and mtime back (os.utime) is not seen:
+    only reading the content would (stamps read none)."""
+    import shutil
+
+    folder = tmp_path / "run" / "export"
+    run_once({}, [source], [folder], chunked(folder))
+    copy = shutil.copytree(tmp_path / "run", tmp_path / "copy") / "export"
+    assert why_stale({}, [source], [copy]) is None
+    chunk = copy / "seg" / "s0" / "0-64_0-64_0-64"
+    stat = chunk.stat()
+    time.sleep(0.05)
+    zero_bytes(chunk)
+    assert why_stale({}, [source], [copy]) is not None
+    os.utime(chunk, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert why_stale({}, [source], [copy]) is None  # the documented limit
+
+
+def test_a_task_that_rewrites_its_own_output_later_is_up_to_date_after(tmp_path, source):
+    """The state is read after the task's work: what it rewrote itself is its fresh state."""
+    folder = tmp_path / "export"
+    export = chunked(folder)
+
+    def twice() -> None:
+        export()
+        time.sleep(0.05)
+        zero_bytes(folder / "seg" / "s0" / "0-64_0-64_0-64")  # as a repair rewrites a chunk
+
+    assert run_once({}, [source], [folder], twice) == "ran"
+    assert why_stale({}, [source], [folder]) is None
+
+
+def test_a_folders_stamp_from_before_mtimes_is_still_up_to_date(tmp_path, source):
+    """A stamp written before the state had mtimes (names and sizes): read as it was made, so
+    an upgrade does not run every stitch and export again; a truncated file is still seen."""
+    from pipeline.stamps import _folder_state
+
+    folder = tmp_path / "export"
+    run_once({}, [source], [folder], chunked(folder))
+    stamp = json.loads(stamp_path(folder).read_text())
+    assert len(stamp["outputs"]["export"]) == 4  # files, bytes, digest, what it covers
+    stamp["outputs"]["export"] = _folder_state(folder, with_mtime=False)
+    stamp_path(folder).write_text(json.dumps(stamp))
+    assert why_stale({}, [source], [folder]) is None
+    (folder / "info").write_bytes(b"cut")
+    assert why_stale({}, [source], [folder]).startswith("output changed since it was made")
+
+
 def test_a_folders_state_is_read_without_holding_its_listing(tmp_path):
     import tracemalloc
 
