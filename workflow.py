@@ -570,6 +570,7 @@ def execute(
     """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
     import parsl
 
+    from pipeline.watchdog import start as start_watchdog
     from site_configs.base import child_pids, only_executors, shutdown, stop_failed_start
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -577,6 +578,7 @@ def execute(
     try:
         try:
             config = site.make_config(paths.root, spec)
+            start_watchdog(paths.root)  # ends the run if this process is killed (pipeline.watchdog)
             dfk = parsl.load(only_executors(config, executor_labels(steps, reasons)))
         except Exception:
             stop_failed_start(ours)

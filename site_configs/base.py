@@ -28,6 +28,7 @@ from parsl.executors.base import ParslExecutor
 from parsl.executors.high_throughput.mpi_prefix_composer import compose_all
 from parsl.logconfigs.file import FileLogging
 
+from pipeline import watchdog
 from pipeline.devices import GPU_ORDER_ENV, GPU_ORDERS, GpuOrder
 from pipeline.errors import ConfigError, FFNError
 
@@ -58,6 +59,13 @@ def _interchange_cmd() -> str:
 
 
 INTERCHANGE_CMD = _interchange_cmd()
+
+# Given to every pool's executor. A worker pool whose interchange is gone (its workflow killed:
+# the watchdog, pipeline.watchdog, ends the interchange at once) stops its workers after
+# `heartbeat_threshold` seconds without a word from it; Parsl's default, 120 s (heartbeats every
+# 30 s), let a pool on a node the watchdog cannot reach compute on for 2 minutes. Heartbeats
+# every 10 s, three missed: the interchange likewise gives up on a silent pool after 30 s.
+HEARTBEATS = {"heartbeat_period": 10, "heartbeat_threshold": 30}
 
 Scheduler = Literal["local", "pbspro", "cobalt", "slurm"]
 MpiLauncher = Literal["mpiexec", "srun", "aprun"]
@@ -564,6 +572,8 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
             resource_monitoring_enabled=site.resource_monitoring_interval > 0,
             resource_monitoring_interval=site.resource_monitoring_interval,
         )
+    for executor in executors:
+        _record_submissions(run_dir, executor)
     # No app cache: the workflow submits only the tasks whose stamps (pipeline.stamps) say they
     # must run, and each task checks its stamp again on the worker.
     return Config(
@@ -582,6 +592,49 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
         # Passed on by Parsl to the interchange, the monitoring database and the workers.
         initialize_logging=FileLogging(level=getattr(logging, site.parsl_log_level)),
     )
+
+
+# How a batch job of each provider is cancelled, for the watchdog (as the provider's cancel does).
+_CANCEL_COMMAND = {
+    "PBSProProvider": ["qdel"],
+    "TorqueProvider": ["qdel"],
+    "CobaltProvider": ["qdel"],
+    "SlurmProvider": ["scancel"],
+}
+
+
+def _job_entry(provider, job_id: str) -> dict:
+    """What the watchdog needs to end one block: a local block's process, a batch job's cancel."""
+    name = type(provider).__name__
+    if name == "LocalProvider":
+        return watchdog.local_block(int(job_id))
+    command = _CANCEL_COMMAND.get(name)
+    if command is None:
+        return {"kind": "batch", "provider": name, "job": job_id, "cancel": None}
+    if name == "SlurmProvider" and getattr(provider, "clusters", None):
+        command = [*command, f"--clusters={provider.clusters}"]
+    return {"kind": "batch", "provider": name, "job": job_id, "cancel": [*command, job_id]}
+
+
+def _record_submissions(run_dir: str | Path, executor: ParslExecutor) -> None:
+    """Every block `executor`'s provider submits is appended to the run's runinfo/jobs.jsonl the
+    moment it is submitted: the watchdog ends it if the workflow dies without its shutdown."""
+    provider = getattr(executor, "provider", None)
+    if provider is None or getattr(provider, "_ffn_records_jobs", False):
+        return
+    submit = provider.submit
+
+    def submit_and_record(*args, **kwargs):
+        job_id = submit(*args, **kwargs)
+        if job_id is not None:
+            try:
+                watchdog.record_job(run_dir, _job_entry(provider, str(job_id)))
+            except (OSError, ValueError) as exc:
+                print(f"[workflow] could not record block {job_id}: {exc}", file=sys.stderr)
+        return job_id
+
+    provider.submit = submit_and_record
+    provider._ffn_records_jobs = True
 
 
 def only_executors(config: Config, labels: Collection[str]) -> Config:
@@ -622,7 +675,8 @@ def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
     worker pools finish their tasks (on this machine, minutes of full CPU after a Ctrl-C), so the
     blocks are cancelled first (LocalProvider kills the block's process group; a batch provider
     deletes the job), and any process this one started that outlives the cleanup is killed,
-    except those in `spare` (`child_pids()` before `parsl.load`)."""
+    except those in `spare` (`child_pids()` before `parsl.load`). Last, the run's watchdog
+    (`pipeline.watchdog`) exits, killing nothing."""
     started = _started_processes(spare)
     for executor in dfk.executors.values():
         jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
@@ -636,17 +690,21 @@ def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
                 )
     dfk.cleanup()
     _stop(started)
+    watchdog.stop_all()
 
 
 def stop_failed_start(spare: frozenset[int] = frozenset()) -> None:
     """After `parsl.load` raised: stop what it had started (interchanges, monitoring), which
     nothing else would stop and which would keep this process from exiting; not `spare`."""
     _stop(_started_processes(spare))
+    watchdog.stop_all()
 
 
 def _started_processes(spare: frozenset[int]) -> list[psutil.Process]:
     me = psutil.Process()
-    # Not this process's own multiprocessing helper: it must outlive the cleanup.
+    # Not this process's own multiprocessing helper: it must outlive the cleanup; nor the
+    # watchdog, which is stopped last (it ends the run if this process dies meanwhile).
+    spare = spare | {w.pid for w in watchdog.running()}
     return [
         p
         for p in me.children(recursive=True)

@@ -1,0 +1,375 @@
+"""A run's watchdog: when the workflow process dies without its shutdown (kill -9, a login node's
+session dropped, out of memory), nothing of its run goes on computing or living.
+
+The workflow starts it (`start(run_dir)`) before Parsl starts anything, as
+`python -m pipeline.watchdog --run-dir RUN ...`, in a session of its own, so a signal to the
+workflow's process group or the loss of its terminal does not reach it, and its command line names
+the run dir (`pgrep -af RUN` finds it). Every `PERIOD` seconds, while the workflow lives, it
+records the workflow's descendants started since (pid and start time, so a reused pid is never
+taken for one of them), and those of the run's local worker blocks, which Parsl's LocalProvider
+detaches from the workflow: the workflow appends each block it submits to `runinfo/jobs.jsonl`
+(`record_job`), a local block by its pid and process group, a batch job by the command that
+cancels it (qdel/scancel).
+
+When the workflow is gone it freezes (SIGSTOP) every recorded process still alive and their
+descendants, so none starts or detaches another, cancels the run's batch jobs, then SIGTERM, and
+SIGKILL for what is still there `GRACE` seconds later; what it did goes to
+`runinfo/watchdog.log`. On a normal end the workflow's `stop()` (from
+`site_configs.base.shutdown`) writes "stop" to the watchdog's stdin and it exits, killing nothing.
+
+Plain Python and psutil: no Parsl, no TensorFlow, so it starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+PERIOD = 1.0  # seconds between two looks at the workflow and its processes
+GRACE = 3.0  # seconds between SIGTERM and SIGKILL of the run's processes
+CANCEL_TIMEOUT = 30  # seconds a qdel/scancel may take
+JOBS_NAME = "jobs.jsonl"  # in the run's runinfo/: the blocks the workflow submitted
+LOG_NAME = "watchdog.log"  # in the run's runinfo/: what the watchdog did
+STOP = b"stop\n"
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def jobs_path(run_dir: str | Path) -> Path:
+    return Path(run_dir).resolve() / "runinfo" / JOBS_NAME
+
+
+def _started(pid: int) -> float:
+    return psutil.Process(pid).create_time()
+
+
+def record_job(run_dir: str | Path, entry: dict) -> None:
+    """Append one submitted block to the run's jobs file, tagged with this (the workflow's)
+    process: {"kind": "local", "pid", "created", "pgid"} or {"kind": "batch", "cancel": argv}.
+    One short append per block, flushed at once: a block submitted just before a kill -9 is
+    there for the watchdog."""
+    path = jobs_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"workflow": os.getpid(), "workflow_started": _started(os.getpid()), **entry})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def local_block(pid: int) -> dict:
+    """The jobs-file entry of a block LocalProvider started as process `pid`."""
+    try:
+        return {"kind": "local", "pid": pid, "created": _started(pid), "pgid": os.getpgid(pid)}
+    except (psutil.Error, ProcessLookupError):
+        return {"kind": "local", "pid": pid, "created": None, "pgid": None}
+
+
+# -- the workflow's side --
+@dataclass
+class Watchdog:
+    """The handle the workflow keeps of its watchdog."""
+
+    process: subprocess.Popen
+    run_dir: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """A normal end: the watchdog exits and kills nothing."""
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                self.process.stdin.write(STOP)
+                self.process.stdin.flush()
+        with contextlib.suppress(OSError, ValueError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        with contextlib.suppress(ValueError):
+            _RUNNING.remove(self)
+
+
+_RUNNING: list[Watchdog] = []
+
+
+def running() -> list[Watchdog]:
+    """The watchdogs this process started and has not stopped."""
+    return list(_RUNNING)
+
+
+def stop_all() -> None:
+    for watchdog in running():
+        watchdog.stop()
+
+
+def start(run_dir: str | Path) -> Watchdog:
+    """Start the watchdog of the run in `run_dir` for this process; call before Parsl starts
+    anything (it records only processes started after it)."""
+    run_dir = Path(run_dir).resolve()
+    runinfo = run_dir / "runinfo"
+    runinfo.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process()
+    # The processes this one has now are not the run's (a program may run the workflow beside
+    # processes of its own); only what it starts from now on is.
+    spare = ",".join(str(p.pid) for p in me.children(recursive=True))
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.watchdog",
+        "--run-dir",
+        str(run_dir),
+        "--pid",
+        str(me.pid),
+        "--started",
+        repr(me.create_time()),
+        f"--spare={spare}",
+    ]
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
+    }
+    with open(runinfo / LOG_NAME, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not in the workflow's process group or terminal session
+            cwd=str(_ROOT),
+            env=env,
+        )
+    watchdog = Watchdog(process, run_dir)
+    _RUNNING.append(watchdog)
+    return watchdog
+
+
+# -- the watchdog's side --
+def _say(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [watchdog {os.getpid()}] {message}", flush=True)
+
+
+def _same(pid: int, created: float | None) -> psutil.Process | None:
+    """The process `pid` if it is the one started at `created` and not a zombie."""
+    try:
+        process = psutil.Process(pid)
+        if created is not None and abs(process.create_time() - created) > 0.05:
+            return None
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process
+    except psutil.Error:
+        return None
+
+
+@dataclass
+class Run:
+    """What the watchdog knows of the run: its processes and batch jobs."""
+
+    run_dir: Path
+    workflow: int
+    workflow_started: float
+    since: float  # processes started before are not the run's (the caller's own)
+    spare: set[int] = field(default_factory=set)  # the workflow's processes from before
+    processes: dict[int, float] = field(default_factory=dict)  # pid: start time
+    groups: dict[int, tuple[int, float]] = field(default_factory=dict)  # pgid: (pid, created)
+    cancels: list[list[str]] = field(default_factory=list)
+    _jobs_read: int = 0  # bytes of the jobs file already read
+
+    def alive(self) -> bool:
+        return _same(self.workflow, self.workflow_started) is not None
+
+    def _add(self, process: psutil.Process) -> None:
+        if process.pid == os.getpid() or process.pid in self.processes or process.pid in self.spare:
+            return
+        with contextlib.suppress(psutil.Error):
+            created = process.create_time()
+            if created >= self.since:
+                self.processes[process.pid] = created
+
+    def read_jobs(self) -> None:
+        path = jobs_path(self.run_dir)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self._jobs_read)
+                data = handle.read()
+        except OSError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+        self._jobs_read += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("workflow") != self.workflow or (
+                abs(entry.get("workflow_started", 0) - self.workflow_started) > 0.05
+            ):
+                continue  # an earlier workflow's block
+            if entry.get("kind") == "local" and entry.get("pid"):
+                created = entry.get("created")
+                if created is not None:
+                    self.processes.setdefault(entry["pid"], created)
+                    if entry.get("pgid"):
+                        self.groups[entry["pgid"]] = (entry["pid"], created)
+            elif entry.get("kind") == "batch" and entry.get("cancel"):
+                self.cancels.append([str(a) for a in entry["cancel"]])
+
+    def record(self) -> None:
+        """Add the processes started since the last look: the workflow's descendants and the
+        descendants of every recorded process still alive (a detached local block's pool)."""
+        self.read_jobs()
+        roots = [self.workflow, *(p.pid for p in self.live())]
+        if _same(self.workflow, self.workflow_started) is None:
+            roots.remove(self.workflow)
+        for process in _descendants(roots):
+            self._add(process)
+
+    def live(self) -> list[psutil.Process]:
+        return [p for pid, t in self.processes.items() if (p := _same(pid, t)) is not None]
+
+    def _groups(self) -> set[int]:
+        """The process groups of the run's local blocks whose leader pid is still theirs."""
+        return {g for g, (pid, t) in self.groups.items() if _same(pid, t) is not None}
+
+    def end(self) -> None:
+        """Stop every process of the run and cancel its batch jobs."""
+        self.read_jobs()
+        groups = self._groups()
+        # Freeze first, then look again: a frozen process starts no other, and none of its
+        # children can detach before it is recorded.
+        frozen: dict[int, psutil.Process] = {}
+        for _ in range(20):
+            for process in _descendants([*frozen, *(p.pid for p in self.live())]):
+                self._add(process)
+            for process in _group_members(groups):
+                self._add(process)
+            fresh = [p for p in self.live() if p.pid not in frozen]
+            if not fresh:
+                break
+            for process in fresh:
+                with contextlib.suppress(psutil.Error):
+                    process.suspend()
+                frozen[process.pid] = process
+        for argv in self.cancels:
+            try:
+                done = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=CANCEL_TIMEOUT, check=False
+                )
+                _say(f"{' '.join(argv)}: exit {done.returncode} {done.stderr.strip()[:200]}")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                _say(f"{' '.join(argv)} failed: {exc}")
+        targets = list(frozen.values())
+        for process in targets:
+            _say(f"stopping {process.pid}: {_command(process)}")
+        for process in targets:
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+            with contextlib.suppress(psutil.Error):
+                process.resume()
+        _, alive = psutil.wait_procs(targets, timeout=GRACE)
+        for process in alive:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        for process in [*self.live(), *_group_members(groups)]:  # started since: no grace now
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        _say(
+            f"stopped {len(targets)} process(es) of the run, {len(alive)} of them with SIGKILL; "
+            f"{len(self.cancels)} batch job cancel(s)"
+        )
+
+
+def _descendants(roots: list[int]) -> list[psutil.Process]:
+    """Every live descendant of the processes `roots`, from one look at the process table."""
+    children: dict[int, list[psutil.Process]] = {}
+    for process in psutil.process_iter(["ppid"]):
+        children.setdefault(process.info["ppid"], []).append(process)
+    found, todo, seen = [], list(roots), set(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child.pid not in seen:
+                seen.add(child.pid)
+                found.append(child)
+                todo.append(child.pid)
+    return found
+
+
+def _group_members(groups: set[int]) -> list[psutil.Process]:
+    if not groups:
+        return []
+    members = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError):  # ProcessLookupError: gone meanwhile
+            if os.getpgid(process.pid) in groups and process.pid != os.getpid():
+                members.append(process)
+    return members
+
+
+def _command(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:200]
+    except psutil.Error:
+        return "?"
+
+
+def watch(run: Run, stdin_fd: int = 0, period: float = PERIOD) -> int:
+    """The watchdog's loop: 0 after a "stop" (the workflow ended normally), 1 after it ended
+    the run of a workflow that died."""
+    listening = True
+    received = b""
+    while True:
+        if listening:
+            ready, _, _ = select.select([stdin_fd], [], [], period)
+            if ready:
+                chunk = os.read(stdin_fd, 64)
+                received += chunk
+                if STOP.strip() in received:
+                    return 0
+                if not chunk:  # the pipe closed: the workflow is gone, or closed it
+                    listening = False
+        else:
+            time.sleep(period)
+        if not run.alive():
+            _say(f"workflow pid {run.workflow} is gone: stopping the run in {run.run_dir}")
+            run.end()
+            return 1
+        run.record()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--pid", required=True, type=int, help="the workflow process")
+    parser.add_argument("--started", required=True, type=float, help="its start time")
+    parser.add_argument("--spare", default="", help="pids not of the run, comma-separated")
+    parser.add_argument("--period", type=float, default=PERIOD)
+    args = parser.parse_args(argv)
+    # Signals of the workflow's terminal and group do not reach this session; a SIGTERM sent to
+    # this process itself (a user's `kill`, the workflow's shutdown) ends it without a cleanup.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # What the workflow starts from now on, on psutil's clock as the processes' start times.
+    since = psutil.Process().create_time()
+    spare = {int(pid) for pid in args.spare.split(",") if pid}
+    run = Run(args.run_dir.resolve(), args.pid, args.started, since, spare=spare)
+    _say(f"watching workflow pid {args.pid} of {run.run_dir}")
+    return watch(run, period=args.period)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
