@@ -159,12 +159,9 @@ def started_record(run_dir: Path, process: subprocess.Popen, timeout: float = 60
     return json.loads(path.read_text())
 
 
-def kill_and_check(process: subprocess.Popen, run_dir: Path, record: dict) -> list[psutil.Process]:
-    """SIGKILL the stand-in workflow; its run's processes must all be gone within LIMIT_S."""
-    run = family(process.pid, record["block"])
-    spared = psutil.Process(record["spared"])
-    run = [p for p in run if p.pid != spared.pid]
-    assert len(run) >= 7, describe(run)  # watchdog, sleeps, bash, the block and its pool
+def kill_and_wait_for_the_run(process: subprocess.Popen, run: list, run_dir: Path) -> None:
+    """kill -9 the workflow; every process of `run` and every one naming the run dir must be
+    gone within LIMIT_S (whatever a failed test finds is killed, not left running)."""
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=10)
     try:
@@ -172,9 +169,18 @@ def kill_and_check(process: subprocess.Popen, run_dir: Path, record: dict) -> li
             lambda: not any(alive(p) for p in run) and not naming(str(run_dir)), LIMIT_S
         )
         left = describe([p for p in run if alive(p)] + naming(str(run_dir)))
-        assert took <= LIMIT_S, f"still running {LIMIT_S} s after the kill: {left}"
+        assert took <= LIMIT_S, f"still running {LIMIT_S} s after kill -9: {left}"
     finally:
-        kill_all(run)
+        kill_all(run + naming(str(run_dir)))
+
+
+def kill_and_check(process: subprocess.Popen, run_dir: Path, record: dict) -> list[psutil.Process]:
+    """SIGKILL the stand-in workflow; its run's processes must all be gone within LIMIT_S."""
+    run = family(process.pid, record["block"])
+    spared = psutil.Process(record["spared"])
+    run = [p for p in run if p.pid != spared.pid]
+    assert len(run) >= 7, describe(run)  # watchdog, sleeps, bash, the block and its pool
+    kill_and_wait_for_the_run(process, run, run_dir)
     assert alive(spared), "a process the workflow had before the watchdog is not the run's"
     spared.kill()
     log = (run_dir / "runinfo" / watchdog.LOG_NAME).read_text()
@@ -306,16 +312,7 @@ def test_kill_9_of_workflow_py_leaves_nothing_running_and_a_resume_goes_on(tmp_p
         names = " ".join(" ".join(p.cmdline()) for p in run if alive(p))
         for service in ("interchange", "process_worker_pool", "parsl: monitoring", "mpiexec"):
             assert service in names, f"{service} should be running: {describe(run)}"
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-        try:
-            took = wait_until(
-                lambda: not any(alive(p) for p in run) and not naming(str(run_dir)), LIMIT_S
-            )
-            left = describe([p for p in run if alive(p)] + naming(str(run_dir)))
-            assert took <= LIMIT_S, f"still running {LIMIT_S} s after kill -9: {left}"
-        finally:
-            kill_all(run + naming(str(run_dir)))  # what a failed test found: not left running
+        kill_and_wait_for_the_run(process, run, run_dir)
 
     out = workflow("--config", str(TINY), "--run-dir", str(run_dir), "--resume").stdout
     assert "stage      3/3 up to date" in out, out[-3000:]
