@@ -2,7 +2,7 @@
 session dropped, out of memory), nothing of its run goes on computing or living.
 
 The workflow starts it (`start(run_dir)`) before Parsl starts anything, as
-`python -m pipeline.watchdog --run-dir RUN ...`, in a session of its own, so a signal to the
+`python -m pipeline.cli.watchdog --run-dir RUN ...`, in a session of its own, so a signal to the
 workflow's process group or the loss of its terminal does not reach it, and its command line names
 the run dir (`pgrep -af RUN` finds it). Every `PERIOD` seconds, while the workflow lives, it
 records the workflow's descendants started since (pid and start time, so a reused pid is never
@@ -22,7 +22,6 @@ Plain Python and psutil: no Parsl, no TensorFlow, so it starts in a fraction of 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -131,7 +130,7 @@ def start(run_dir: str | Path) -> Watchdog:
     command = [
         sys.executable,
         "-m",
-        "pipeline.watchdog",
+        "pipeline.cli.watchdog",
         "--run-dir",
         str(run_dir),
         "--pid",
@@ -351,25 +350,15 @@ def watch(run: Run, stdin_fd: int = 0, period: float = PERIOD) -> int:
         run.record()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--pid", required=True, type=int, help="the workflow process")
-    parser.add_argument("--started", required=True, type=float, help="its start time")
-    parser.add_argument("--spare", default="", help="pids not of the run, comma-separated")
-    parser.add_argument("--period", type=float, default=PERIOD)
-    args = parser.parse_args(argv)
+def serve(run_dir: Path, pid: int, started: float, spare: set[int], period: float = PERIOD) -> int:
+    """What the watchdog process does (`python -m pipeline.cli.watchdog`): watch workflow `pid`
+    (started at `started`) until it stops the watchdog (0) or is gone and its run is ended (1)."""
     # Signals of the workflow's terminal and group do not reach this session; a SIGTERM sent to
     # this process itself (a user's `kill`, the workflow's shutdown) ends it without a cleanup.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # What the workflow starts from now on, on psutil's clock as the processes' start times.
     since = psutil.Process().create_time()
-    spare = {int(pid) for pid in args.spare.split(",") if pid}
-    run = Run(args.run_dir.resolve(), args.pid, args.started, since, spare=spare)
-    _say(f"watching workflow pid {args.pid} of {run.run_dir}")
-    return watch(run, period=args.period)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    run = Run(run_dir.resolve(), pid, started, since, spare=spare)
+    _say(f"watching workflow pid {pid} of {run.run_dir}")
+    return watch(run, period=period)
