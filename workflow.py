@@ -774,6 +774,7 @@ def run(args: argparse.Namespace) -> int:
     if venv is not None:
         check_shell_safe(venv, "venv")
     environment = read_environment(venv)
+    stages = frozenset(args.stages or STAGES)
     if args.dry_run:
         print(describe_dag(config, paths, spec))
         print(f"  {resolved.origin}")
@@ -785,7 +786,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  a run would be refused: {refusal}")
         if paths.root.is_dir():
             steps = dag_steps(config, paths, spec)
-            stages = frozenset(args.stages or STAGES)
             print(
                 f"tasks in {paths.root}:",
                 *describe_plan(steps, plan_run(steps, stages), stages),
@@ -802,7 +802,6 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     lock = hold(paths.root)  # noqa: F841  (held until this process ends)
-    stages = frozenset(args.stages or STAGES)
     if config.pretrained_model:  # inference only: the model's checkpoint is the selection
         from pipeline.pretrained import stage_pretrained_selection
 

@@ -41,18 +41,23 @@ def _query(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
             return []
 
 
+def _run_id(db: Path, run: int) -> str | None:
+    """The id of one Parsl run in the database, in the order they began (-1 = the last)."""
+    runs = [r[0] for r in _query(db, "SELECT run_id FROM workflow ORDER BY time_began")]
+    return runs[run] if runs else None
+
+
 def task_states(db: str | Path, run: int = -1) -> dict[str, list[str]]:
     """Final state of each app's tasks in one run (-1 = the last), e.g. {"train": ["exec_done"]}."""
     db = Path(db)
-    runs = [r[0] for r in _query(db, "SELECT run_id FROM workflow ORDER BY time_began")]
-    if not runs:
+    if (run_id := _run_id(db, run)) is None:
         return {}
     rows = _query(
         db,
         "SELECT t.task_func_name, s.task_status_name FROM task t JOIN status s "
         "ON s.task_id = t.task_id AND s.run_id = t.run_id WHERE t.run_id = ? "
         "AND s.timestamp = (SELECT MAX(timestamp) FROM status WHERE task_id = t.task_id AND run_id = t.run_id)",
-        (runs[run],),
+        (run_id,),
     )
     states: dict[str, list[str]] = {}
     for app, state in rows:
@@ -64,8 +69,7 @@ def failed_tasks(db: str | Path, run: int = -1) -> list[tuple[str, str, str]]:
     """(app, its first output, the error of its last try) of each task that failed in one run
     (-1 = the last): what `status` shows when the workflow's own output is gone."""
     db = Path(db)
-    runs = [r[0] for r in _query(db, "SELECT run_id FROM workflow ORDER BY time_began")]
-    if not runs:
+    if (run_id := _run_id(db, run)) is None:
         return []
     rows = _query(
         db,
@@ -74,7 +78,7 @@ def failed_tasks(db: str | Path, run: int = -1) -> list[tuple[str, str, str]]:
         "AND y.try_id = (SELECT MAX(try_id) FROM try WHERE task_id = t.task_id AND run_id = t.run_id) "
         "AND (SELECT task_status_name FROM status s WHERE s.task_id = t.task_id AND s.run_id = t.run_id "
         "ORDER BY s.timestamp DESC LIMIT 1) = 'failed' ORDER BY t.task_id",
-        (runs[run],),
+        (run_id,),
     )
     failed = []
     for app, outputs, history in rows:
