@@ -10,7 +10,6 @@ be decoded is named too.
 """
 
 import hashlib
-import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from pipeline.errors import (
     VolumeShapeError,
     first_line,
 )
-from pipeline.roi import index_bounds
+from pipeline.roi import chunk_box, chunk_grid, index_bounds
 
 PREFIX = "precomputed://"
 FILE_SCHEME = "file://"
@@ -106,13 +105,8 @@ class PrecomputedArray:
         """The error naming the first chunk of the read that cannot be decoded on its own."""
         # The chunk grid starts at the voxel offset: chunk i spans offset + i * chunk, clipped.
         offset = self._offset_xyz[::-1]  # z, y, x
-        for coords in itertools.product(
-            *(range(a // c, -(-b // c)) for (a, b), c in zip(bounds, self.chunks, strict=True))
-        ):
-            box = [
-                (i * c, min((i + 1) * c, n))
-                for i, c, n in zip(coords, self.chunks, self.shape, strict=True)
-            ]
+        for coords in chunk_grid(bounds, self.chunks):
+            box = chunk_box(coords, self.chunks, self.shape)
             (z0, z1), (y0, y1), (x0, x1) = (
                 (a + o, b + o) for (a, b), o in zip(box, offset, strict=True)
             )

@@ -5,7 +5,7 @@ Python slice): `"0:90, 0:250, 0:250"`. "" is the whole volume.
 """
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError, VolumeShapeError
@@ -144,3 +144,20 @@ def tiles(roi: Roi, edge: Sequence[int]) -> list[Roi]:
         )
         for start in starts
     ]
+
+
+def chunk_grid(
+    bounds: Sequence[tuple[int, int]], chunks: Sequence[int]
+) -> Iterator[tuple[int, ...]]:
+    """The grid coordinates of every chunk that the box `bounds` ((start, stop) per axis) touches,
+    in C order, generated (not held: a box of a 10^12-voxel volume touches millions)."""
+    return itertools.product(
+        *(range(a // c, -(-b // c)) for (a, b), c in zip(bounds, chunks, strict=True))
+    )
+
+
+def chunk_box(
+    coords: Sequence[int], chunks: Sequence[int], shape: Sequence[int]
+) -> list[tuple[int, int]]:
+    """The (start, stop) per axis of the chunk at grid `coords`, clipped at the array's end."""
+    return [(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, chunks, shape, strict=True)]

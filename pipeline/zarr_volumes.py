@@ -10,10 +10,9 @@ decoded. Why zarr: README, "Chunked volumes".
 """
 
 import hashlib
-import itertools
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from pipeline.errors import (
     VolumeReadError,
     first_line,
 )
-from pipeline.roi import index_bounds
+from pipeline.roi import chunk_box, chunk_grid, index_bounds
 
 SUFFIX = ".zarr"
 COMPRESSOR = Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE)
@@ -79,16 +78,6 @@ FILL_MISSING_HINT = (
 )
 
 
-def chunk_grid(
-    bounds: Sequence[tuple[int, int]], chunks: Sequence[int]
-) -> Iterator[tuple[int, ...]]:
-    """The grid coordinates of every chunk that the box `bounds` ((start, stop) per axis) touches,
-    in C order, generated (not held: a box of a 10^12-voxel volume touches millions)."""
-    return itertools.product(
-        *(range(a // c, -(-b // c)) for (a, b), c in zip(bounds, chunks, strict=True))
-    )
-
-
 class ZarrInput:
     """A zarr array read as an input (read-only; `shape`, `dtype`, `attrs`, `chunks` and numpy-style
     slicing with steps of 1). Before a read, every chunk file it touches must exist: zarr reads a
@@ -133,10 +122,7 @@ class ZarrInput:
     def _unreadable(self, bounds: Sequence[tuple[int, int]], exc: Exception) -> VolumeReadError:
         """The error naming the first chunk of the read that cannot be decoded on its own."""
         for coords in chunk_grid(bounds, self.chunks):
-            box = tuple(
-                slice(i * c, min((i + 1) * c, n))
-                for i, c, n in zip(coords, self.chunks, self.shape, strict=True)
-            )
+            box = tuple(slice(a, b) for a, b in chunk_box(coords, self.chunks, self.shape))
             try:
                 self._array[box]
             except Exception as chunk_exc:
