@@ -437,12 +437,12 @@ def write_region(
     `begin_export` made: the image at every scale, the segmentation at every scale but its full
     resolution (the stitching's, which `segmentation` is read from). Returns what a region task
     records: the segment ids in it with their voxel counts, and every file it wrote with its
-    size."""
+    size and mtime (`file_record`)."""
     from cloudvolume import CloudVolume
 
     folder = Path(folder)
     compress = "gzip" if config.gzip else False
-    files: dict[str, int] = {}
+    files: dict[str, list[int]] = {}
     for layer, array in ((IMAGE_LAYER, raw), (SEGMENTATION_LAYER, segmentation)):
         url = _layer_url(folder, layer)
         volume = CloudVolume(url, progress=False)
@@ -465,7 +465,7 @@ def write_region(
             CloudVolume(url, mip=mip, compress=compress, progress=False)[box] = data
             key = volume.info["scales"][mip]["key"]
             for name in _chunk_files(region, scale, factor, key, config.gzip):
-                files[f"{layer}/{name}"] = (folder / layer / name).stat().st_size
+                files[f"{layer}/{name}"] = file_record(folder / layer / name)
     ids, counts = fastremap.unique(segmentation, return_counts=True)
     keep = ids != 0
     return {"ids": ids[keep], "counts": counts[keep], "files": files}
@@ -560,9 +560,9 @@ def mesh_task_count(shape_zyx: ZYX, config: ExportConfig) -> int:
     return math.prod(_mesh_grid_zyx(shape_zyx, config))
 
 
-def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str, int]:
+def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
     """Run igneous's meshing task `index` (of `mesh_task_count`) on an export whose regions are
-    all written; returns the mesh fragments it wrote with their sizes."""
+    all written; returns the mesh fragments it wrote (`file_record`)."""
     folder = Path(folder)
     task = _mesh_task(folder, config, index)
     task.execute()
@@ -570,17 +570,28 @@ def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str,
     mesh = folder / SEGMENTATION_LAYER / MESH_DIR
     suffix = f":0:{task._bounds.to_filename()}" + (".gz" if config.gzip else "")
     files = [mesh / f"{segment}{suffix}" for segment in task.fragment_ids]
-    return {path.relative_to(folder).as_posix(): path.stat().st_size for path in files}
+    return {path.relative_to(folder).as_posix(): file_record(path) for path in files}
 
 
-def damaged(folder: str | Path, files: dict[str, int]) -> bool:
-    """Whether any of `files` (a task's record: name relative to `folder`, size) is missing or
-    has another size."""
+def file_record(path: Path) -> list[int]:
+    """What a task records of a file it wrote: its size and mtime. The mtime is what sees it
+    rewritten in place with its size kept (a chunk partly zeroed); `cp -a` keeps both."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def damaged(folder: str | Path, files: dict[str, list[int] | int]) -> bool:
+    """Whether any of `files` (a task's record: name relative to `folder`, `file_record`) is
+    missing or not as recorded. A record from before mtimes were kept has sizes only."""
     folder = Path(folder)
     try:
-        return any((folder / name).stat().st_size != size for name, size in files.items())
+        for name, recorded in files.items():
+            now = file_record(folder / name)
+            if now != (recorded if isinstance(recorded, list) else [recorded, now[1]]):
+                return True
     except OSError:
         return True
+    return False
 
 
 def save_region_record(path: str | Path, region: Roi, record: dict) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import processes
 import pytest
 from cloudvolume import CloudVolume
+from faults import zero_bytes
 from igneous.tasks.mesh.mesh import MeshManifestFilesystemTask
 
 from pipeline import export
@@ -173,7 +174,7 @@ def test_meshing_tasks_are_igneous_own_and_write_no_shared_file(volume, tmp_path
     recorded = {}
     for j in range(count):
         files = export.mesh_part(folder, config, j)
-        assert files and all((folder / name).stat().st_size == n for name, n in files.items())
+        assert files and all(export.file_record(folder / n) == r for n, r in files.items())
         recorded |= files
     # Each task names its own fragments (no listing of the folder): together, all of them.
     fragments = {p.relative_to(folder).as_posix() for p in (layer / "mesh").glob("*:0:*")}
@@ -301,6 +302,46 @@ def test_an_export_cut_short_is_begun_again_but_a_foreign_folder_is_not(volume, 
     with pytest.raises(PrecomputedError, match="not an export"):
         export.begin_export(out, SHAPE, VOXEL, CONFIG)
     assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_a_file_rewritten_with_its_size_kept_is_repaired(volume, tmp_path):
+    """Issue 31: a region task's record held sizes only, so an image chunk partly zeroed was
+    taken as intact and the repaired export still showed the damage."""
+    raw, segmentation = volume
+    out = tmp_path / "out"
+    chunk = plan_scales(SHAPE, VOXEL, CONFIG)[0].chunk_zyx
+    export.new_segmentation(out, SHAPE, VOXEL, chunk)
+    export.SegmentationWriter(out).write(tuple(slice(0, n) for n in SHAPE), segmentation)
+    export.begin_export(out, SHAPE, VOXEL, CONFIG)
+    regions = export.export_regions(SHAPE, VOXEL, CONFIG)
+    records = [
+        export.write_region(out, r, raw[r.slices], segmentation[r.slices], CONFIG) | {"region": r}
+        for r in regions
+    ]
+    meshes = [
+        export.mesh_part(out, CONFIG, j) for j in range(export.mesh_task_count(SHAPE, CONFIG))
+    ]
+    image = sorted((out / "image" / "10_10_20").iterdir())[0]
+    before = image.read_bytes()
+    zero_bytes(image, 0, 100)
+    assert image.stat().st_size == len(before) and image.read_bytes() != before
+
+    def read_region(roi):
+        return raw[roi.slices], segmentation[roi.slices]
+
+    repaired, _ = export.repair_export(out, records, meshes, read_region, SHAPE, VOXEL, CONFIG)
+    assert repaired[:1] == [f"region {regions[0]}"] and image.read_bytes() == before
+
+    # A record from before mtimes were kept (sizes only) is still read: the size is checked.
+    def sizes_only(files):
+        return {name: size for name, (size, _) in files.items()}
+
+    old_regions = [r | {"files": sizes_only(r["files"])} for r in records]
+    old_meshes = [sizes_only(files) for files in meshes]
+    repaired, _ = export.repair_export(
+        out, old_regions, old_meshes, read_region, SHAPE, VOXEL, CONFIG
+    )
+    assert repaired == []
 
 
 def test_gzip_export_stores_gz_files_that_cloud_volume_reads(volume, tmp_path):

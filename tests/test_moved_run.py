@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+from faults import zero_bytes
 from workflow_runs import TINY, copy_run, segmentation, tiny_variant, tries, workflow
 
 from pipeline.blocks import read_block_result
@@ -63,12 +64,6 @@ def test_a_copied_run_dir_uses_its_own_checkpoint_not_the_originals(tiny_run, tm
     assert checkpoint.is_relative_to(copy), checkpoint
     assert checkpoint.with_name(checkpoint.name + ".index").is_file()
     assert "nothing to do: every task is up to date" in resume(copy)
-
-
-def zero_bytes(path, start: int, count: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(start)
-        f.write(b"\0" * count)
 
 
 def test_a_stitched_chunk_rewritten_with_its_size_kept_is_written_again(tiny_run, tmp_path):

@@ -18,6 +18,7 @@ import numpy as np
 import processes
 import psutil
 import pytest
+from faults import zero_bytes
 from workflow_runs import (
     IMPORT_TRACE,
     ROOT,
@@ -230,19 +231,23 @@ def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny
     np.testing.assert_array_equal(segmentation(run_dir), segmentation(tiny_run))
 
 
-def test_a_lost_chunk_and_a_truncated_mesh_of_the_export_are_written_again(tiny_run, tmp_path):
+def test_lost_truncated_and_zeroed_files_of_the_export_are_written_again(tiny_run, tmp_path):
     run_dir = copy_run(tiny_run, tmp_path / "run")
     folder = run_dir / "precomputed"
     lost = sorted((folder / "segmentation").glob("*_*_*/*"))[-1]  # a chunk of the coarsest scale
     fragment = next((folder / "segmentation" / "mesh").glob("*:0:*"))
-    sizes = lost.stat().st_size, fragment.stat().st_size
+    image = sorted((folder / "image").glob("*_*_*/*"))[0]
+    sizes, pixels = (lost.stat().st_size, fragment.stat().st_size), image.read_bytes()
     lost.unlink()
     fragment.write_bytes(fragment.read_bytes()[: sizes[1] // 2])
+    zero_bytes(image, 0, 100)  # its size kept (issue 31)
+    assert image.stat().st_size == len(pixels) and image.read_bytes() != pixels
     assert not export_complete(folder)
     out = resume(run_dir, TINY)
     assert "export     3/4 up to date; runs: export: output changed since it was made" in out
     assert set(tries(run_dir)) == {"finish_export"}  # the region and meshing tasks kept
     assert (lost.stat().st_size, fragment.stat().st_size) == sizes and export_complete(folder)
+    assert image.read_bytes() == pixels
     assert json.loads((folder / "export.json").read_text())["repaired"] == [
         "region 0:32, 0:64, 0:64",
         "mesh 0",
