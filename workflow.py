@@ -193,11 +193,19 @@ class Step:
 
 
 def task_step(
-    name: str, settings: dict, inputs: list, outputs: list, app: str, *args, **kwargs
+    name: str,
+    settings: dict,
+    inputs: list,
+    outputs: list,
+    app: str,
+    *args,
+    regions: tuple = (),
+    **kwargs,
 ) -> Step:
-    """The step of task `name` (its stage: the name up to "["), run by `apps.<app>`."""
+    """The step of task `name` (its stage: the name up to "["), run by `apps.<app>`; `regions`:
+    the parts of its inputs it reads, as its app tells `stamps.run_once`."""
     stage = name.partition("[")[0]
-    task = Task(name, stage, settings, tuple(map(Path, inputs)), tuple(map(Path, outputs)))
+    task = Task(name, stage, settings, tuple(map(Path, inputs)), tuple(map(Path, outputs)), regions)
     return Step(task, app, args, kwargs)
 
 
@@ -235,7 +243,7 @@ def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[
 def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Every task of the run in dependency order. With a pretrained model there is no training:
     run() writes its checkpoint as the selection."""
-    from pipeline.blocks import block_path, plan_blocks
+    from pipeline.blocks import block_path, infer_regions, plan_blocks
     from pipeline.staging import role_settings, source_files
 
     steps = [
@@ -249,7 +257,8 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     for i, block in enumerate(blocks):
         settings = {"inference": inference, "start": list(block.start), "stop": list(block.stop)}
         steps.append(task_step(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
-                           [block_path(paths.blocks_dir, block)], "infer.infer_block"))  # fmt: skip
+                           [block_path(paths.blocks_dir, block)], "infer.infer_block",
+                           regions=infer_regions(block)))  # fmt: skip
     steps += stitch_steps(config, paths, blocks)
     steps += export_steps(config, paths)
     if _eval_has_labels(config):

@@ -16,6 +16,7 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         Block,
         block_progress_path,
         block_state_path,
+        infer_regions,
         segment_block,
         write_block_result,
     )
@@ -32,11 +33,11 @@ def infer_block(settings: dict, inputs=(), outputs=()):
 
     volume, selection = (f.filepath for f in inputs)
     output = outputs[0].filepath
+    block = Block(tuple(settings["start"]), tuple(settings["stop"]))
 
     def work() -> str:
         checkpoint = chosen_checkpoint(selection)
         model = checkpoint_model_config(checkpoint)
-        block = Block(tuple(settings["start"]), tuple(settings["stop"]))
         # The weights' token keys the block's inference checkpoint: new weights, fresh start.
         # The checkpoint as selection.json names it (relative to the run dir), not where it is
         # now: a block begun before the run dir was moved goes on from its saved state.
@@ -55,7 +56,8 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         write_block_result(output, result)
         return digest_arrays({"labels": result.labels})
 
-    return run_once(settings, [volume, selection], [output], work)
+    # Keyed on the bricks of the volume the block reads: a voxel changed elsewhere keeps it.
+    return run_once(settings, [volume, selection], [output], work, infer_regions(block))
 
 
 @python_app(executors=[CPU_LABEL])

@@ -227,6 +227,14 @@ def segment_block(
     return BlockResult(block, labels, stats, record)
 
 
+def infer_regions(block: Block) -> tuple[Roi, None]:
+    """The parts of an inference task's inputs (the staged volume, the selection) it reads,
+    which alone key it (`stamps.run_once`'s `regions`): of the image the block (`segment_block`
+    reads `raw[block.slices]`; the padding, by the volume's shape and scored part, is in the
+    region's token), the selection whole."""
+    return Roi(block.start, block.stop), None
+
+
 def face_padding(
     block: Block, volume_shape: Sequence[int], model: ModelConfig, scored: Roi | None = None
 ) -> tuple[tuple[int, int], ...]:

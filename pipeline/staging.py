@@ -33,7 +33,7 @@ from pipeline.errors import (
     VoxelSizeError,
 )
 from pipeline.roi import Roi, check_apart, check_roi
-from pipeline.stamps import VolumeDigest, digest, digest_files, digest_volumes
+from pipeline.stamps import VolumeDigest, digest, digest_files, volume_digest, write_brick_digests
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import (
     FILL_MISSING,
@@ -45,7 +45,6 @@ from pipeline.volumes import (
     new_volumes,
     read_bricks,
     read_header,
-    write_volumes,
 )
 from pipeline.zarr_volumes import FILL_MISSING_HINT
 
@@ -297,8 +296,13 @@ def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) ->
         {"synthetic_preset": preset, "seed": seed, "shape_zyx": config.shape_zyx}
     )
     arrays = {"raw": raw, "labels": labels}
-    write_volumes(path, arrays, config.voxel_size_nm, {STAGED_ATTR: provenance})
-    return digest_volumes(arrays, [float(v) for v in config.voxel_size_nm])
+    sha = volume_digest(arrays, [float(v) for v in config.voxel_size_nm])
+    layout = {name: (array.shape, array.dtype) for name, array in arrays.items()}
+    with new_volumes(path, layout, config.voxel_size_nm, {STAGED_ATTR: provenance}) as datasets:
+        for name, array in arrays.items():
+            datasets[name][...] = array
+        write_brick_digests(datasets["raw"].file, sha)
+    return sha.hexdigest()
 
 
 def _source_part(
@@ -339,8 +343,9 @@ def stage_files(
     """Validate the user's volume(s) and copy them, or their `roi` with `context_zyx` around it,
     in; labels are optional (then nothing is scored). The staged region is copied brick by brick
     (`volumes.read_bricks`), so the memory of staging does not grow with the volume. The scored
-    part within the staged volume is its attribute `scored_roi`. Returns the digest of the
-    content read."""
+    part within the staged volume is its attribute `scored_roi`; the image's brick digests
+    are its dataset `stamps.BRICK_DIGESTS`, on which each inference block is keyed. Returns
+    the digest of the content read."""
     sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
     shape, voxel_size = sources["raw"].shape, sources["raw"].voxel_size_nm
     provenance = json.dumps(
@@ -375,6 +380,7 @@ def stage_files(
                     labeled = bool(brick[tuple(map(slice, low, high))].any())
         if labels_spec and not labeled:
             raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
+        write_brick_digests(datasets["raw"].file, sha)
     return sha.hexdigest()
 
 

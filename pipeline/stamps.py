@@ -25,6 +25,10 @@ shutil.copytree), is up to date with its own files and never with the dir it cam
 output's state has its mtime, not its ctime: a copy has new ctimes and would run every task
 again, so a rewrite that puts size and mtime back (`os.utime`) is not seen (no output is read).
 
+A task that reads a part of a staged volume (an inference block) says which (`regions`): it is
+keyed on the digests of the bricks of that part (`region_token`), which staging keeps in the
+staged file, so a voxel changed elsewhere leaves it up to date.
+
 `plan()` decides for a whole DAG before anything is submitted (the workflow prints it);
 `run_once()` is what each task does on its worker, where the inputs rebuilt earlier in the same
 run are known.
@@ -32,6 +36,7 @@ run are known.
 
 import contextlib
 import ctypes
+import functools
 import gc
 import hashlib
 import json
@@ -41,11 +46,15 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.atomic import atomic_path
-from pipeline.roi import grid_starts
+from pipeline.roi import Roi, grid_starts
+
+if TYPE_CHECKING:  # h5py is imported where a staged volume is read
+    import h5py
 
 STAMP_SUFFIX = ".stamp.json"
 
@@ -83,15 +92,81 @@ class VolumeDigest:
         bricks = sorted([name, list(start), sha] for (name, start), sha in self._bricks.items())
         return digest({"extra": self._extra, "arrays": self._arrays, "bricks": bricks})
 
+    def identity(self, name: str) -> str:
+        """What array `name` is besides its voxels: `extra` (voxel size, scored part), dtype
+        and shape."""
+        return digest({"extra": self._extra, "array": self._arrays[name]})
 
-def digest_volumes(arrays: dict[str, np.ndarray], extra: object = None) -> str:
+    def brick_grid(self, name: str) -> np.ndarray:
+        """Array `name`'s brick digests on the brick grid: (bricks along z, y, x, 32) uint8."""
+        grid = np.zeros([-(-n // BRICK) for n in self._arrays[name][1]] + [32], np.uint8)
+        for (array, start), sha in self._bricks.items():
+            if array == name:
+                grid[tuple(a // BRICK for a in start)] = np.frombuffer(bytes.fromhex(sha), np.uint8)
+        return grid
+
+
+def volume_digest(arrays: dict[str, np.ndarray], extra: object = None) -> VolumeDigest:
     """`VolumeDigest` of named 3-D arrays held whole."""
     sha = VolumeDigest(extra)
     for name, array in arrays.items():
         sha.begin(name, array.dtype, array.shape)
         for start in grid_starts(array.shape, BRICK):
             sha.update(name, start, array[tuple(slice(a, a + BRICK) for a in start)])
-    return sha.hexdigest()
+    return sha
+
+
+def digest_volumes(arrays: dict[str, np.ndarray], extra: object = None) -> str:
+    """The hex digest of `volume_digest`."""
+    return volume_digest(arrays, extra).hexdigest()
+
+
+# The dataset of a staged HDF5 volume that keeps its image's brick digests (`write_brick_digests`),
+# so that a task reading a part of it is keyed on that part only (`region_token`).
+BRICK_DIGESTS = "brick_sha256"
+
+
+def write_brick_digests(staged: "h5py.File", sha: VolumeDigest, name: str = "raw") -> None:
+    """Keep array `name`'s brick digests in the staged file being written (so they appear with
+    it, atomically): 32 bytes a brick, 16 MB at 10^12 voxels; with the array's `identity` and
+    the brick size they are on."""
+    dataset = staged.create_dataset(BRICK_DIGESTS, data=sha.brick_grid(name))
+    dataset.attrs["identity"] = sha.identity(name)
+    dataset.attrs["brick"] = BRICK
+
+
+@functools.lru_cache(maxsize=4)
+def _brick_digests(path: Path, state: tuple[int, ...]) -> tuple[str, int, np.ndarray] | None:
+    """(identity, brick size, brick digests) a staged volume keeps, None if it keeps none. Read
+    whole once per state of the file: the plan asks for every block of the volume."""
+    import h5py  # here: the workflow imports this module before it needs HDF5
+
+    if not h5py.is_hdf5(path):
+        return None
+    with h5py.File(path, "r") as staged:
+        if BRICK_DIGESTS not in staged:
+            return None
+        dataset = staged[BRICK_DIGESTS]
+        return str(dataset.attrs["identity"]), int(dataset.attrs["brick"]), dataset[()]
+
+
+def region_token(path: str | os.PathLike, region: Roi) -> str | None:
+    """Token of the part `region` of a staged volume that a task reads: the volume's identity
+    (voxel size, scored part, dtype, shape) and the digests of the bricks `region` meets, so a
+    voxel changed elsewhere leaves it as it was. None when the volume keeps no brick digests
+    (staged before they were kept, or read in place): then the whole volume's token."""
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    held = _brick_digests(path, (stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    if held is None:
+        return None
+    identity, brick, grid = held
+    met = Roi(tuple(a // brick for a in region.start), tuple(-(-b // brick) for b in region.stop))
+    sha = hashlib.sha256(grid[met.slices].tobytes()).hexdigest()
+    return digest({"volume": identity, "bricks": sha})
 
 
 def digest_arrays(arrays: dict[str, np.ndarray], extra: object = None) -> str:
@@ -219,10 +294,21 @@ def read_stamp(output: str | os.PathLike) -> dict | None:
     return record if isinstance(record, dict) and "identity" in record else None
 
 
-def input_token(path: str | os.PathLike) -> str:
-    """A task's output is keyed by its stamp's token; a source file by its own identity."""
+def input_token(path: str | os.PathLike, region: Roi | None = None) -> str:
+    """A task's output is keyed by its stamp's token, or with `region`, the part of it a task
+    reads, by that part's (`region_token`) where the output keeps what it takes; a source file
+    by its own identity."""
     stamp = read_stamp(path)
-    return stamp["token"] if stamp and "token" in stamp else source_token(path)
+    if not stamp or "token" not in stamp:
+        return source_token(path)
+    return (region is not None and region_token(path, region)) or stamp["token"]
+
+
+def input_tokens(inputs: Sequence[Path], regions: Sequence[Roi | None] = ()) -> list[str]:
+    """`input_token` of each input; `regions`: per input the part of it read (None, or past
+    the end of `regions`: all of it)."""
+    parts = [*regions, *[None] * (len(inputs) - len(regions))]
+    return [input_token(p, r) for p, r in zip(inputs, parts, strict=True)]
 
 
 def task_identity(settings: dict, input_tokens: Sequence[str]) -> str:
@@ -251,15 +337,21 @@ def _display(path: Path) -> str:
     return "/".join(path.parts[-2:])
 
 
-def why_stale(settings: dict, inputs: Sequence[Path], outputs: Sequence[Path]) -> str | None:
-    """None when the task's outputs are up to date, else the reason it must run."""
+def why_stale(
+    settings: dict,
+    inputs: Sequence[Path],
+    outputs: Sequence[Path],
+    regions: Sequence[Roi | None] = (),
+) -> str | None:
+    """None when the task's outputs are up to date, else the reason it must run; `regions`: the
+    parts of its inputs the task reads (`input_tokens`)."""
     settings = _plain(settings)
     stamp = read_stamp(outputs[0])
     if stamp is None:
         if not any(Path(o).exists() for o in outputs):
             return "not run yet"
         return "outputs not stamped (interrupted, or made by an older version)"
-    tokens = [input_token(p) for p in inputs]
+    tokens = input_tokens(inputs, regions)
     if stamp["identity"] != task_identity(settings, tokens):
         changes = _changed_settings(stamp.get("settings"), settings)
         if changes:
@@ -287,11 +379,12 @@ def write_stamp(
     states: dict,
     token: str | None = None,
     measured: dict | None = None,
+    regions: Sequence[Roi | None] = (),
 ) -> dict:
     """Record that `outputs`, whose states (`output_state`, by name) are `states`, were made
-    from `settings` and `inputs` (call after writing them); `measured`: what making them cost
-    (seconds, peak memory)."""
-    settings, tokens = _plain(settings), [input_token(p) for p in inputs]
+    from `settings` and `inputs` (call after writing them; `regions`: the parts of the inputs
+    read, `input_tokens`); `measured`: what making them cost (seconds, peak memory)."""
+    settings, tokens = _plain(settings), input_tokens(inputs, regions)
     record = {
         "identity": task_identity(settings, tokens),
         "settings": settings,
@@ -311,13 +404,16 @@ def run_once(
     inputs: Iterable[str | os.PathLike],
     outputs: Iterable[str | os.PathLike],
     work: Callable[[], str | None],
+    regions: Sequence[Roi | None] = (),
 ) -> str:
     """Run `work` unless the outputs are up to date; stamp them after, with its wall time and
     the peak resident memory of this process while it ran (`measured`: seconds, cpu_seconds,
     peak_rss_mib, start_rss_mib). `work` may return
-    a digest of the content it wrote (the token). Returns "ran" or "up to date"."""
+    a digest of the content it wrote (the token). `regions`: per input the part of it `work`
+    reads (a Roi; None or left out: all of it), which alone keys the task where the input keeps
+    its parts' digests (a staged volume, `region_token`). Returns "ran" or "up to date"."""
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
-    if why_stale(settings, inputs, outputs) is None:
+    if why_stale(settings, inputs, outputs, regions) is None:
         return "up to date"
     # Gone before the outputs change: a task killed half-way is never taken for done.
     for output in outputs:
@@ -339,7 +435,7 @@ def run_once(
         # starting point is what earlier tasks left behind.
         "start_rss_mib": held_before,
     }
-    write_stamp(settings, inputs, outputs, states, token, measured)
+    write_stamp(settings, inputs, outputs, states, token, measured, regions)
     return "ran"
 
 
@@ -390,6 +486,7 @@ class Task:
     settings: dict
     inputs: tuple[Path, ...]
     outputs: tuple[Path, ...]
+    regions: tuple[Roi | None, ...] = ()  # per input the part the task reads (run_once)
 
 
 def plan(
@@ -410,6 +507,6 @@ def plan(
         reasons[task.name] = (
             f"after {', '.join(rebuilt)}"
             if rebuilt
-            else why_stale(task.settings, task.inputs, task.outputs)
+            else why_stale(task.settings, task.inputs, task.outputs, task.regions)
         )
     return reasons
