@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from faults import zero_bytes
 
 from pipeline.stamps import Task, plan, run_once, stamp_path, why_stale
 
@@ -110,20 +111,13 @@ def chunked(folder):
     return export
 
 
-def zero_bytes(path, count: int = 50) -> None:
-    """Issue 31's fault: part of a file zeroed in place, its size kept."""
-    with open(path, "r+b") as f:
-        f.seek(10)
-        f.write(b"\0" * count)
-
-
 def test_a_same_size_rewrite_deep_in_an_output_folder_is_noticed(tmp_path, source):
     """Issue 31: a folder's state was its files' names and sizes, so a chunk partly zeroed (its
     size kept) left the stitched volume trusted. Its mtime changes: the state has it."""
     folder = tmp_path / "export"
     run_once({}, [source], [folder], chunked(folder))
     time.sleep(0.05)  # the fault comes later than the task (file times are a few ms coarse)
-    zero_bytes(folder / "seg" / "s0" / "64-128_0-64_0-64")
+    zero_bytes(folder / "seg" / "s0" / "64-128_0-64_0-64", 10, 50)
     assert why_stale({}, [source], [folder]) == "output changed since it was made: " + (
         "/".join(folder.parts[-2:])
     )
@@ -144,7 +138,7 @@ def test_a_copy_with_its_mtimes_is_up_to_date_so_a_rewrite_that_restores_them_is
     chunk = copy / "seg" / "s0" / "0-64_0-64_0-64"
     stat = chunk.stat()
     time.sleep(0.05)
-    zero_bytes(chunk)
+    zero_bytes(chunk, 10, 50)
     assert why_stale({}, [source], [copy]) is not None
     os.utime(chunk, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert why_stale({}, [source], [copy]) is None  # the documented limit
@@ -158,7 +152,7 @@ def test_a_task_that_rewrites_its_own_output_later_is_up_to_date_after(tmp_path,
     def twice() -> None:
         export()
         time.sleep(0.05)
-        zero_bytes(folder / "seg" / "s0" / "0-64_0-64_0-64")  # as a repair rewrites a chunk
+        zero_bytes(folder / "seg" / "s0" / "0-64_0-64_0-64", 10, 50)  # as a repair rewrites a chunk
 
     assert run_once({}, [source], [folder], twice) == "ran"
     assert why_stale({}, [source], [folder]) is None
