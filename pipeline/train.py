@@ -15,6 +15,7 @@ and each rank's position in its data).
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -211,6 +212,42 @@ def _save_run_config(
         tmp.write_text(json.dumps(record, indent=2) + "\n")
 
 
+# Per checkpoint, each rank's data stream (`BatchStream.state`: the examples in flight, whose
+# next views depend on the network's outputs so far), in a file of its own: written by every rank
+# side by side, nothing gathered, whatever the number of ranks.
+STREAMS_DIR = "streams"
+
+
+def _stream_state_path(checkpoint_dir: Path, name: str, rank: int, size: int) -> Path:
+    return checkpoint_dir / STREAMS_DIR / name / f"rank-{rank}-of-{size}.npz"
+
+
+def write_stream_state(checkpoint_dir: Path, name: str, rank: int, size: int, state: bytes) -> None:
+    path = _stream_state_path(checkpoint_dir, name, rank, size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(state)
+
+
+def read_stream_state(checkpoint_dir: Path, restored: str | None, rank: int, size: int) -> bytes:
+    """This rank's stream at checkpoint `restored`; empty (the stream starts its next example
+    anew) without one: no checkpoint, one written before streams were kept, or another world
+    size."""
+    if not restored:
+        return b""
+    path = _stream_state_path(checkpoint_dir, Path(restored).name, rank, size)
+    return path.read_bytes() if path.is_file() else b""
+
+
+def prune_stream_states(checkpoint_dir: Path, kept: list[str]) -> None:
+    """Remove the streams of checkpoints the manager no longer keeps."""
+    names = {Path(c).name for c in kept}
+    folder = checkpoint_dir / STREAMS_DIR
+    for streams in folder.iterdir() if folder.is_dir() else ():
+        if streams.name not in names:
+            shutil.rmtree(streams, ignore_errors=True)
+
+
 def _restore_newest_readable(
     checkpoint, manager, checkpoint_dir: Path
 ) -> tuple[str | None, list[str]]:
@@ -339,6 +376,7 @@ def run_training(
     resumed_from = int(step.numpy())
     cursors = examples_started.numpy()
     start_example = int(cursors[rank]) if len(cursors) == size else 0
+    saved_stream = read_stream_state(checkpoint_dir, restored, rank, size)
     if lead and resumed_from:
         print(f"[train] resuming from {restored} at step {resumed_from}", flush=True)
 
@@ -351,6 +389,7 @@ def run_training(
         config.seed,
         rank,
         start_example,
+        saved_stream,
     )
     train_step = make_train_step(model, optimizer, config.grad_clip)
     log = MetricsLog(train_dir, resumed_from) if lead else None
@@ -372,10 +411,14 @@ def run_training(
                 f"{optimizer.learning_rate.numpy():.3g}; no checkpoint written (last: "
                 f"{manager.latest_checkpoint or 'none'}); lower learning_rate"
             )
+        name = f"ckpt-{int(step.numpy())}"
+        write_stream_state(checkpoint_dir, name, rank, size, stream.state())
+        # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
         gathered = hvd.allgather(tf.constant([stream.examples_started], tf.int64)).numpy()
         examples_started.assign(gathered)
         if lead:
             manager.save(checkpoint_number=int(step.numpy()))
+            prune_stream_states(checkpoint_dir, manager.checkpoints)
 
     while int(step.numpy()) < config.max_steps:
         current = int(step.numpy())

@@ -11,7 +11,8 @@ A `BatchStream` keeps `batch_size` trajectories in flight and hands out one FOV 
 Everything here is numpy; the TensorFlow side lives in `pipeline.train`.
 """
 
-from collections.abc import Generator
+import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,49 +84,89 @@ def _augment(image: np.ndarray, labels: np.ndarray, rng: np.random.Generator):
     return np.ascontiguousarray(image), np.ascontiguousarray(labels)
 
 
-def trajectory(
-    volume: LabeledVolume,
-    center_zyx: np.ndarray,
-    model: ModelConfig,
-    examples: ExampleConfig,
-    rng: np.random.Generator,
-) -> Generator[Fov, None, None]:
-    """Yield the FOVs of one training example; the caller writes logits into `fov.seed` before
-    asking for the next one (the movement decision reads them)."""
-    radius = canvas_radius(model, examples)
-    box = tuple(slice(c - r, c + r + 1) for c, r in zip(center_zyx, radius, strict=True))
-    image = normalize_image(volume.raw[box], model)
-    object_id = volume.labels[tuple(center_zyx)]
-    is_object = volume.labels[box] == object_id
-    if examples.augment:
-        image, is_object = _augment(image, is_object, rng)
-    labels = np.where(is_object, examples.object_probability, examples.background_probability)
-    labels = labels.astype(np.float32)
-    seed = np.full(image.shape, logit(examples.background_probability), dtype=np.float32)
-    seed[tuple(radius)] = logit(examples.object_probability)
+class Trajectory:
+    """The FOVs of one training example, handed out one at a time; the caller writes logits into
+    `fov.seed` before asking for the next one (the movement decision reads them).
 
-    fov_radius = np.array(model.fov_shape_zyx) // 2
-    deltas = np.maximum(np.array(model.deltas_zyx), 1)
-    max_offset = radius - fov_radius
-    threshold = logit(examples.move_threshold)
-    queue, visited = [np.zeros(3, dtype=int)], set()
-    while queue:
-        offset = queue.pop(0)
-        if np.any(np.abs(offset) > max_offset):
-            continue
-        key = tuple(offset // deltas)
-        if key in visited:
-            continue
-        visited.add(key)
-        sel = tuple(
+    Its whole state (seed canvas, the walk so far) can be saved and put back: a run resumed from
+    a checkpoint goes on with the examples that were in flight, as the uninterrupted run does.
+    The image and labels are not saved: they follow from the coordinate and `rng`.
+    """
+
+    def __init__(
+        self,
+        volume: LabeledVolume,
+        center_zyx: np.ndarray,
+        model: ModelConfig,
+        examples: ExampleConfig,
+        rng: np.random.Generator,
+    ):
+        self.model, self.examples = model, examples
+        self.radius = canvas_radius(model, examples)
+        box = tuple(slice(c - r, c + r + 1) for c, r in zip(center_zyx, self.radius, strict=True))
+        image = normalize_image(volume.raw[box], model)
+        object_id = volume.labels[tuple(center_zyx)]
+        is_object = volume.labels[box] == object_id
+        if examples.augment:
+            image, is_object = _augment(image, is_object, rng)
+        labels = np.where(is_object, examples.object_probability, examples.background_probability)
+        self.image, self.labels = image, labels.astype(np.float32)
+        self.seed = np.full(image.shape, logit(examples.background_probability), dtype=np.float32)
+        self.seed[tuple(self.radius)] = logit(examples.object_probability)
+        self.queue = [np.zeros(3, dtype=int)]
+        self.visited: set[tuple[int, ...]] = set()
+        self.shown: np.ndarray | None = None  # the last FOV's offset: its moves are still to decide
+
+    def _fov_box(self, offset: np.ndarray) -> tuple[slice, ...]:
+        fov_radius = np.array(self.model.fov_shape_zyx) // 2
+        return tuple(
             slice(r + o - f, r + o + f + 1)
-            for r, o, f in zip(radius, offset, fov_radius, strict=True)
+            for r, o, f in zip(self.radius, offset, fov_radius, strict=True)
         )
-        fov = Fov(image[sel], seed[sel], labels[sel], tuple(int(o) for o in offset))
-        yield fov
-        if examples.fov_policy == "max_pred_moves":
-            moves = scored_move_offsets(fov.seed, model.deltas_zyx, threshold)
-            queue.extend(offset + np.array(move) for _, move in moves)
+
+    def next_fov(self) -> Fov | None:
+        """The next FOV, None when the example is done."""
+        if self.shown is not None and self.examples.fov_policy == "max_pred_moves":
+            threshold = logit(self.examples.move_threshold)
+            moves = scored_move_offsets(
+                self.seed[self._fov_box(self.shown)], self.model.deltas_zyx, threshold
+            )
+            self.queue.extend(self.shown + np.array(move) for _, move in moves)
+        self.shown = None
+        deltas = np.maximum(np.array(self.model.deltas_zyx), 1)
+        max_offset = self.radius - np.array(self.model.fov_shape_zyx) // 2
+        while self.queue:
+            offset = self.queue.pop(0)
+            if np.any(np.abs(offset) > max_offset):
+                continue
+            key = tuple(int(k) for k in offset // deltas)
+            if key in self.visited:
+                continue
+            self.visited.add(key)
+            self.shown = offset
+            sel = self._fov_box(offset)
+            return Fov(
+                self.image[sel], self.seed[sel], self.labels[sel], tuple(int(o) for o in offset)
+            )
+        return None
+
+    def __iter__(self) -> Iterator[Fov]:
+        while (fov := self.next_fov()) is not None:
+            yield fov
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {
+            "seed": self.seed,
+            "queue": np.array(self.queue, dtype=np.int64).reshape(-1, 3),
+            "visited": np.array(sorted(self.visited), dtype=np.int64).reshape(-1, 3),
+            "shown": np.array([] if self.shown is None else [self.shown], np.int64).reshape(-1, 3),
+        }
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        self.seed[...] = state["seed"]
+        self.queue = list(state["queue"].astype(int))
+        self.visited = {tuple(int(k) for k in key) for key in state["visited"]}
+        self.shown = state["shown"][0].astype(int) if len(state["shown"]) else None
 
 
 class BatchStream:
@@ -133,7 +174,8 @@ class BatchStream:
 
     Example `i` of rank `rank` uses coordinate `perm_e[i % n]` of the shard, `perm_e` a permutation
     drawn per epoch `e = i // n`, and augments with a generator seeded by (seed, rank, i): the data
-    order is fixed by the seed and can resume from `examples_started`.
+    order is fixed by the seed. `state()` (saved with the checkpoint) holds the cursor and the
+    trajectories in flight; a stream built from it hands out what the saved one would have.
     """
 
     def __init__(
@@ -146,6 +188,7 @@ class BatchStream:
         seed: int,
         rank: int = 0,
         examples_started: int = 0,
+        state: bytes = b"",
     ):
         if len(coords) == 0:
             raise CoordinatesError("this rank's coordinate shard is empty")
@@ -157,10 +200,13 @@ class BatchStream:
             examples,
         )
         self.seed, self.rank = seed, rank
-        self.examples_started = examples_started
         self._epoch, self._perm = -1, None
-        self._slots = [self._next_trajectory() for _ in range(batch_size)]
         self._current: list[Fov] = []
+        if state:
+            self._set_state(state, batch_size)
+        else:
+            self.examples_started = examples_started
+            self._slots = [self._next_trajectory() for _ in range(batch_size)]
 
     def _coordinate(self, index: int) -> np.ndarray:
         n = len(self.coords)
@@ -170,20 +216,23 @@ class BatchStream:
             self._perm = np.random.default_rng([self.seed, self.rank, epoch]).permutation(n)
         return self.coords[self._perm[index % n]]
 
-    def _next_trajectory(self) -> Generator[Fov, None, None]:
+    def _trajectory(self, index: int) -> Trajectory:
+        rng = np.random.default_rng([self.seed, self.rank, index, 1])
+        return Trajectory(self.volume, self._coordinate(index), self.model, self.examples, rng)
+
+    def _next_trajectory(self) -> tuple[int, Trajectory]:
         index = self.examples_started
         self.examples_started += 1
-        rng = np.random.default_rng([self.seed, self.rank, index, 1])
-        return trajectory(self.volume, self._coordinate(index), self.model, self.examples, rng)
+        return index, self._trajectory(index)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(images, seeds, labels), each (batch, z, y, x, 1) float32."""
         self._current = []
-        for i, slot in enumerate(self._slots):
-            fov = next(slot, None)
+        for i, (_, walk) in enumerate(self._slots):
+            fov = walk.next_fov()
             while fov is None:  # trajectory finished: start the next example in this slot
-                self._slots[i] = slot = self._next_trajectory()
-                fov = next(slot, None)
+                self._slots[i] = self._next_trajectory()
+                fov = self._slots[i][1].next_fov()
             self._current.append(fov)
         images, seeds, labels = (
             np.stack([getattr(f, name) for f in self._current])[..., None]
@@ -195,3 +244,26 @@ class BatchStream:
         """Store the network's logits (batch, z, y, x, 1) into each trajectory's seed canvas."""
         for fov, prediction in zip(self._current, logits, strict=True):
             fov.seed[...] = prediction[..., 0]
+
+    def state(self) -> bytes:
+        """The cursor and the trajectories in flight, after `write_back` of the last batch."""
+        arrays = {"examples_started": np.int64(self.examples_started)}
+        for i, (index, walk) in enumerate(self._slots):
+            arrays[f"{i}/index"] = np.int64(index)
+            arrays |= {f"{i}/{name}": value for name, value in walk.state().items()}
+        with io.BytesIO() as out:
+            np.savez_compressed(out, **arrays)  # the seed canvases are mostly one value
+            return out.getvalue()
+
+    def _set_state(self, state: bytes, batch_size: int) -> None:
+        with np.load(io.BytesIO(state)) as arrays:
+            saved = {name: arrays[name] for name in arrays.files}
+        self.examples_started = int(saved["examples_started"])
+        self._slots = []
+        for i in range(batch_size):
+            index = int(saved[f"{i}/index"])
+            walk = self._trajectory(index)
+            walk.set_state(
+                {k.partition("/")[2]: v for k, v in saved.items() if k.startswith(f"{i}/")}
+            )
+            self._slots.append((index, walk))

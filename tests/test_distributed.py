@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 import processes
 import pytest
+from test_train import SHORT, train_command
+
+from pipeline.train_metrics import read_metrics
 
 WORKER = Path(__file__).with_name("mpi_worker.py")
 
@@ -84,3 +87,31 @@ class TestTwoRanks:
         assert config["world_size"] == 2
         lines = (out / "train" / "metrics.csv").read_text().splitlines()
         assert len(lines) == 1 + 4  # header + a row per step (log_every_steps=1)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_two_ranks_resume_from_the_checkpoint_before_an_unreadable_one_exactly(
+    training_data, tmp_path
+):
+    # A move threshold below the seed's background makes every example walk its whole canvas from
+    # the first step on, so examples are in flight at ckpt-4: the resumed ranks must go on with them.
+    flags = ("--max-steps", "8", *SHORT, "--examples-move-threshold", "0.04")
+    command = train_command(training_data, tmp_path, *flags)[1:]  # mpiexec adds the python
+    first = mpiexec(2, *command)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    uninterrupted = read_metrics(tmp_path / "metrics.csv")["loss"]
+    streams = tmp_path / "checkpoints" / "streams"
+    assert sorted(p.name for p in (streams / "ckpt-4").iterdir()) == [
+        "rank-0-of-2.npz",
+        "rank-1-of-2.npz",
+    ]
+    data = next((tmp_path / "checkpoints").glob("ckpt-8.data-*"))
+    data.write_bytes(data.read_bytes()[:100])
+
+    resumed = mpiexec(2, *command)
+
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert (tmp_path / "checkpoints" / "unreadable" / data.name).is_file()
+    assert "ckpt-4 at step 4" in resumed.stdout
+    np.testing.assert_array_equal(read_metrics(tmp_path / "metrics.csv")["loss"], uninterrupted)

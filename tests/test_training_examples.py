@@ -6,7 +6,7 @@ import pytest
 from pipeline.errors import CoordinatesError
 from pipeline.model import ModelConfig, logit
 from pipeline.movement import scored_move_offsets
-from pipeline.training import BatchStream, ExampleConfig, canvas_radius, trajectory
+from pipeline.training import BatchStream, ExampleConfig, Trajectory, canvas_radius
 from pipeline.volumes import LabeledVolume
 
 MODEL = ModelConfig(fov_shape_zyx=(5, 9, 9), deltas_zyx=(1, 2, 2), depth=2, features=4)
@@ -45,7 +45,7 @@ class TestTrajectory:
         volume = two_slabs()
         examples = ExampleConfig(fov_policy="fixed", augment=False)
         fovs = list(
-            trajectory(volume, np.array([10, 15, 15]), MODEL, examples, np.random.default_rng(0))
+            Trajectory(volume, np.array([10, 15, 15]), MODEL, examples, np.random.default_rng(0))
         )
         assert len(fovs) == 1  # the fixed policy never moves
         fov = fovs[0]
@@ -63,7 +63,7 @@ class TestTrajectory:
         examples = ExampleConfig(fov_moves=1, augment=False)
         peak = -0.1 * sum(np.abs(np.indices((5, 9, 9)) - np.array([2, 4, 4])[:, None, None, None]))
         centres = []
-        for fov in trajectory(
+        for fov in Trajectory(
             volume, np.array([10, 15, 18]), MODEL, examples, np.random.default_rng(0)
         ):
             fov.seed[...] = np.where(fov.labels > 0.5, 5.0 + peak, -5.0)
