@@ -257,7 +257,7 @@ def main() -> int:
     if complete and tuple(raw.shape) != TARGET_SHAPE and stats.fov_evaluations:
         # An estimate, not a run: FOV evaluations scaled to 250^3 by the voxel count, and by the
         # count of the cells the flood visits at most once per object (deltas-sized, plus one at
-        # each border, as `inference._Canvas._key`); a small volume is mostly border.
+        # each border, as `inference.Canvas._key`); a small volume is mostly border.
         def cells(shape) -> float:
             counts = []
             for size, f, d in zip(shape, fov, model_config.deltas_zyx, strict=True):

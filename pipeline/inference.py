@@ -244,7 +244,7 @@ def _union_box(a: tuple[slice, ...], b: tuple[slice, ...]) -> tuple[slice, ...]:
     )
 
 
-class _Canvas:
+class Canvas:
     """One volume being segmented: the image, the segmentation so far and the current object's
     mask logits (NaN where the current flood has not predicted)."""
 
@@ -442,7 +442,7 @@ def _fingerprint(raw: np.ndarray, model: ModelConfig, config: InferenceConfig, k
     return f"{raw.shape} {digest} {json.dumps(settings, sort_keys=True)} {key}"
 
 
-def _save_state(path: Path, canvas: "_Canvas", loop: _SeedLoop, fingerprint: str) -> None:
+def _save_state(path: Path, canvas: "Canvas", loop: _SeedLoop, fingerprint: str) -> None:
     state = {
         "counts": dict(canvas.counts),
         "next_pass": loop.next_pass,
@@ -463,7 +463,7 @@ def _save_state(path: Path, canvas: "_Canvas", loop: _SeedLoop, fingerprint: str
         )
 
 
-def _load_state(path: Path, canvas: "_Canvas", fingerprint: str) -> _SeedLoop:
+def _load_state(path: Path, canvas: "Canvas", fingerprint: str) -> _SeedLoop:
     try:
         with np.load(path) as saved:
             state = json.loads(str(saved["state"]))
@@ -538,7 +538,7 @@ def segment(
     config = config or InferenceConfig()
     started = time.perf_counter()
     margin = np.array(model.fov_shape_zyx) // 2
-    canvas = _Canvas(normalize_image(raw, model), predict, model, config)
+    canvas = Canvas(normalize_image(raw, model), predict, model, config)
     state_path = Path(checkpoint_path) if checkpoint_path is not None else None
     fingerprint = _fingerprint(raw, model, config, checkpoint_key) if state_path is not None else ""
     loop = _SeedLoop()

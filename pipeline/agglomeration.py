@@ -1,0 +1,390 @@
+"""FFN's second pass: agglomeration (removes splits) and split consensus (removes merges).
+
+Agglomeration (google/ffn `ffn/inference/resegmentation.py`, measures as in
+`resegmentation_analysis.py`; Januszewski et al. 2018): a flood fill is unsure where an object
+narrows or its membrane fades, and stops there, so one neurite ends up as two segments that touch.
+For two touching segments A and B:
+
+  1. `candidate_pairs`: the pairs that touch over at least `min_contact` voxel faces, with one
+     contact point each (block by block, `merge_contact_tables` adds the blocks' tables up);
+  2. `decide_pair`: in a window around the contact point, one fill seeded in A and one in B. As
+     in google/ffn, A and B are cleared from the canvas and the other segments stay on it, so no
+     FOV is centred in them; neither fill sees the other. A seed is the voxel of its segment
+     farthest from the segment's boundary (distance transform) within the analysis box around
+     the contact, where a FOV fits. Within the analysis box: the Jaccard index of the two fills,
+     and the share of A's voxels that B's fill recovers and of B's that A's fill recovers. If A
+     and B are one object, each fill runs into the other segment and the two fills nearly
+     coincide; if a membrane separates them, each stays on its side. Merge when all three
+     measures pass. google/ffn seeds anywhere in its (larger) window and retries a fill that
+     recovers too little of its own segment; this keeps the window small instead (cost);
+  3. `merge_lookup` and `relabel`: the merged pairs' connected components become one id each.
+
+Split consensus (FFN's "oversegmentation consensus"): two segmentations of one volume with
+different seed orders make different merge errors; keeping two voxels together only where both
+did (`split_consensus`: the label of a voxel is the pair of both runs' labels) removes the merges
+that only one run made, at the price of the splits either made, which agglomeration then repairs.
+
+Coordinates are (z, y, x) voxels throughout. Images and segmentations are read through callables
+that take a tuple of slices, so the same code serves in-memory arrays, HDF5, zarr or precomputed.
+Flood fills use `pipeline.inference.Canvas.flood` itself.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage, sparse
+from scipy.sparse.csgraph import connected_components
+
+from pipeline.errors import ConfigError, VolumeShapeError
+from pipeline.inference import Canvas, InferenceConfig, Predictor
+from pipeline.model import ModelConfig, normalize_image
+
+Reader = Callable[[tuple[slice, ...]], np.ndarray]
+Box = tuple[slice, ...]
+
+
+@dataclass(frozen=True)
+class AgglomerationConfig:
+    """Which touching segments are tested, and when two are merged. Radii are in FOVs: a radius
+    of r FOVs is floor(r x FOV shape) voxels along each axis, so the rule follows the model."""
+
+    # Half-size of the window the fills run in. 0.75 FOV leaves about half a FOV of moves on
+    # either side of the contact, enough for a fill to show whether it crosses into the other
+    # segment, in at most 64 FOV positions per fill (4 x 4 x 4 cells of `deltas` for the demo
+    # model); on seed 2's planted splits and largest true contacts, 1 FOV decided the same at
+    # 2-4 times the FOV evaluations.
+    window_radius_fovs: float = 0.75
+    # Half-size of the box around the contact where seeds are placed and the measures are taken:
+    # half a FOV keeps both to the contact, not to far parts of A or B that the window happens to
+    # hold (google/ffn's analysis radius is likewise smaller than its resegmentation radius).
+    analysis_radius_fovs: float = 0.5
+    # Voxel faces two segments must share to be tested: smaller contacts are mostly corners that
+    # cost a pair of fills each and rarely hide a split.
+    min_contact: int = 20
+    # Background voxels that may lie between two segments that count as touching: the first pass
+    # often leaves a voxel-wide seam unsegmented between two segments (a membrane, or voxels it
+    # was unsure of), and the ground truth its membranes.
+    max_gap: int = 1
+    # Merge thresholds. One object's two fills nearly coincide and fills of two objects barely
+    # overlap (Jaccard index), and each fill should take most of the other segment (recovered
+    # share). Where a membrane is too faint for the model, the fills of two objects coincide as
+    # well, and those are where the first pass parted objects: on seed 2 (selection volume), a
+    # recovered share of 0.5 merged 45 pairs, most of them wrong (VI 1.21 -> 3.02); 0.9 merged
+    # 10, 9 of them right (VI 1.21 -> 1.16, the best of 0.5-0.95). The Jaccard index barely mattered.
+    min_jaccard: float = 0.5
+    min_recovered: float = 0.9
+    # FOV evaluations per fill: a bound on the cost of a pair whatever the window (it does not
+    # bind at the default window, which holds fewer positions).
+    max_fov_evaluations_per_fill: int = 100
+
+    def __post_init__(self) -> None:
+        if self.window_radius_fovs < 0.5:
+            raise ConfigError(
+                f"window_radius_fovs must be >= 0.5 (a FOV must fit), got {self.window_radius_fovs}"
+            )
+        if not 0 < self.analysis_radius_fovs <= self.window_radius_fovs:
+            raise ConfigError(
+                "analysis_radius_fovs must be in (0, window_radius_fovs], got "
+                f"{self.analysis_radius_fovs}"
+            )
+        for name in ("min_contact", "max_fov_evaluations_per_fill"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_gap < 0:
+            raise ConfigError(f"max_gap must be >= 0, got {self.max_gap}")
+        for name in ("min_jaccard", "min_recovered"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidate pairs
+
+
+@dataclass(frozen=True, eq=False)
+class ContactTable:
+    """Touching pairs of segments: ids (N, 2) uint64 with a < b, sorted; contacts (N,) int64,
+    the voxel faces they share (and voxels facing across a gap); points (N, 3) int64, a contact
+    voxel of each (global coordinates)."""
+
+    ids: np.ndarray
+    contacts: np.ndarray
+    points: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def select(self, keep: np.ndarray) -> "ContactTable":
+        return ContactTable(self.ids[keep], self.contacts[keep], self.points[keep])
+
+
+def _shifted(segmentation: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    """The view of `segmentation` from `start` to `stop` (negative: from the end) along `axis`."""
+    box = [slice(None)] * 3
+    box[axis] = slice(start, stop if stop < 0 else None)
+    return segmentation[tuple(box)]
+
+
+def _faces(segmentation: np.ndarray, max_gap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every contact between two different non-zero segments along an axis, directly or across
+    up to `max_gap` background voxels: the (a, b) pair (a < b), (M, 2), and the voxel on the
+    contact's low side, (M, 3)."""
+    pairs, voxels = [], []
+    for axis in range(3):
+        for step in range(1, min(max_gap + 1, segmentation.shape[axis] - 1) + 1):
+            u = _shifted(segmentation, axis, 0, -step)
+            v = _shifted(segmentation, axis, step, 0)
+            touching = (u != v) & (u > 0) & (v > 0)
+            for between in range(1, step):
+                touching &= _shifted(segmentation, axis, between, between - step) == 0
+            a, b = u[touching], v[touching]
+            pairs.append(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1))
+            voxels.append(np.argwhere(touching))
+    return np.concatenate(pairs).astype(np.uint64), np.concatenate(voxels).astype(np.int64)
+
+
+def _central_voxels(group: np.ndarray, voxels: np.ndarray, groups: int) -> np.ndarray:
+    """Per group, the voxel nearest to the group's mean position (ties: the first in order)."""
+    counts = np.bincount(group, minlength=groups)[:, None]
+    means = np.stack([np.bincount(group, voxels[:, k], groups) for k in range(3)], 1) / counts
+    distance = np.sum((voxels - means[group]) ** 2, axis=1)
+    order = np.lexsort((np.arange(len(group)), distance, group))
+    first = np.searchsorted(group[order], np.arange(groups))
+    return voxels[order[first]]
+
+
+def candidate_pairs(
+    segmentation: np.ndarray,
+    offset_zyx: Sequence[int] = (0, 0, 0),
+    min_contact: int = 1,
+    max_gap: int = 0,
+    own_shape_zyx: Sequence[int] | None = None,
+) -> ContactTable:
+    """The touching pairs of one region, with at least `min_contact` contacts (voxel faces, or
+    voxels facing each other across at most `max_gap` background voxels along an axis); the point
+    of each is the contact voxel nearest to the middle of the contact.
+
+    `offset_zyx`: the region's corner in the volume. Block by block, give each block `max_gap` + 1
+    more voxels at its high end along each axis (where the volume goes on) but count only contacts
+    whose low voxel is the block's own: pass `own_shape_zyx`, the block's shape without that
+    margin. Keep `min_contact` 1 there and apply it in `merge_contact_tables`.
+    """
+    pairs, voxels = _faces(segmentation, max_gap)
+    if own_shape_zyx is not None:
+        own = np.all(voxels < np.asarray(own_shape_zyx), axis=1)
+        pairs, voxels = pairs[own], voxels[own]
+    ids, group, contacts = np.unique(pairs, axis=0, return_inverse=True, return_counts=True)
+    group = group.reshape(-1)
+    points = _central_voxels(group, voxels, len(ids)) + np.asarray(offset_zyx, np.int64)
+    table = ContactTable(ids.reshape(-1, 2), contacts.astype(np.int64), points.reshape(-1, 3))
+    return table.select(table.contacts >= min_contact)
+
+
+def merge_contact_tables(tables: Sequence[ContactTable], min_contact: int = 1) -> ContactTable:
+    """Several regions' tables as one: contacts summed per pair, the point of the region where
+    the pair shares most faces (ties: the earlier table), then pairs below `min_contact` dropped."""
+    ids = np.concatenate([t.ids for t in tables]).reshape(-1, 2)
+    contacts = np.concatenate([t.contacts for t in tables])
+    points = np.concatenate([t.points for t in tables]).reshape(-1, 3)
+    unique, group = np.unique(ids, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    total = np.bincount(group, contacts, len(unique)).astype(np.int64)
+    largest = np.lexsort((np.arange(len(group)), -contacts, group))
+    first = largest[np.searchsorted(group[largest], np.arange(len(unique)))]
+    table = ContactTable(unique, total, points[first])
+    return table.select(table.contacts >= min_contact)
+
+
+# ---------------------------------------------------------------------------------------------
+# Deciding a pair by two flood fills
+
+
+@dataclass(frozen=True)
+class PairDecision:
+    """What the two fills of one pair showed (measures within the analysis box)."""
+
+    a: int
+    b: int
+    jaccard: float  # of the fill seeded in A and the fill seeded in B
+    recovered_a: float  # share of A's voxels that B's fill covers
+    recovered_b: float  # share of B's voxels that A's fill covers
+    merge: bool
+    fov_evaluations: int  # both fills
+    seeded: bool  # a seed was found on both sides (if not: no fill, no merge)
+
+
+def _radius(fovs: float, model: ModelConfig) -> np.ndarray:
+    return np.floor(fovs * np.asarray(model.fov_shape_zyx)).astype(np.int64)
+
+
+def _window(point: np.ndarray, radius: np.ndarray, volume_shape: Sequence[int]) -> Box:
+    """The box of half-size `radius` around `point`, moved (not cut) to fit in the volume, so
+    that a FOV still fits at its faces; cut only where the volume is smaller."""
+    shape = np.asarray(volume_shape)
+    size = np.minimum(2 * radius + 1, shape)
+    start = np.clip(point - radius, 0, shape - size)
+    return tuple(slice(int(s), int(s + n)) for s, n in zip(start, size, strict=True))
+
+
+def _seed(segment: np.ndarray, allowed: np.ndarray) -> tuple[int, ...] | None:
+    """The voxel of `segment` farthest from its boundary among the `allowed` ones (ties: the
+    first in raster order), or None if the segment has no allowed voxel."""
+    distance = ndimage.distance_transform_edt(segment)
+    distance[~allowed] = 0
+    if not distance.any():
+        return None
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(distance)), distance.shape))
+
+
+def _fill(canvas: Canvas, seed: tuple[int, ...] | None) -> np.ndarray:
+    """The mask of one flood fill over the whole canvas (empty when unseeded or too weak)."""
+    whole = tuple(slice(0, int(s)) for s in canvas.shape)
+    found = canvas.flood(seed) if seed is not None else None
+    return found.within(whole) if found is not None else np.zeros(canvas.image.shape, bool)
+
+
+def _share(part: np.ndarray, of: np.ndarray) -> float:
+    total = np.count_nonzero(of)
+    return float(np.count_nonzero(part & of) / total) if total else 0.0
+
+
+def _seeds(
+    labels: np.ndarray, ids: tuple[int, int], analysis: np.ndarray, model: ModelConfig
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A seed in each segment of the pair, in the analysis box where a FOV fits; None unless
+    both segments have one."""
+    radius = np.asarray(model.fov_shape_zyx) // 2
+    allowed = np.zeros(labels.shape, bool)
+    allowed[tuple(slice(r, s - r) for r, s in zip(radius, labels.shape, strict=True))] = True
+    allowed &= analysis
+    seed_a, seed_b = (_seed(labels == i, allowed) for i in ids)
+    return (seed_a, seed_b) if seed_a is not None and seed_b is not None else None
+
+
+def decide_pair(
+    read_image: Reader,
+    read_segmentation: Reader,
+    volume_shape: Sequence[int],
+    ids: tuple[int, int],
+    point: Sequence[int],
+    predict: Predictor,
+    model: ModelConfig,
+    inference_config: InferenceConfig,
+    config: AgglomerationConfig,
+) -> PairDecision:
+    """Fill from A and from B around their contact `point`; measure and decide (deterministic
+    for a deterministic predictor)."""
+    a, b = (int(i) for i in ids)
+    point = np.asarray(point, np.int64)
+    window = _window(point, _radius(config.window_radius_fovs, model), volume_shape)
+    labels = read_segmentation(window)
+    analysis = np.zeros(labels.shape, bool)
+    centre = point - [s.start for s in window]
+    analysis[_window(centre, _radius(config.analysis_radius_fovs, model), labels.shape)] = True
+    fill_config = dataclasses.replace(
+        inference_config, max_fov_evaluations_per_object=config.max_fov_evaluations_per_fill
+    )
+    canvas = Canvas(normalize_image(read_image(window), model), predict, model, fill_config)
+    # As google/ffn: the other segments stay as context, so no FOV is centred in them.
+    np.copyto(canvas.segmentation, labels, where=(labels != a) & (labels != b))
+    seeds = _seeds(labels, (a, b), analysis, model)
+    fill_a, fill_b = (_fill(canvas, seeds[k] if seeds else None) for k in (0, 1))
+    fill_a, fill_b, in_a, in_b = (m & analysis for m in (fill_a, fill_b, labels == a, labels == b))
+    union = np.count_nonzero(fill_a | fill_b)
+    jaccard = float(np.count_nonzero(fill_a & fill_b) / union) if union else 0.0
+    recovered_a, recovered_b = _share(fill_b, in_a), _share(fill_a, in_b)
+    merge = (
+        seeds is not None
+        and jaccard >= config.min_jaccard
+        and min(recovered_a, recovered_b) >= config.min_recovered
+    )
+    fovs = int(canvas.counts["fov_evaluations"])
+    return PairDecision(a, b, jaccard, recovered_a, recovered_b, merge, fovs, seeds is not None)
+
+
+def decide_pairs(
+    read_image: Reader,
+    read_segmentation: Reader,
+    volume_shape: Sequence[int],
+    pairs: ContactTable,
+    predict: Predictor,
+    model: ModelConfig,
+    inference_config: InferenceConfig,
+    config: AgglomerationConfig,
+) -> list[PairDecision]:
+    """`decide_pair` for every pair of the table, in its order. `read_image` returns uint8 raw,
+    `read_segmentation` the first pass's ids, both for a box of the volume (global slices)."""
+    return [
+        decide_pair(
+            read_image,
+            read_segmentation,
+            volume_shape,
+            (int(ids[0]), int(ids[1])),
+            point,
+            predict,
+            model,
+            inference_config,
+            config,
+        )
+        for ids, point in zip(pairs.ids, pairs.points, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Merging
+
+
+def merge_lookup(pairs_to_merge: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, targets): each id of a merged pair, sorted, and the id it becomes, the smallest of
+    its connected component in the graph of merged pairs; ids not listed keep theirs.
+
+    `stitching.join_ids` does the same over dense block-local ids; these ids are the volume's,
+    sparse and possibly large, so they are compacted first."""
+    pairs = np.asarray(pairs_to_merge, np.uint64).reshape(-1, 2)
+    ids, compact = np.unique(pairs, return_inverse=True)
+    compact = compact.reshape(-1, 2)
+    graph = sparse.coo_array(
+        (np.ones(len(pairs)), (compact[:, 0], compact[:, 1])), shape=(len(ids), len(ids))
+    )
+    _, component = connected_components(graph, directed=False)
+    # ids are sorted: the first member of each component is its smallest id.
+    _, first = np.unique(component, return_index=True)
+    return ids, ids[first][component]
+
+
+def relabel(segmentation: np.ndarray, ids: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """`segmentation` with every id in `ids` (sorted) replaced by its target (uint64)."""
+    out = segmentation.astype(np.uint64)
+    if not len(ids):
+        return out
+    where = np.clip(np.searchsorted(ids, out), 0, len(ids) - 1)
+    listed = ids[where] == out
+    out[listed] = targets[where[listed]]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Split consensus
+
+
+def split_consensus(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, pairs): two segmentations of one region cut by each other. A voxel's label stands
+    for the pair (its id in `first`, its id in `second`); 0 where either is 0. Labels are 1..N in
+    the order of the sorted pairs, and `pairs[k - 1]` is label k's pair, (N, 2) uint64, so that
+    blocks can be given ids that agree over the volume."""
+    if first.shape != second.shape:
+        raise VolumeShapeError(
+            f"consensus of shapes {first.shape} and {second.shape}: must be equal"
+        )
+    both = (first > 0) & (second > 0)
+    ids_first, in_first = np.unique(first[both], return_inverse=True)
+    ids_second, in_second = np.unique(second[both], return_inverse=True)
+    # One integer per pair (both compacted to < voxels): a 1-D unique, far faster than of rows.
+    keys = in_first.astype(np.int64) * len(ids_second) + in_second
+    unique, label = np.unique(keys, return_inverse=True)
+    labels = np.zeros(first.shape, np.uint64)
+    labels[both] = label.astype(np.uint64) + 1
+    pairs = np.stack([ids_first[unique // len(ids_second)], ids_second[unique % len(ids_second)]])
+    return labels, pairs.T.astype(np.uint64).reshape(-1, 2)
