@@ -7,9 +7,11 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from processes import BUDGET_MINUTES, minutes_spent, seconds_left
 
 # Keep TensorFlow's start-up chatter out of test output; one thread pool per test process.
@@ -36,7 +38,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not BUDGET_MINUTES:
         return
     spent = minutes_spent()
-    expensive = "slow" in item.keywords or "mpi" in item.keywords
+    expensive = _expensive(item)
     limit = BUDGET_MINUTES / 2 if expensive else BUDGET_MINUTES
     if spent > limit:
         kind = "slow/mpi test" if expensive else "test"
@@ -61,7 +63,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     yield
 
 
+def _expensive(item: pytest.Item) -> bool:
+    return "slow" in item.keywords or "mpi" in item.keywords
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The modules with the most slow/mpi tests first: pytest-xdist hands out work in this order,
+    # so the long runs start at once and the quick tests fill the end, not one worker alone.
+    expensive = Counter(item.module.__name__ for item in items if _expensive(item))
+    items.sort(key=lambda item: -expensive[item.module.__name__])
     reasons = {"mpi": _missing_mpi(), "browser": _missing_browser()}
     for item in items:
         for marker, reason in reasons.items():
@@ -106,6 +116,15 @@ def tiny_run(tmp_path_factory) -> Path:
 
     if _missing_mpi():
         pytest.skip(_missing_mpi())
-    run_dir = tmp_path_factory.mktemp("tiny") / "run"
-    workflow("--site", "local", "--config", str(TINY), "--run-dir", str(run_dir))
+    # Made once for the whole session, also when pytest-xdist runs it in several processes: the
+    # first to get here makes it, the others wait for it in the session's folder (each worker's
+    # temporary folder is one inside it).
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    run_dir = shared / "tiny" / "run"
+    with FileLock(shared / "tiny.lock"):
+        if not (run_dir / "report.md").is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)  # a try that failed
+            workflow("--site", "local", "--config", str(TINY), "--run-dir", str(run_dir))
     return run_dir
