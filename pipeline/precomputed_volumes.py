@@ -119,13 +119,14 @@ class PrecomputedArray:
                 )
         return VolumeReadError(f"{self._where}: cannot read its data ({first_line(exc)})")
 
-    def chunk_state(self, bounds: Sequence[tuple[int, int]]) -> dict:
+    def chunk_state(self, bounds: Sequence[tuple[int, int]], brick: int = 0) -> dict:
         """What scale 0's chunk files are now, without reading them: their number, bytes and a
         digest of every file's name, size, mtime_ns and ctime_ns. The whole scale's folder is
         listed (one scandir, a stat per file; a sharded layer's shard files alike), not only the
         files of `bounds`; the digest is a sum of one sha256 per file, so neither order nor
-        memory grows with the millions of files a large layer holds."""
-        del bounds
+        memory grows with the millions of files a large layer holds. No per-brick states
+        (`brick` is not used): a task reading a part of the layer is keyed on all of it."""
+        del bounds, brick
         files = size = total = 0
         if not self.folder.is_dir():  # no chunk written yet
             return {"files": 0, "bytes": 0, "state_sha256": f"{total:064x}"}

@@ -33,7 +33,14 @@ from pipeline.errors import (
     VoxelSizeError,
 )
 from pipeline.roi import Roi, check_apart, check_roi
-from pipeline.stamps import VolumeDigest, digest, digest_files, volume_digest, write_brick_digests
+from pipeline.stamps import (
+    VolumeDigest,
+    digest,
+    digest_files,
+    volume_digest,
+    write_brick_digests,
+    write_brick_sidecar,
+)
 from pipeline.synthetic import PRESETS, generate
 from pipeline.volumes import (
     FILL_MISSING,
@@ -401,7 +408,9 @@ def stage_in_place(
     chunk they read changes. A chunk of the box that is missing is an error here already (not
     only when a block reads it) unless the specs ask for `fill_missing`. Read in place, the
     voxels are what the source stores: the image must be uint8 and the labels of an integer
-    type. Returns the digest of the record."""
+    type. A zarr image's chunk states per 128^3 brick go beside the record
+    (`stamps.write_brick_sidecar`): each inference block is keyed on the chunks it reads.
+    Returns the digest of the record."""
     sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
     if sources["raw"].dtype != np.uint8:
         raise VolumeDtypeError(
@@ -415,7 +424,12 @@ def stage_in_place(
                 f"{sources['labels'].dtype}"
             )
     boxed = {name: str(header.spec.part(staged)) for name, header in sources.items()}
-    chunks = {name: chunk_state(spec) for name, spec in boxed.items()}
+    # Per brick of the image too: an inference block is keyed on the chunks it reads.
+    chunks = {
+        name: chunk_state(spec, stamps.BRICK if name == "raw" else 0)
+        for name, spec in boxed.items()
+    }
+    bricks = (chunks["raw"] or {}).pop("bricks", None)
     for name, spec in boxed.items():
         state, parsed = chunks[name] or {}, VolumeSpec.parse(spec)
         if state.get("missing") and not parsed.fill_missing:  # before any block reads the box
@@ -443,6 +457,12 @@ def stage_in_place(
             for name, header in sources.items()
         ],
     }
+    if bricks is not None:
+        # What a block's token holds besides the states of its chunks: no chunk state.
+        raw_source = {k: v for k, v in record["sources"][0].items() if k != "chunks"}  # raw first
+        unchunked = {k: record[k] for k in ("raw", "shape_zyx", "voxel_size_nm", "scored_roi")}
+        identity = digest(unchunked | {"source": raw_source})
+        record["brick_digests"] = write_brick_sidecar(Path(path), bricks, identity)
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(record, indent=2) + "\n")
     return digest(record)

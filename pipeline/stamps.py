@@ -135,12 +135,43 @@ def write_brick_digests(staged: "h5py.File", sha: VolumeDigest, name: str = "raw
     dataset.attrs["brick"] = BRICK
 
 
+def write_brick_sidecar(record: Path, grid: np.ndarray, identity: str) -> dict:
+    """Keep the brick states of a volume read in place (`ZarrInput.chunk_state`'s "bricks")
+    beside its staging record `record` (`_sidecar`), atomically; returns what the record says of
+    them (their sha256, the identity and the brick size), written after them, so a record never
+    takes the states of another staging for its own."""
+    with atomic_path(_sidecar(record)) as tmp, open(tmp, "wb") as out:
+        np.save(out, grid)
+    sha = hashlib.sha256(grid.tobytes()).hexdigest()
+    return {"sha256": sha, "identity": identity, "brick": BRICK}
+
+
+def _sidecar(record: Path) -> Path:
+    return record.with_name(record.name + ".bricks.npy")
+
+
+def _sidecar_digests(record: Path) -> tuple[str, int, np.ndarray] | None:
+    entry = json.loads(record.read_text()).get("brick_digests")
+    if not entry:
+        return None
+    try:
+        grid = np.load(_sidecar(record))
+    except (OSError, ValueError):
+        return None
+    if hashlib.sha256(grid.tobytes()).hexdigest() != entry["sha256"]:
+        return None  # not the states this record was written with
+    return str(entry["identity"]), int(entry["brick"]), grid
+
+
 @functools.lru_cache(maxsize=4)
 def _brick_digests(path: Path, state: tuple[int, ...]) -> tuple[str, int, np.ndarray] | None:
-    """(identity, brick size, brick digests) a staged volume keeps, None if it keeps none. Read
-    whole once per state of the file: the plan asks for every block of the volume."""
+    """(identity, brick size, brick digests) a staged volume keeps (a copy's dataset, a record's
+    sidecar), None if it keeps none. Read whole once per state of the file: the plan asks for
+    every block of the volume."""
     import h5py  # here: the workflow imports this module before it needs HDF5
 
+    if path.suffix == ".json":
+        return _sidecar_digests(path)
     if not h5py.is_hdf5(path):
         return None
     with h5py.File(path, "r") as staged:
@@ -153,8 +184,9 @@ def _brick_digests(path: Path, state: tuple[int, ...]) -> tuple[str, int, np.nda
 def region_token(path: str | os.PathLike, region: Roi) -> str | None:
     """Token of the part `region` of a staged volume that a task reads: the volume's identity
     (voxel size, scored part, dtype, shape) and the digests of the bricks `region` meets, so a
-    voxel changed elsewhere leaves it as it was. None when the volume keeps no brick digests
-    (staged before they were kept, or read in place): then the whole volume's token."""
+    voxel changed elsewhere leaves it as it was (read in place: the states of the chunk files
+    the part is read from). None when the volume keeps no brick digests (staged before they
+    were kept; a precomputed layer read in place): then the whole volume's token."""
     path = Path(path)
     try:
         stat = path.stat()

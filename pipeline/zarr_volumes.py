@@ -132,14 +132,17 @@ class ZarrInput:
                 )
         return VolumeReadError(f"{self.folder}: cannot read its data ({first_line(exc)})")
 
-    def chunk_state(self, bounds: Sequence[tuple[int, int]]) -> dict:
+    def chunk_state(self, bounds: Sequence[tuple[int, int]], brick: int = 0) -> dict:
         """What the chunk files of the box `bounds` are now, without reading them: the number of
         chunks, how many are missing (the first one's key), their bytes, and a sha256 over
         every chunk's key, size, mtime_ns and ctime_ns (ctime: a restore that keeps size and
         mtime, `cp -p`, still changes it). Cost: one stat per chunk of the box, streamed (O(1)
         memory): 10^12 voxels in 64^3 chunks are 3.8 million stats, seconds on a local disk,
-        minutes on a parallel file system (~10^4 stats/s)."""
+        minutes on a parallel file system (~10^4 stats/s). With `brick`, also "bricks": per
+        brick of that edge on a grid from the box's start, the states of the chunks it meets
+        (`BrickStates`), so that a task reading a part of the box is keyed on that part."""
         sha, chunks, missing, size, first = hashlib.sha256(), 0, 0, 0, ""
+        bricks = BrickStates(bounds, brick) if brick else None
         for coords in chunk_grid(bounds, self.chunks):
             key = self.key(coords)
             try:
@@ -151,10 +154,33 @@ class ZarrInput:
                 size += stat.st_size
             sha.update(f"{key} {state}\n".encode())
             chunks += 1
-        return {
+            if bricks is not None:
+                bricks.add(chunk_box(coords, self.chunks, self.shape), f"{key} {state}")
+        found = {
             "chunks": chunks,
             "missing": missing,
             "first_missing": first,
             "bytes": size,
             "state_sha256": sha.hexdigest(),
         }
+        return found if bricks is None else found | {"bricks": bricks.grid}
+
+
+class BrickStates:
+    """Per brick of a box (edge `brick`, on a grid from the box's start), a digest of the states
+    of the chunk files that hold its voxels: the XOR of one sha256 per chunk, so the chunks may
+    come in any order and a brick holds 32 bytes whatever the number of chunks it meets."""
+
+    def __init__(self, bounds: Sequence[tuple[int, int]], brick: int) -> None:
+        self.start = [a for a, _ in bounds]
+        self.brick = brick
+        self.grid = np.zeros([-(-(b - a) // brick) for a, b in bounds] + [32], np.uint8)
+
+    def add(self, chunk: Sequence[tuple[int, int]], state: str) -> None:
+        """A chunk's box (array coordinates) and its state."""
+        one = np.frombuffer(hashlib.sha256(state.encode()).digest(), np.uint8)
+        met = tuple(
+            slice(max(a - s, 0) // self.brick, -(-(b - s) // self.brick))
+            for (a, b), s in zip(chunk, self.start, strict=True)
+        )
+        self.grid[met] ^= one

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.blocks import Block, BlockConfig, block_path, infer_regions, plan_blocks
 from pipeline.roi import Roi
-from pipeline.staging import stage_files
+from pipeline.staging import read_staged, stage_files, stage_in_place
 from pipeline.stamps import (
     BRICK,
     BRICK_DIGESTS,
@@ -20,7 +20,7 @@ from pipeline.stamps import (
     run_once,
     why_stale,
 )
-from pipeline.volumes import VOXEL_SIZE_ATTR, write_volumes
+from pipeline.volumes import VOXEL_SIZE_ATTR, new_chunked_volume, open_volume, write_volumes
 
 SHAPE = (64, 256, 256)  # 1 x 2 x 2 bricks
 # 1 x 3 x 3 blocks, overlapping by 32 voxels in y and x (starts 0, 64, 128).
@@ -42,19 +42,18 @@ def run(tmp_path):
 
 
 def stage_task(run: dict, roi: str = "") -> Task:
-    settings = {"raw": f"{run['source']}:raw", "roi": roi}
+    settings = {"raw": run.get("spec", f"{run['source']}:raw"), "roi": roi}
     return Task("stage[eval]", "stage", settings, (run["source"],), (run["staged"],))
 
 
 def stage(run: dict, roi: str = "") -> str:
-    """The stage task of the volume to segment, as apps/stage.py runs it."""
+    """The stage task of the volume to segment, as apps/stage.py runs it: a copy of an HDF5
+    volume, a record of a zarr one read in place."""
     task = stage_task(run, roi)
     staged = task.outputs[0]
+    how = stage_in_place if staged.suffix == ".json" else stage_files
     return run_once(
-        task.settings,
-        task.inputs,
-        task.outputs,
-        lambda: stage_files(staged, task.settings["raw"], roi=roi),
+        task.settings, task.inputs, task.outputs, lambda: how(staged, task.settings["raw"], roi=roi)
     )
 
 
@@ -78,8 +77,8 @@ def infer_all(run: dict, blocks=BLOCKS) -> set[int]:
         output = task.outputs[0]
 
         def work(block=block, output=output) -> str:
-            with h5py.File(run["staged"], "r") as f:
-                output.write_text(str(int(f["raw"][block.slices].sum())))
+            with open_volume(read_staged(run["staged"]).raw) as raw:
+                output.write_text(str(int(raw[block.slices].sum())))
             return output.read_text()
 
         output.parent.mkdir(exist_ok=True)
@@ -165,3 +164,31 @@ def test_a_volume_staged_before_brick_digests_keys_every_block_on_the_whole_volu
     )
     assert infer_all(run) == set(range(len(BLOCKS)))
     assert infer_all(run) == set()
+
+
+@pytest.fixture
+def zarr_run(run, tmp_path):
+    """The same volume as zarr (chunks of 32 x 64 x 64, so a 128^3 brick holds several), read in
+    place: the stage writes a record, the blocks read the user's chunks."""
+    with h5py.File(run["source"], "r") as f:
+        image, voxel_size = f["raw"][...], tuple(f["raw"].attrs[VOXEL_SIZE_ATTR])
+    source = tmp_path / "user" / "em.zarr"
+    new_chunked_volume(source, "raw", SHAPE, np.uint8, voxel_size, (32, 64, 64))
+    with open_volume(f"{source}:raw", writable=True) as target:
+        target[...] = image
+    # The stage's input is the chunks' folder (as staging.source_files names it).
+    return run | {
+        "source": source / "raw",
+        "spec": f"{source}:raw",
+        "staged": tmp_path / "staged" / "eval.json",
+    }
+
+
+def test_a_chunk_rewritten_in_a_volume_read_in_place_reruns_only_the_blocks_over_it(zarr_run):
+    stage(zarr_run)
+    assert infer_all(zarr_run) == set(range(len(BLOCKS)))
+    with open_volume(zarr_run["spec"], writable=True) as target:  # one voxel: one chunk rewritten
+        target[30, 200, 20] ^= 1
+    assert stage(zarr_run) == "ran"
+    assert infer_all(zarr_run) == blocks_meeting(brick_of((30, 200, 20))) != set(range(len(BLOCKS)))
+    assert infer_all(zarr_run) == set()

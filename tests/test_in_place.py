@@ -103,7 +103,8 @@ def test_a_chunked_volume_is_staged_as_a_record_and_read_in_place(source, tmp_pa
     settings = role_settings(data, "eval", CONTEXT)
     assert settings["in_place"]
     token = stage_role(tmp_path / "eval.json", settings)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]  # no voxel copied
+    # No voxel copied: the record, and its chunk files' states per brick.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "eval.json.bricks.npy"]
     assert (tmp_path / "eval.json").stat().st_size < 4096
 
     staged = read_staged(tmp_path / "eval.json")
