@@ -138,6 +138,14 @@ def test_a_new_venv_gets_the_wheel_and_the_cpu_build(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_venvs_in_two_places_do_not_share_a_wheel_built_against_the_mpich_wheel(tmp_path):
+    """Horovod's library finds the mpich wheel's libmpi through RUNPATH <venv>/lib: a clone's
+    venv given the first venv's build loaded the first venv's MPI (and broke without it)."""
+    first, second = (cache_dir(setup(tmp_path / n, DRY_RUN="1").stdout) for n in ("a", "b"))
+    assert first != second and "-mpich-wheel-" in first
+    assert cache_dir(setup(tmp_path / "a", DRY_RUN="1").stdout) == first  # a venv made again
+
+
 # -- MPI=system: the site's MPI builds Horovod, and names its cached wheel --
 def test_the_sites_mpi_is_named_and_gets_a_wheel_cache_of_its_own(tmp_path):
     mpich = stand_in_mpich(tmp_path / "mpich-4.1.2", "4.1.2")

@@ -183,7 +183,10 @@ build_flags=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
 if [[ $MPI == wheel ]]; then
   mpich_pin=$(grep -i '^mpich==' <<<"$requirements")
   # The venv's bin/ is first on PATH during the build: FindMPI takes the wheel's mpiexec and mpicxx.
-  mpi_name="MPICH ${mpich_pin#*==}" mpi_wrapper="$VENV/bin/mpicxx" mpi_detail=$mpich_pin
+  # The wheel's libmpi is found through the RUNPATH the build records, <venv>/lib: a wheel built
+  # for one venv is another's only where that venv is, so its place names the cache too.
+  mpi_name="MPICH ${mpich_pin#*==}" mpi_wrapper="$VENV/bin/mpicxx"
+  mpi_detail="$mpich_pin"$'\n'"$(realpath -m "$VENV")"
   mpi_tag="mpich-wheel-${mpich_pin#*==}"
 else
   requirements=$(grep -v -i '^mpich==' <<<"$requirements")
