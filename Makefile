@@ -19,11 +19,12 @@ demo: env
 
 # Two test processes (pytest-xdist): most of a test's time is a started process importing
 # TensorFlow or waiting on one, so two share 2 cores well; a class or module stays on one process
-# (its fixtures are made once). TEST_WORKERS=0 runs them in this process.
+# (its fixtures are made once), handed out in the order conftest.py sorts them (longest first).
+# TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 
 test: env lint
-	$(RUN) python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(RUN) python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: env
 	$(RUN) ruff check .

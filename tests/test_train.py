@@ -89,6 +89,7 @@ def test_one_rank_learns_the_object_masks(training_data, tmp_path):
     assert saved["config"]["model"]["fov_shape_zyx"] == [9, 17, 17]  # the resolved config is kept
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(training_data, tmp_path):
     flags = ("--max-steps", "40", "--log-every-steps", "2", "--checkpoint-every-steps", "6")
     process = subprocess.Popen(
@@ -127,6 +128,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(training_data, tmp_path):
     assert summary["optimizer_iterations"] == 40
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_loss_curve(training_data, eight_steps, tmp_path):
     train(training_data, tmp_path / "same", "--max-steps", "8", *SHORT)
     train(training_data, tmp_path / "other", "--max-steps", "8", *SHORT, "--seed", "5")
@@ -165,6 +167,7 @@ def test_threads_can_be_set_per_rank(training_data, tmp_path):
     assert env == os.environ
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start", ["checkpoint", "shipped-folder"])
 def test_fine_tuning_starts_from_given_weights_with_a_fresh_optimizer(
     training_data, eight_steps, tmp_path, start
@@ -236,6 +239,7 @@ def test_a_diverging_training_stops_at_once_and_writes_no_checkpoint(training_da
     assert not (tmp_path / "train_summary.json").exists()
 
 
+@pytest.mark.slow
 def test_an_unreadable_checkpoint_is_set_aside_and_the_one_before_used(
     training_data, eight_steps, tmp_path
 ):
@@ -261,6 +265,7 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_one_before_used(
     assert "error: no readable checkpoint in" in failed.stderr and "Traceback" not in failed.stderr
 
 
+@pytest.mark.slow
 def test_only_bookkeeping_changes_go_on_from_the_checkpoints(training_data, eight_steps, tmp_path):
     run = copy_of(eight_steps, tmp_path / "run")
     more = train(training_data, run, "--max-steps", "10", *SHORT)
