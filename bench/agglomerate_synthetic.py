@@ -27,11 +27,11 @@ Measured 2026-11-27, 2-core AMD EPYC shared with other jobs (times are rough), d
 import argparse
 import dataclasses
 import json
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_name  # bench/machine.py
 
 import pipeline  # noqa: F401  (sets TensorFlow's oneDNN flag before TF loads)
 from pipeline.agglomeration import (
@@ -65,16 +65,6 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-fov-evaluations-per-fill", type=int, default=defaults.max_fov_evaluations_per_fill)
     add("--min-contact", type=int, default=defaults.min_contact)
     return parser
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def first_pass(raw, predict, model, path: Path) -> tuple[np.ndarray, int, float]:

@@ -25,12 +25,12 @@ and a run stopped by `--max-minutes` (or killed) is continued by the same comman
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_name  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,16 +40,6 @@ import pipeline  # noqa: E402,F401  (sets oneDNN on before TensorFlow loads)
 FIB25 = ROOT.parent / "shared" / "models" / "google-ffn-fib25" / "model.ckpt-27465036"
 TARGET_SHAPE = (250, 250, 250)
 TARGET_SECONDS = 15 * 60
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def load_volume(args: argparse.Namespace) -> tuple[np.ndarray, str]:
@@ -172,7 +162,7 @@ def main() -> int:
     predict = make_model_predictor(model)
     fov = model_config.fov_shape_zyx
     gflop = forward_flops_per_fov(model_config) / 1e9
-    machine = f"{_cpu_model()}, {os.cpu_count()} cores"
+    machine = f"{cpu_name()}, {os.cpu_count()} cores"
     print(
         f"machine: {machine}; volume {raw.shape} ({source}, {prepare_s:.0f} s to prepare); "
         f"model depth {model_config.depth}, FOV {fov}, {gflop:.1f} GFLOP/FOV, {args.precision}, "

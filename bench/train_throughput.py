@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name  # bench/machine.py
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -180,7 +182,7 @@ def main() -> None:
     precisions = ["float32"] + ([] if args.skip_bf16 else ["mixed_bfloat16"])
     train_flop_per_fov = 3 * forward_flops_per_fov(ModelConfig())
     results: dict = {
-        "machine": f"{platform.processor() or platform.machine()}, {threads} cores, {_cpu_model()}",
+        "machine": f"{platform.processor() or platform.machine()}, {threads} cores, {cpu_name()}",
         "date": time.strftime("%Y-%m-%d"),
         "batch_size_per_rank": args.batch_size,
         "train_gflop_per_fov": train_flop_per_fov / 1e9,
@@ -224,13 +226,6 @@ def main() -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.json}")
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 if __name__ == "__main__":
