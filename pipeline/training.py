@@ -259,6 +259,9 @@ class BatchStream:
         with np.load(io.BytesIO(state)) as arrays:
             saved = {name: arrays[name] for name in arrays.files}
         self.examples_started = int(saved["examples_started"])
+        if sum(name.endswith("/index") for name in saved) != batch_size:  # another batch size
+            self._slots = [self._next_trajectory() for _ in range(batch_size)]
+            return
         self._slots = []
         for i in range(batch_size):
             index = int(saved[f"{i}/index"])

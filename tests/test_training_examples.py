@@ -110,3 +110,22 @@ class TestBatchStream:
         _, seeds, _ = stream.next_batch()
         stream.write_back(np.full_like(seeds, 7.0))
         assert all(np.all(fov.seed == 7.0) for fov in stream._current)
+
+    def test_a_stream_built_from_its_state_hands_out_what_the_saved_one_would(self):
+        """What a resumed training relies on: the examples in flight go on where they were."""
+        moving = np.full((3, 5, 9, 9, 1), 5.0, np.float32)  # every move's target looks inside
+        original = self.stream()
+        for _ in range(2):
+            original.next_batch()
+            original.write_back(moving)
+        saved = original.state()
+        coords = original.coords
+        resumed = BatchStream(two_slabs(), coords, MODEL, ExampleConfig(), 3, seed=0, state=saved)
+        for _ in range(3):
+            for x, y in zip(original.next_batch(), resumed.next_batch(), strict=True):
+                np.testing.assert_array_equal(x, y)
+            original.write_back(moving)
+            resumed.write_back(moving)
+        # Another batch size cannot take the walks: it starts new examples at the cursor.
+        other = BatchStream(two_slabs(), coords, MODEL, ExampleConfig(), 2, seed=0, state=saved)
+        assert other.examples_started == 3 + 2 and len(other.next_batch()[0]) == 2
