@@ -33,6 +33,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import fastremap
 import numpy as np
 from scipy import ndimage, sparse
 from scipy.sparse.csgraph import connected_components
@@ -356,13 +357,10 @@ def merge_lookup(pairs_to_merge: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def relabel(segmentation: np.ndarray, ids: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """`segmentation` with every id in `ids` (sorted) replaced by its target (uint64)."""
-    out = segmentation.astype(np.uint64)
-    if not len(ids):
-        return out
-    where = np.clip(np.searchsorted(ids, out), 0, len(ids) - 1)
-    listed = ids[where] == out
-    out[listed] = targets[where[listed]]
-    return out
+    mapping = dict(zip(ids.tolist(), targets.tolist(), strict=True))
+    return fastremap.remap(
+        segmentation.astype(np.uint64), mapping, preserve_missing_labels=True, in_place=True
+    )
 
 
 # ---------------------------------------------------------------------------------------------
