@@ -11,6 +11,7 @@ be decoded is named too.
 
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,10 +25,12 @@ from pipeline.errors import (
     VolumeShapeError,
     first_line,
 )
-from pipeline.roi import chunk_box, chunk_grid, index_bounds
+from pipeline.roi import BrickStates, chunk_box, chunk_grid, index_bounds
 
 PREFIX = "precomputed://"
 FILE_SCHEME = "file://"
+# An unsharded chunk file's name: its voxels x0-x1_y0-y1_z0-z1 (cloud-volume, gzip or not).
+CHUNK_NAME = re.compile(r"(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)(?:\.gz|\.br|\.zstd)?")
 
 
 def is_precomputed(spec: str) -> bool:
@@ -124,12 +127,15 @@ class PrecomputedArray:
         digest of every file's name, size, mtime_ns and ctime_ns. The whole scale's folder is
         listed (one scandir, a stat per file; a sharded layer's shard files alike), not only the
         files of `bounds`; the digest is a sum of one sha256 per file, so neither order nor
-        memory grows with the millions of files a large layer holds. No per-brick states
-        (`brick` is not used): a task reading a part of the layer is keyed on all of it."""
-        del bounds, brick
+        memory grows with the millions of files a large layer holds. With `brick`, also
+        "bricks": per brick of `bounds` (`BrickStates`) the states of the chunk files over it,
+        placed by their names (x0-x1_y0-y1_z0-z1); a shard file, whose chunks its name does not
+        tell, counts in every brick."""
         files = size = total = 0
+        bricks = BrickStates(bounds, brick) if brick else None
+        found = {"files": 0, "bytes": 0, "state_sha256": f"{total:064x}"}
         if not self.folder.is_dir():  # no chunk written yet
-            return {"files": 0, "bytes": 0, "state_sha256": f"{total:064x}"}
+            return found if bricks is None else found | {"bricks": bricks.grid}
         with os.scandir(self.folder) as listing:
             for entry in listing:
                 if not entry.is_file():
@@ -140,4 +146,17 @@ class PrecomputedArray:
                     1 << 256
                 )
                 files, size = files + 1, size + stat.st_size
-        return {"files": files, "bytes": size, "state_sha256": f"{total:064x}"}
+                if bricks is not None:
+                    bricks.add(self._chunk_bounds(entry.name), one)
+        found = {"files": files, "bytes": size, "state_sha256": f"{total:064x}"}
+        return found if bricks is None else found | {"bricks": bricks.grid}
+
+    def _chunk_bounds(self, name: str) -> list[tuple[int, int]] | None:
+        """The (z, y, x) box in array coordinates of an unsharded chunk file's name, None for
+        any other file (a shard)."""
+        match = CHUNK_NAME.fullmatch(name)
+        if match is None:
+            return None
+        x0, x1, y0, y1, z0, z1 = (int(n) for n in match.groups())
+        ox, oy, oz = self._offset_xyz
+        return [(z0 - oz, z1 - oz), (y0 - oy, y1 - oy), (x0 - ox, x1 - ox)]

@@ -4,9 +4,12 @@ An ROI is written as in the config, z, y, x, each `start:stop` in voxels (stop e
 Python slice): `"0:90, 0:250, 0:250"`. "" is the whole volume.
 """
 
+import hashlib
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from pipeline.errors import ConfigError, VolumeShapeError
 
@@ -161,3 +164,27 @@ def chunk_box(
 ) -> list[tuple[int, int]]:
     """The (start, stop) per axis of the chunk at grid `coords`, clipped at the array's end."""
     return [(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, chunks, shape, strict=True)]
+
+
+class BrickStates:
+    """Per brick of a box (edge `brick`, on a grid from the box's start), a digest of the states
+    of the chunk files that hold its voxels: the XOR of one sha256 per chunk, so the chunks may
+    come in any order and a brick holds 32 bytes whatever the number of chunks it meets."""
+
+    def __init__(self, bounds: Sequence[tuple[int, int]], brick: int) -> None:
+        self.start = [a for a, _ in bounds]
+        self.brick = brick
+        self.grid = np.zeros([-(-(b - a) // brick) for a, b in bounds] + [32], np.uint8)
+
+    def add(self, chunk: Sequence[tuple[int, int]] | None, state: str) -> None:
+        """A chunk's box (array coordinates; parts outside the box are not counted), or None
+        for a file that holds voxels of any brick (a shard): then every brick."""
+        one = np.frombuffer(hashlib.sha256(state.encode()).digest(), np.uint8)
+        if chunk is None:
+            self.grid ^= one
+            return
+        met = tuple(
+            slice(max(a - s, 0) // self.brick, max(-(-(b - s) // self.brick), 0))
+            for (a, b), s in zip(chunk, self.start, strict=True)
+        )
+        self.grid[met] ^= one

@@ -245,8 +245,8 @@ def read_header(
 def chunk_state(spec: "str | VolumeSpec", brick: int = 0) -> dict | None:
     """What the chunk files a zarr or precomputed volume's box (its `box`, else all of it) is
     read from are now, read without their voxels (`ZarrInput.chunk_state`,
-    `PrecomputedArray.chunk_state`: a stat per chunk file; with `brick`, a zarr array's states
-    per brick of the box too); None for HDF5 (its file's own state says it)."""
+    `PrecomputedArray.chunk_state`: a stat per chunk file; with `brick`, the states per
+    brick of the box too); None for HDF5 (its file's own state says it)."""
     spec = VolumeSpec.parse(spec)
     if not spec.precomputed and not is_zarr(spec.path):
         return None

@@ -29,7 +29,7 @@ from pipeline.errors import (
     VolumeReadError,
     first_line,
 )
-from pipeline.roi import chunk_box, chunk_grid, index_bounds
+from pipeline.roi import BrickStates, chunk_box, chunk_grid, index_bounds
 
 SUFFIX = ".zarr"
 COMPRESSOR = Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE)
@@ -164,23 +164,3 @@ class ZarrInput:
             "state_sha256": sha.hexdigest(),
         }
         return found if bricks is None else found | {"bricks": bricks.grid}
-
-
-class BrickStates:
-    """Per brick of a box (edge `brick`, on a grid from the box's start), a digest of the states
-    of the chunk files that hold its voxels: the XOR of one sha256 per chunk, so the chunks may
-    come in any order and a brick holds 32 bytes whatever the number of chunks it meets."""
-
-    def __init__(self, bounds: Sequence[tuple[int, int]], brick: int) -> None:
-        self.start = [a for a, _ in bounds]
-        self.brick = brick
-        self.grid = np.zeros([-(-(b - a) // brick) for a, b in bounds] + [32], np.uint8)
-
-    def add(self, chunk: Sequence[tuple[int, int]], state: str) -> None:
-        """A chunk's box (array coordinates) and its state."""
-        one = np.frombuffer(hashlib.sha256(state.encode()).digest(), np.uint8)
-        met = tuple(
-            slice(max(a - s, 0) // self.brick, -(-(b - s) // self.brick))
-            for (a, b), s in zip(chunk, self.start, strict=True)
-        )
-        self.grid[met] ^= one

@@ -6,6 +6,7 @@ changed in the volume to segment re-runs only the blocks that read its brick
 import h5py
 import numpy as np
 import pytest
+from test_volumes import write_precomputed
 
 from pipeline.blocks import Block, BlockConfig, block_path, infer_regions, plan_blocks
 from pipeline.roi import Roi
@@ -192,3 +193,44 @@ def test_a_chunk_rewritten_in_a_volume_read_in_place_reruns_only_the_blocks_over
     assert stage(zarr_run) == "ran"
     assert infer_all(zarr_run) == blocks_meeting(brick_of((30, 200, 20))) != set(range(len(BLOCKS)))
     assert infer_all(zarr_run) == set()
+
+
+@pytest.fixture
+def precomputed_run(run, tmp_path):
+    """The same volume as a precomputed layer (chunks of 64 x 64 x 32 voxels in x, y, z, and a
+    voxel offset), read in place."""
+    with h5py.File(run["source"], "r") as f:
+        image, voxel_size = f["raw"][...], tuple(f["raw"].attrs[VOXEL_SIZE_ATTR])
+    layer = tmp_path / "user" / "em"
+    spec = write_precomputed(layer, image, voxel_size, chunk_xyz=(64, 64, 32))
+    scale = next(p for p in layer.iterdir() if p.is_dir())  # scale 0's chunk files
+    return run | {"source": scale, "spec": spec, "staged": tmp_path / "staged" / "eval.json"}
+
+
+def test_a_chunk_rewritten_in_a_precomputed_layer_reruns_only_the_blocks_over_it(precomputed_run):
+    from cloudvolume import CloudVolume
+
+    stage(precomputed_run)
+    assert infer_all(precomputed_run) == set(range(len(BLOCKS)))
+    layer = CloudVolume(precomputed_run["spec"][len("precomputed://") :], progress=False)
+    ox, oy, oz = (int(o) for o in layer.voxel_offset)
+    z, y, x = 30, 200, 20  # one chunk rewritten (x 0-64, y 192-256, z 0-32)
+    chunk = layer[ox : ox + 64, oy + 192 : oy + 256, oz : oz + 32]
+    chunk[x, y - 192, z] ^= 1
+    layer[ox : ox + 64, oy + 192 : oy + 256, oz : oz + 32] = chunk
+    assert stage(precomputed_run) == "ran"
+    changed = blocks_meeting(brick_of((z, y, x)))
+    assert infer_all(precomputed_run) == changed != set(range(len(BLOCKS)))
+    assert infer_all(precomputed_run) == set()
+
+
+def test_a_file_of_a_precomputed_layer_not_named_for_its_voxels_reruns_every_block(
+    precomputed_run,
+):
+    """A shard file's name does not say which voxels it holds: a change to one keys every
+    block anew."""
+    stage(precomputed_run)
+    infer_all(precomputed_run)
+    (precomputed_run["source"] / "0.shard").write_bytes(b"stand-in for a shard")
+    assert stage(precomputed_run) == "ran"
+    assert infer_all(precomputed_run) == set(range(len(BLOCKS)))

@@ -370,7 +370,9 @@ class TestZarrVolumes:
         assert list(tmp_path.iterdir()) == []
 
 
-def write_precomputed(folder, array: np.ndarray, voxel_size_zyx, layer_type="image"):
+def write_precomputed(
+    folder, array: np.ndarray, voxel_size_zyx, layer_type="image", chunk_xyz=(8, 8, 4)
+):
     """A precomputed layer of a (z, y, x) array as other tools write them: (x, y, z) order, an
     anisotropic voxel size, a voxel offset, several chunks."""
     from cloudvolume import CloudVolume
@@ -383,7 +385,7 @@ def write_precomputed(folder, array: np.ndarray, voxel_size_zyx, layer_type="ima
         resolution=list(voxel_size_zyx[::-1]),
         voxel_offset=[7, 5, 3],
         volume_size=list(array.shape[::-1]),
-        chunk_size=[8, 8, 4],
+        chunk_size=list(chunk_xyz),
     )
     volume = CloudVolume(f"file://{folder}", info=info, progress=False)
     volume.commit_info()
