@@ -18,7 +18,7 @@ from pathlib import Path
 
 from machine import cpu_name  # bench/machine.py
 
-from pipeline.stamps import _folder_state
+from pipeline.stamps import folder_state
 
 
 def make_files(folder: Path, count: int) -> None:
@@ -41,7 +41,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for with_mtime in (False, True):
                 started = time.perf_counter()
-                _folder_state(folder, with_mtime=with_mtime)
+                folder_state(folder, with_mtime=with_mtime)
                 seconds[with_mtime].append(time.perf_counter() - started)
     old, new = (statistics.median(seconds[k]) for k in (False, True))
     print(f"{args.files:,} files, {cpu_name()}, median of {args.repeats}:")

@@ -237,7 +237,7 @@ def output_state(path: str | os.PathLike) -> object:
     if path.is_file():
         return _file_state(path)
     if path.is_dir():  # a folder (the export)
-        return _folder_state(path)
+        return folder_state(path)
     return None
 
 
@@ -270,7 +270,7 @@ def _stats_under(
 FOLDER_STATE = "name size mtime_ns"
 
 
-def _folder_state(folder: Path, with_mtime: bool = True) -> list:
+def folder_state(folder: Path, with_mtime: bool = True) -> list:
     """[files, bytes, digest of every file's name, size and mtime, FOLDER_STATE] under `folder`
     (with `with_mtime` False: [files, bytes, digest of names and sizes], the older state). The
     digest is a sum of one sha256 per file, so its order does not matter: nothing is held or
@@ -296,7 +296,7 @@ def _state_as_recorded(path: Path, recorded: object) -> object:
     """`output_state(path)` as `recorded` was made: a folder's state of an older stamp (names
     and sizes) is read the older way."""
     if isinstance(recorded, list) and len(recorded) == 3 and path.is_dir():
-        return _folder_state(path, with_mtime=False)
+        return folder_state(path, with_mtime=False)
     return output_state(path)
 
 

@@ -161,13 +161,13 @@ def test_a_task_that_rewrites_its_own_output_later_is_up_to_date_after(tmp_path,
 def test_a_folders_stamp_from_before_mtimes_is_still_up_to_date(tmp_path, source):
     """A stamp written before the state had mtimes (names and sizes): read as it was made, so
     an upgrade does not run every stitch and export again; a truncated file is still seen."""
-    from pipeline.stamps import _folder_state
+    from pipeline.stamps import folder_state
 
     folder = tmp_path / "export"
     run_once({}, [source], [folder], chunked(folder))
     stamp = json.loads(stamp_path(folder).read_text())
     assert len(stamp["outputs"]["export"]) == 4  # files, bytes, digest, what it covers
-    stamp["outputs"]["export"] = _folder_state(folder, with_mtime=False)
+    stamp["outputs"]["export"] = folder_state(folder, with_mtime=False)
     stamp_path(folder).write_text(json.dumps(stamp))
     assert why_stale({}, [source], [folder]) is None
     (folder / "info").write_bytes(b"cut")
