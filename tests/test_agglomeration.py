@@ -101,7 +101,7 @@ def test_planted_split_is_rejoined(tissue, network):
 def test_true_neighbours_stay_apart(tissue, network):
     """The 8 pairs of different objects that share the most membrane are kept apart (on seed 2,
     so are all of the 12 largest). Where a membrane is faint the model merges two objects: that
-    is why `min_recovered` is high (bench/agglomerate_synthetic.py)."""
+    is why `min_recovered` is high (bench/agglomerate.py)."""
     raw, labels = tissue
     table = candidate_pairs(labels, min_contact=CONFIG.min_contact, max_gap=GAP)
     largest = np.argsort(-table.contacts, kind="stable")[:8]

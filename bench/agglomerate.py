@@ -1,0 +1,275 @@
+"""Does agglomeration help? A first pass, then agglomeration of its touching pairs
+(pipeline.agglomeration), scored before and after against the ground truth.
+
+Run by hand (not a test), from the repository root, on one of:
+
+    PATH=.venv/bin:$PATH python bench/agglomerate.py --synthetic-seed 1
+    PATH=.venv/bin:$PATH python bench/agglomerate.py --run-dir data/runs/flyem-fib25-selection
+
+--synthetic-seed: the demo model (`models/demo-synthetic`) segments a synthetic volume with the
+demo's inference settings (`pipeline.inference.segment`, whole volume; kept in --workdir, so a
+second run only agglomerates). Seed 1 is the demo's scored volume, seed 2 its selection volume.
+
+--run-dir: a finished workflow run with labels: its staged volume (the scored part and its
+context), its stitched segmentation, its model (selection.json) and inference settings. The
+pairs are found and filled over the whole staged volume; scores are of the scored part only,
+as the workflow's evaluation scores it. configs/flyem_fib25_selection.toml is the run where the
+thresholds are chosen (the selection part), configs/flyem_fib25.toml the one that is scored.
+
+Every pair's measures are written to --output (JSON), so that thresholds can be chosen from
+them without filling again: --sweep prints the scores a grid of thresholds would give (on the
+tuning volume), --decisions FILE reuses the fills of an earlier --output instead of filling.
+Prints VI split / merge before and after, the pairs tested and merged (and how many of the
+merged pairs are truly one object: the same majority ground-truth id), the FOV evaluations and
+time of both passes, and the CPU.
+"""
+
+import argparse
+import dataclasses
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from machine import cpu_name  # noqa: E402  (bench/machine.py)
+
+import pipeline  # noqa: E402, F401  (sets TensorFlow's oneDNN flag before TF loads)
+from pipeline.agglomeration import (  # noqa: E402
+    AgglomerationConfig,
+    PairDecision,
+    candidate_pairs,
+    decide_pairs,
+    merge_lookup,
+    relabel,
+)
+from pipeline.export import segmentation_spec  # noqa: E402
+from pipeline.inference import (  # noqa: E402
+    InferenceConfig,
+    checkpoint_model_config,
+    predictor_from_checkpoint,
+    segment,
+)
+from pipeline.metrics import score_segmentation  # noqa: E402
+from pipeline.run_config import load_run_config  # noqa: E402
+from pipeline.selection import chosen_checkpoint  # noqa: E402
+from pipeline.staging import read_staged  # noqa: E402
+from pipeline.synthetic import SyntheticConfig, generate  # noqa: E402
+from pipeline.volumes import open_volume  # noqa: E402
+
+DEMO_CHECKPOINT = ROOT / "models/demo-synthetic/checkpoints/ckpt-0"
+SWEEP_RECOVERED = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+SWEEP_JACCARD = (0.3, 0.5, 0.7, 0.8)
+
+
+@dataclasses.dataclass
+class FirstPass:
+    """What agglomeration starts from, and where it is scored."""
+
+    raw: np.ndarray
+    labels: np.ndarray
+    segmentation: np.ndarray
+    scored: tuple[slice, ...]
+    checkpoint: Path
+    inference: InferenceConfig
+    fov_evaluations: int
+    seconds: float | None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--synthetic-seed", type=int, help="1 scored, 2 for tuning")
+    source.add_argument("--run-dir", type=Path, help="a finished workflow run with labels")
+    add("--workdir", type=Path, default=ROOT / "data/bench/agglomerate")
+    add("--output", type=Path, default=None, help="write the results here as JSON")
+    add("--decisions", type=Path, default=None, help="an earlier --output: its fills, reused")
+    add("--sweep", action="store_true", help="print the scores over a grid of thresholds")
+    defaults = AgglomerationConfig()
+    for field in dataclasses.fields(AgglomerationConfig):
+        add(f"--{field.name.replace('_', '-')}", type=field.type, default=getattr(defaults, field.name))  # fmt: skip
+    return parser
+
+
+def _read(spec: str) -> np.ndarray:
+    with open_volume(spec) as array:
+        return array[...]
+
+
+def synthetic_first_pass(seed: int, workdir: Path) -> FirstPass:
+    """The demo model's first pass on synthetic volume `seed`, from `workdir` if kept there."""
+    raw, labels = generate(SyntheticConfig(seed=seed))
+    path = workdir / f"first_pass_seed{seed}.npz"
+    if not path.is_file():
+        model = checkpoint_model_config(DEMO_CHECKPOINT)
+        predict = predictor_from_checkpoint(DEMO_CHECKPOINT, model)
+        segmentation, stats = segment(raw, predict, model, InferenceConfig(), progress=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(
+            path, segmentation=segmentation, fov_evaluations=stats.fov_evaluations,
+            seconds=stats.seconds,
+        )  # fmt: skip
+    with np.load(path) as kept:
+        return FirstPass(
+            raw, labels, kept["segmentation"], (slice(None),) * 3, DEMO_CHECKPOINT,
+            InferenceConfig(), int(kept["fov_evaluations"]), float(kept["seconds"]),
+        )  # fmt: skip
+
+
+def run_first_pass(run_dir: Path) -> FirstPass:
+    """A finished workflow run's staged volume and stitched segmentation (whole staged region)."""
+    staged_path = next(p for p in (run_dir / "staged/eval.h5", run_dir / "staged/eval.json") if p.exists())  # fmt: skip
+    staged = read_staged(staged_path)
+    if not staged.labels:
+        sys.exit(f"{run_dir}: its evaluated volume has no labels; nothing to score")
+    stitched = json.loads((run_dir / "inference/stitch.json").read_text())
+    return FirstPass(
+        _read(staged.raw),
+        _read(staged.labels),
+        _read(segmentation_spec(run_dir / "precomputed")),
+        staged.scored.slices if staged.scored else (slice(None),) * 3,
+        chosen_checkpoint(run_dir / "selection.json"),
+        load_run_config(run_dir / "config.json").inference,
+        int(stitched["inference"]["fov_evaluations"]),
+        None,
+    )
+
+
+def majority_truth(segmentation: np.ndarray, labels: np.ndarray) -> dict[int, int]:
+    """Each segment's most overlapping ground-truth id (0 ignored)."""
+    both = (segmentation > 0) & (labels > 0)
+    keys, counts = np.unique(
+        np.stack([segmentation[both], labels[both]], axis=1), axis=0, return_counts=True
+    )
+    order = np.lexsort((-counts, keys[:, 0]))
+    segments, first = np.unique(keys[order, 0], return_index=True)
+    return dict(zip(segments.tolist(), keys[order[first], 1].tolist(), strict=True))
+
+
+def scores(segmentation: np.ndarray, first: FirstPass) -> dict:
+    s = score_segmentation(segmentation[first.scored], first.labels[first.scored])
+    return {
+        "vi_split": s.vi_split,
+        "vi_merge": s.vi_merge,
+        "vi": s.vi,
+        "adapted_rand_error": s.adapted_rand_error,
+        "segments": s.segments,
+    }
+
+
+def merges(decisions: list[PairDecision], min_jaccard: float, min_recovered: float) -> np.ndarray:
+    """The pairs the thresholds merge, as decide_pair decides (measures kept, thresholds anew)."""
+    merged = [
+        (d.a, d.b)
+        for d in decisions
+        if d.seeded and d.jaccard >= min_jaccard and min(d.recovered_a, d.recovered_b) >= min_recovered
+    ]  # fmt: skip
+    return np.array(merged, np.uint64).reshape(-1, 2)
+
+
+def agglomerated(segmentation: np.ndarray, merged: np.ndarray) -> np.ndarray:
+    return relabel(segmentation.copy(), *merge_lookup(merged)) if len(merged) else segmentation
+
+
+def fill_pairs(first: FirstPass, config: AgglomerationConfig) -> tuple[list[PairDecision], float]:
+    """Every candidate pair's decision, and the seconds it took."""
+    model = checkpoint_model_config(first.checkpoint)
+    predict = predictor_from_checkpoint(first.checkpoint, model)
+    started = time.perf_counter()
+    table = candidate_pairs(
+        first.segmentation, min_contact=config.min_contact, max_gap=config.max_gap
+    )
+    print(f"{len(table)} candidate pairs", flush=True)
+    decisions = decide_pairs(
+        lambda box: first.raw[box], lambda box: first.segmentation[box], first.segmentation.shape,
+        table, predict, model, first.inference, config,
+    )  # fmt: skip
+    return decisions, time.perf_counter() - started
+
+
+def sweep(first: FirstPass, decisions: list[PairDecision]) -> list[dict]:
+    rows = []
+    for jaccard, recovered in itertools.product(SWEEP_JACCARD, SWEEP_RECOVERED):
+        merged = merges(decisions, jaccard, recovered)
+        after = scores(agglomerated(first.segmentation, merged), first)
+        rows.append({"min_jaccard": jaccard, "min_recovered": recovered, "merged": len(merged)} | after)  # fmt: skip
+        print(
+            f"min_jaccard {jaccard:.2f} min_recovered {recovered:.2f}: merged {len(merged):3d}  "
+            f"VI {after['vi_split']:.3f} / {after['vi_merge']:.3f} / {after['vi']:.3f}  "
+            f"ARE {after['adapted_rand_error']:.3f}"
+        )
+    return rows
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    config = AgglomerationConfig(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(AgglomerationConfig)}
+    )
+    if args.run_dir:
+        first = run_first_pass(args.run_dir)
+    else:
+        first = synthetic_first_pass(args.synthetic_seed, args.workdir)
+    if args.decisions:
+        kept = json.loads(args.decisions.read_text())
+        fields = {f.name for f in dataclasses.fields(PairDecision)}
+        decisions = [PairDecision(**{k: v for k, v in d.items() if k in fields}) for d in kept["decisions"]]  # fmt: skip
+        seconds = kept["agglomeration"]["seconds"]
+    else:
+        decisions, seconds = fill_pairs(first, config)
+    merged = merges(decisions, config.min_jaccard, config.min_recovered)
+    truth = majority_truth(first.segmentation, first.labels)
+    same = [truth.get(d.a, -1) == truth.get(d.b, -2) for d in decisions]
+    merged_set = {tuple(p) for p in merged.tolist()}
+    result = {
+        "source": str(args.run_dir or f"synthetic seed {args.synthetic_seed}"),
+        "cpu": cpu_name(),
+        "config": dataclasses.asdict(config),
+        "first_pass": {"fov_evaluations": first.fov_evaluations, "seconds": first.seconds},
+        "agglomeration": {
+            "pairs": len(decisions),
+            "pairs_one_object": int(sum(same)),
+            "merged": int(len(merged)),
+            "merged_one_object": int(
+                sum(s for s, d in zip(same, decisions, strict=True) if (d.a, d.b) in merged_set)
+            ),  # fmt: skip
+            "unseeded": int(sum(not d.seeded for d in decisions)),
+            "fov_evaluations": int(sum(d.fov_evaluations for d in decisions)),
+            "seconds": seconds,
+        },
+        "before": scores(first.segmentation, first),
+        "after": scores(agglomerated(first.segmentation, merged), first),
+        "decisions": [
+            dataclasses.asdict(d) | {"one_object": s} for d, s in zip(decisions, same, strict=True)
+        ],  # fmt: skip
+    }
+    for stage in ("before", "after"):
+        s = result[stage]
+        print(
+            f"{stage:6s} VI split {s['vi_split']:.3f}  merge {s['vi_merge']:.3f}  total {s['vi']:.3f}"
+            f"  ARE {s['adapted_rand_error']:.3f}  segments {s['segments']}"
+        )
+    a = result["agglomeration"]
+    print(
+        f"pairs {a['pairs']} (one object: {a['pairs_one_object']}), merged {a['merged']} "
+        f"(one object: {a['merged_one_object']}), unseeded {a['unseeded']}"
+    )
+    print(
+        f"FOV evaluations: first pass {first.fov_evaluations}, agglomeration "
+        f"{a['fov_evaluations']} in {seconds:.0f} s; CPU: {result['cpu']}"
+    )
+    if args.sweep:
+        result["sweep"] = sweep(first, decisions)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
