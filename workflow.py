@@ -33,11 +33,15 @@ from pipeline.stamps import Task, plan
 
 if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
     from pipeline.blocks import BlockGrid
+    from pipeline.inference import InferenceConfig
     from pipeline.run_config import RunConfig
     from site_configs.base import SiteSpec
 
 ROOT = Path(__file__).resolve().parent
-STAGES = ("stage", "preprocess", "train", "select", "infer", "stitch", "evaluate", "export")
+STAGES = (
+    "stage", "preprocess", "train", "select", "infer", "stitch", "consensus", "agglomerate",
+    "evaluate", "export",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,18 @@ _LAYOUT = {
     "blocks_dir": "inference/blocks",
     "stitch_dir": "inference/stitch",
     "stitch_summary": "inference/stitch.json",
+    # FFN's second pass ([agglomeration]): the first pass is stitched here, a consensus's second
+    # inference pass beside it, and what the export shows is made from them.
+    "first_pass": "agglomerate/first_pass",
+    "second_blocks_dir": "inference/second/blocks",
+    "second_stitch_dir": "inference/second/stitch",
+    "second_stitch_summary": "inference/second/stitch.json",
+    "second_pass": "agglomerate/second_pass",
+    "consensus": "agglomerate/consensus",
+    "consensus_dir": "agglomerate/consensus_ids",
+    "consensus_summary": "agglomerate/consensus.json",
+    "agglomerate_dir": "agglomerate",
+    "agglomerate_summary": "agglomerate/agglomerate.json",
     "evaluation": "evaluation.json",
     "counts_dir": "evaluation",
     "precomputed": "precomputed",
@@ -110,12 +126,49 @@ def _eval_voxel_size(config: RunConfig) -> tuple[float, float, float]:
     return read_header(config.data.eval_raw, config.data.voxel_size_nm).voxel_size_nm
 
 
-def _full_resolution(config: RunConfig, paths: RunPaths) -> Path:
-    """The stitching's output: the folder of the full resolution of the export's segmentation
-    layer (pipeline.export.new_segmentation), where evaluation and the export read it."""
+def _full_resolution(config: RunConfig, folder: Path) -> Path:
+    """The folder of the full resolution of the segmentation layer in `folder`
+    (pipeline.export.new_segmentation): the export's, where evaluation and the export read the
+    segmentation, or the first pass's before agglomeration."""
     from pipeline.export import SEGMENTATION_LAYER, full_resolution_key
 
-    return paths.precomputed / SEGMENTATION_LAYER / full_resolution_key(_eval_voxel_size(config))
+    return folder / SEGMENTATION_LAYER / full_resolution_key(_eval_voxel_size(config))
+
+
+@dataclass(frozen=True)
+class InferencePass:
+    """One inference pass over the volume and its stitching: where each writes."""
+
+    prefix: str  # of its tasks' names: "" (the first pass), "second " (a consensus's second)
+    inference: InferenceConfig
+    blocks_dir: Path
+    stitch_dir: Path
+    stitch_summary: Path
+    folder: Path  # the folder whose segmentation layer its stitching writes
+
+
+def inference_passes(config: RunConfig, paths: RunPaths) -> list[InferencePass]:
+    """The first pass, stitched into the export's folder unless a second pass follows; with
+    `[agglomeration] consensus`, a second pass in the other seed order."""
+    from pipeline.inference import SEED_ORDERS
+
+    second = config.agglomeration
+    first = InferencePass(
+        "", config.inference, paths.blocks_dir, paths.stitch_dir, paths.stitch_summary,
+        paths.first_pass if second.enabled or second.consensus else paths.precomputed,
+    )  # fmt: skip
+    if not second.consensus:
+        return [first]
+    other = next(o for o in SEED_ORDERS if o != config.inference.seed_order)
+    return [first, InferencePass(
+        "second ", replace(config.inference, seed_order=other), paths.second_blocks_dir,
+        paths.second_stitch_dir, paths.second_stitch_summary, paths.second_pass,
+    )]  # fmt: skip
+
+
+def _consensus_into(config: RunConfig, paths: RunPaths) -> Path:
+    """Where the consensus writes: the export's folder, or its own if agglomeration follows."""
+    return paths.consensus if config.agglomeration.enabled else paths.precomputed
 
 
 def _segmenting_fov(config: RunConfig) -> tuple[int, int, int]:
@@ -157,6 +210,8 @@ _STAGE_OUTPUTS = {
     "select": [_LAYOUT["selection"]],
     "infer": [_LAYOUT["blocks_dir"]],
     "stitch": [_LAYOUT["stitch_summary"]],
+    "consensus": [_LAYOUT["consensus_summary"]],
+    "agglomerate": [_LAYOUT["agglomerate_summary"]],
 }
 _STAGE_INPUTS = {
     "preprocess": ["stage"],
@@ -164,6 +219,8 @@ _STAGE_INPUTS = {
     "select": ["stage", "train"],
     "infer": ["stage", "select"],
     "stitch": ["stage", "infer"],
+    "consensus": ["stage", "stitch"],
+    "agglomerate": ["stage", "stitch"],
     "evaluate": ["stage", "stitch"],
     "export": ["stage", "stitch"],
 }
@@ -253,13 +310,23 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     if not config.pretrained_model:
         steps += _training_steps(config, paths, site)
     blocks = plan_blocks(_eval_shape(config), config.blocks)
-    inference = config_io.to_dict(config.inference)
-    for i, block in enumerate(blocks):
-        settings = {"inference": inference, "start": list(block.start), "stop": list(block.stop)}
-        steps.append(task_step(f"infer[{i}]", settings, [paths.eval_volume, paths.selection],
-                           [block_path(paths.blocks_dir, block)], "infer.infer_block",
-                           regions=infer_regions(block)))  # fmt: skip
-    steps += stitch_steps(config, paths, blocks)
+    passes = inference_passes(config, paths)
+    for one in passes:
+        inference = config_io.to_dict(one.inference)
+        for i, block in enumerate(blocks):
+            settings = {
+                "inference": inference,
+                "start": list(block.start),
+                "stop": list(block.stop),
+            }
+            steps.append(task_step(f"infer[{one.prefix}{i}]", settings, [paths.eval_volume, paths.selection],
+                               [block_path(one.blocks_dir, block)], "infer.infer_block",
+                               regions=infer_regions(block)))  # fmt: skip
+        steps += stitch_steps(config, paths, blocks, one)
+    if config.agglomeration.consensus:
+        steps += consensus_steps(config, paths, blocks, passes)
+    if config.agglomeration.enabled:
+        steps += agglomerate_steps(config, paths, blocks)
     steps += export_steps(config, paths)
     if _eval_has_labels(config):
         steps += evaluate_steps(config, paths)
@@ -271,37 +338,54 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     region counts overlaps, the last sums and scores (apps/evaluate.py)."""
     from pipeline.evaluation import count_regions
 
-    segmented = [paths.eval_volume, _full_resolution(config, paths)]
     regions = count_regions(_eval_shape(config), config.evaluation)
-    counts = [paths.counts_dir / f"{k}.npz" for k in range(len(regions))]
-    steps = [
-        task_step(
-            f"evaluate[count {k}]",
-            {"region": str(region)},
-            segmented,
-            [path],
-            "evaluate.count_region",
-            str(paths.precomputed),
-        )
-        for k, (region, path) in enumerate(zip(regions, counts, strict=True))
-    ]
-    steps.append(task_step("evaluate", {"watershed": config_io.to_dict(config.watershed)},
-                           [paths.eval_volume, *counts], [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
+    steps, counts = [], []
+    for key, folder in _scored_segmentations(config, paths).items():
+        segmented = [paths.eval_volume, _full_resolution(config, folder)]
+        # The export's segmentation is "ffn"; the steps before it have folders of their own.
+        name = "" if key == "ffn" else f"{key} "
+        paths_of = [paths.counts_dir / name.strip() / f"{k}.npz" for k in range(len(regions))]
+        steps += [
+            task_step(f"evaluate[count {name}{k}]", {"region": str(region)}, segmented, [path],
+                      "evaluate.count_region", str(folder))
+            for k, (region, path) in enumerate(zip(regions, paths_of, strict=True))
+        ]  # fmt: skip
+        counts += paths_of
+    also = list(_scored_segmentations(config, paths))[1:]
+    # Only with a second pass: runs made before keep their evaluation.
+    settings = {"watershed": config_io.to_dict(config.watershed)} | ({"also": also} if also else {})
+    steps.append(task_step("evaluate", settings, [paths.eval_volume, *counts],
+                           [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
     return steps
 
 
-def stitch_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> list[Step]:
+def _scored_segmentations(config: RunConfig, paths: RunPaths) -> dict[str, Path]:
+    """evaluation.json's keys and the folders of what they score: "ffn", the export's (the
+    last step's), then with a second pass the steps before it."""
+    second = config.agglomeration
+    scored = {"ffn": paths.precomputed}
+    if second.enabled or second.consensus:
+        scored["ffn_first_pass"] = paths.first_pass
+    if second.enabled and second.consensus:
+        scored["ffn_consensus"] = paths.consensus
+    return scored
+
+
+def stitch_steps(
+    config: RunConfig, paths: RunPaths, blocks: BlockGrid, one: InferencePass
+) -> list[Step]:
     """A pairs task per block, one join, a relabel task per block writing its core into the
-    stitched volume, then the check that writes stitch.json (apps/stitch.py)."""
+    stitched volume, then the check that writes stitch.json (apps/stitch.py), for pass `one`."""
     from pipeline.blocks import block_path
     from pipeline.stitching import core_neighbours, later_neighbours
 
-    results = [block_path(paths.blocks_dir, b) for b in blocks]
-    pairs = [paths.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
-    cores = [paths.stitch_dir / "cores" / f"{b.name}.json" for b in blocks]
-    table = paths.stitch_dir / "ids.npy"
+    results = [block_path(one.blocks_dir, b) for b in blocks]
+    pairs = [one.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
+    cores = [one.stitch_dir / "cores" / f"{b.name}.json" for b in blocks]
+    table = one.stitch_dir / "ids.npy"
     # The folder is an argument, not a setting: a run moved elsewhere stays up to date.
-    folder = str(paths.precomputed)
+    folder = str(one.folder)
+    name = one.prefix
     base = {
         "blocks": config_io.to_dict(config.blocks),
         "shape": list(_eval_shape(config)),
@@ -310,20 +394,93 @@ def stitch_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> list[
     steps = []
     for k in range(len(blocks)):
         reads = [k, *later_neighbours(k, blocks)]
-        steps.append(task_step(f"stitch[pairs {k}]", {**base, "block": k, "reads": reads},
+        steps.append(task_step(f"stitch[{name}pairs {k}]", {**base, "block": k, "reads": reads},
                            [results[i] for i in reads], [pairs[k]], "stitch.pair_block"))  # fmt: skip
-    steps.append(task_step("stitch[join]", base, [paths.eval_volume, *pairs], [table],
+    steps.append(task_step(f"stitch[{name}join]", base, [paths.eval_volume, *pairs], [table],
                        "stitch.join_blocks", folder))  # fmt: skip
     align = config.blocks.chunks
     for k in range(len(blocks)):
         reads = core_neighbours(k, blocks, align)
-        steps.append(task_step(f"stitch[relabel {k}]", {**base, "block": k, "reads": reads},
+        steps.append(task_step(f"stitch[{name}relabel {k}]", {**base, "block": k, "reads": reads},
                            [table, *(results[i] for i in reads)], [cores[k]], "stitch.relabel_block",
                            folder))  # fmt: skip
     every = {**base, "reads": list(range(len(blocks)))}
-    steps.append(task_step("stitch", every, [paths.eval_volume, table, *cores, *results],
-                       [paths.stitch_summary, _full_resolution(config, paths)], "stitch.finish_stitch",
-                       folder))  # fmt: skip
+    steps.append(task_step(f"stitch[{name.strip()}]" if name else "stitch", every,
+                           [paths.eval_volume, table, *cores, *results],
+                           [one.stitch_summary, _full_resolution(config, one.folder)], "stitch.finish_stitch",
+                           folder))  # fmt: skip
+    return steps
+
+
+def consensus_steps(
+    config: RunConfig, paths: RunPaths, blocks: BlockGrid, passes: list[InferencePass]
+) -> list[Step]:
+    """The split consensus of the two passes: a task per block core lists its pairs of ids, one
+    joins them into a table, a relabel task per core writes it, the last checks
+    (apps/consensus.py)."""
+    first, second = (str(one.folder) for one in passes)  # arguments: a moved run stays up to date
+    layers = [_full_resolution(config, one.folder) for one in passes]
+    into = _consensus_into(config, paths)
+    base = {
+        "blocks": config_io.to_dict(config.blocks),
+        "shape": list(_eval_shape(config)),
+        "gzip": config.export.gzip,
+    }
+    cores = range(len(blocks))
+    pairs = [paths.consensus_dir / "pairs" / f"{b.name}.npy" for b in blocks]
+    records = [paths.consensus_dir / "cores" / f"{b.name}.json" for b in blocks]
+    table = paths.consensus_dir / "ids.npy"
+    steps = [task_step(f"consensus[pairs {k}]", {**base, "block": k}, layers, [pairs[k]],
+                       "consensus.consensus_pairs", first, second) for k in cores]  # fmt: skip
+    steps.append(task_step("consensus[join]", base, [paths.eval_volume, *pairs], [table],
+                           "consensus.join_consensus_pairs", str(into)))  # fmt: skip
+    steps += [task_step(f"consensus[relabel {k}]", {**base, "block": k}, [table, *layers], [records[k]],
+                        "consensus.relabel_consensus_core", first, second, str(into)) for k in cores]  # fmt: skip
+    steps.append(task_step("consensus", base, [paths.eval_volume, table, *layers, *records],
+                           [paths.consensus_summary, _full_resolution(config, into)],
+                           "consensus.finish_consensus", first, second, str(into)))  # fmt: skip
+    return steps
+
+
+def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> list[Step]:
+    """FFN's second pass over the stitched first pass: a pairs task per block core, one join, a
+    decision task per core (flood fills), one merge table, a relabel task per core writing the
+    export's segmentation layer, then the check that writes agglomerate.json
+    (apps/agglomerate.py)."""
+    folder = paths.agglomerate_dir
+    # What it agglomerates: the consensus if one is made, else the first pass.
+    source = paths.consensus if config.agglomeration.consensus else paths.first_pass
+    first_pass = str(source)  # arguments, not settings: a moved run stays up to date
+    export = str(paths.precomputed)
+    stitched = _full_resolution(config, source)
+    base = {
+        "blocks": config_io.to_dict(config.blocks),
+        "shape": list(_eval_shape(config)),
+        "gzip": config.export.gzip,
+    }
+    # The fills' measures do not depend on the merge thresholds: new thresholds re-run only the
+    # merge and what follows it.
+    fills = {**base, "agglomeration": config.agglomeration.fill_settings()}
+    thresholds = {**base, "agglomeration": config_io.to_dict(config.agglomeration)}
+    cores = range(len(blocks))
+    contacts = [folder / "contacts" / f"{b.name}.npz" for b in blocks]
+    decisions = [folder / "decisions" / f"{b.name}.npz" for b in blocks]
+    records = [folder / "cores" / f"{b.name}.json" for b in blocks]
+    pairs, merges = folder / "pairs.npz", folder / "merges.npz"
+    decide = {**fills, "inference": config_io.to_dict(config.inference)}
+    steps = [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k}, [stitched], [contacts[k]],
+                       "agglomerate.pair_core", first_pass) for k in cores]  # fmt: skip
+    steps.append(task_step("agglomerate[join]", fills, contacts, [pairs], "agglomerate.join_pairs"))
+    steps += [task_step(f"agglomerate[decide {k}]", {**decide, "block": k},
+                        [paths.eval_volume, stitched, pairs, paths.selection], [decisions[k]],
+                        "agglomerate.decide_core", first_pass) for k in cores]  # fmt: skip
+    steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
+                           "agglomerate.merge_pairs", export))  # fmt: skip
+    steps += [task_step(f"agglomerate[relabel {k}]", {**base, "block": k}, [merges, stitched],
+                        [records[k]], "agglomerate.relabel_merged_core", first_pass, export) for k in cores]  # fmt: skip
+    steps.append(task_step("agglomerate", thresholds, [paths.eval_volume, merges, stitched, *records, *decisions],
+                           [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],
+                           "agglomerate.finish_agglomeration", first_pass, export))  # fmt: skip
     return steps
 
 
@@ -334,7 +491,7 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
 
     shape = _eval_shape(config)
     base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
-    segmented = [paths.eval_volume, _full_resolution(config, paths)]
+    segmented = [paths.eval_volume, _full_resolution(config, paths.precomputed)]
     begun = paths.export_dir / "begun.json"
     folder = str(paths.precomputed)  # an argument, not a setting: a moved run stays up to date
     regions = export_regions(shape, _eval_voxel_size(config), config.export, config.blocks.chunks)
@@ -477,7 +634,15 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
         f"  select     on {paths.select_volume if config.data.has_select_part else paths.train_volume}"
         f" -> {paths.selection}",
         f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel -> {paths.blocks_dir}",
-        f"  stitch     -> {_full_resolution(config, paths)}",
+        f"  stitch     -> {_full_resolution(config, inference_passes(config, paths)[0].folder)}",
+        *(
+            [
+                f"  consensus  with a second pass, seeds in the other order -> {_consensus_into(config, paths)}"
+            ]
+            if config.agglomeration.consensus
+            else []
+        ),
+        *([f"  agglomerate -> {paths.precomputed}"] if config.agglomeration.enabled else []),
         f"  evaluate   -> {paths.evaluation}"
         if _eval_has_labels(config)
         else "  evaluate   (no labels: skipped)",

@@ -30,8 +30,10 @@ def count_region(settings: dict, folder: str, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def evaluate(settings: dict, inputs=(), outputs=()):
-    """settings: {"watershed": WatershedConfig}; inputs: staged labeled volume, then every
-    region's counts; outputs[0]: evaluation.json."""
+    """settings: {"watershed": WatershedConfig, "also": the keys of the steps before the
+    export's segmentation that are scored too (with a second pass; else absent)}; inputs: staged
+    labeled volume, then every region's counts, then every region's counts of each of `also`
+    in turn; outputs[0]: evaluation.json."""
     from pipeline.config import from_dict
     from pipeline.evaluation import score_volume
     from pipeline.metrics import OverlapCounts, WatershedConfig
@@ -43,10 +45,15 @@ def evaluate(settings: dict, inputs=(), outputs=()):
 
     def work() -> None:
         staged = read_staged(paths[0])
-        counts = OverlapCounts.total([OverlapCounts.load(p) for p in paths[1:]])
+        also = settings.get("also", [])
+        regions = (len(paths) - 1) // (1 + len(also))
+        counts = [
+            OverlapCounts.total([OverlapCounts.load(p) for p in paths[1 + i : 1 + i + regions]])
+            for i in range(0, len(paths) - 1, regions)
+        ]
         score_volume(
-            counts, staged.raw, staged.labels, from_dict(WatershedConfig, settings["watershed"]),
-            output, staged.scored, staged.voxel_size_nm,
+            counts[0], staged.raw, staged.labels, from_dict(WatershedConfig, settings["watershed"]),
+            output, staged.scored, staged.voxel_size_nm, dict(zip(also, counts[1:], strict=True)),
         )  # fmt: skip
 
     return run_once(settings, paths, [output], work)

@@ -42,7 +42,7 @@ def join_blocks(settings: dict, folder: str, inputs=(), outputs=()):
 
     def work() -> None:
         save_id_table(output, *join_ids([load_block_pairs(f.filepath) for f in inputs[1:]]))
-        _new_layer(settings, folder, inputs[0].filepath)
+        new_layer(settings, folder, inputs[0].filepath)
         # No content digest: a new (empty) volume must make every relabel task run again.
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
@@ -94,7 +94,7 @@ def finish_stitch(settings: dict, folder: str, inputs=(), outputs=()):
 
     def work() -> str:
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
-            _new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
+            new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         layer = SegmentationWriter(folder, settings["gzip"])
         records = (load_core_record(p) for p in paths[2 : 2 + count])
         checked = check_cores(records, layer, blocks, read, load_id_table(paths[1]))
@@ -122,7 +122,7 @@ def _grid(settings: dict, results: list[str]):
     return blocks, config, BlockReader(blocks, dict(zip(settings["reads"], results, strict=True)))
 
 
-def _new_layer(settings: dict, folder: str, staged: str) -> None:
+def new_layer(settings: dict, folder: str, staged: str) -> None:
     """The empty segmentation layer in `folder`: the staged volume's shape and voxel size, the
     stitching's chunks."""
     from pipeline.blocks import BlockConfig

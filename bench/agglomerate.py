@@ -46,6 +46,7 @@ from pipeline.agglomeration import (  # noqa: E402
     candidate_pairs,
     decide_pairs,
     merge_lookup,
+    merged_pairs,
     relabel,
 )
 from pipeline.export import segmentation_spec  # noqa: E402
@@ -163,16 +164,6 @@ def scores(segmentation: np.ndarray, first: FirstPass) -> dict:
     }
 
 
-def merges(decisions: list[PairDecision], min_jaccard: float, min_recovered: float) -> np.ndarray:
-    """The pairs the thresholds merge, as decide_pair decides (measures kept, thresholds anew)."""
-    merged = [
-        (d.a, d.b)
-        for d in decisions
-        if d.seeded and d.jaccard >= min_jaccard and min(d.recovered_a, d.recovered_b) >= min_recovered
-    ]  # fmt: skip
-    return np.array(merged, np.uint64).reshape(-1, 2)
-
-
 def agglomerated(segmentation: np.ndarray, merged: np.ndarray) -> np.ndarray:
     return relabel(segmentation.copy(), *merge_lookup(merged)) if len(merged) else segmentation
 
@@ -193,10 +184,13 @@ def fill_pairs(first: FirstPass, config: AgglomerationConfig) -> tuple[list[Pair
     return decisions, time.perf_counter() - started
 
 
-def sweep(first: FirstPass, decisions: list[PairDecision]) -> list[dict]:
+def sweep(
+    first: FirstPass, decisions: list[PairDecision], config: AgglomerationConfig
+) -> list[dict]:
     rows = []
     for jaccard, recovered in itertools.product(SWEEP_JACCARD, SWEEP_RECOVERED):
-        merged = merges(decisions, jaccard, recovered)
+        thresholds = dataclasses.replace(config, min_jaccard=jaccard, min_recovered=recovered)
+        merged = merged_pairs(decisions, thresholds)
         after = scores(agglomerated(first.segmentation, merged), first)
         rows.append({"min_jaccard": jaccard, "min_recovered": recovered, "merged": len(merged)} | after)  # fmt: skip
         print(
@@ -223,7 +217,7 @@ def main() -> None:
         seconds = kept["agglomeration"]["seconds"]
     else:
         decisions, seconds = fill_pairs(first, config)
-    merged = merges(decisions, config.min_jaccard, config.min_recovered)
+    merged = merged_pairs(decisions, config)
     truth = majority_truth(first.segmentation, first.labels)
     same = [truth.get(d.a, -1) == truth.get(d.b, -2) for d in decisions]
     merged_set = {tuple(p) for p in merged.tolist()}
@@ -265,7 +259,7 @@ def main() -> None:
         f"{a['fov_evaluations']} in {seconds:.0f} s; CPU: {result['cpu']}"
     )
     if args.sweep:
-        result["sweep"] = sweep(first, decisions)
+        result["sweep"] = sweep(first, decisions, config)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1))

@@ -139,7 +139,8 @@ def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.St
         settings = {"start": list(block.start), "stop": list(block.stop)}
         steps.append(workflow.task_step(f"infer[{i}]", settings, [paths.eval_volume],
                                     [block_path(paths.blocks_dir, block)], "infer.ground_truth_block"))  # fmt: skip
-    steps += workflow.stitch_steps(config, paths, blocks)
+    (first,) = workflow.inference_passes(config, paths)
+    steps += workflow.stitch_steps(config, paths, blocks, first)
     steps += workflow.export_steps(config, paths)
     steps += workflow.evaluate_steps(config, paths)
     return steps

@@ -30,17 +30,22 @@ Flood fills use `pipeline.inference.Canvas.flood` itself.
 """
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import fastremap
 import numpy as np
 from scipy import ndimage, sparse
 from scipy.sparse.csgraph import connected_components
 
-from pipeline.errors import ConfigError, VolumeShapeError
+from pipeline.atomic import atomic_path
+from pipeline.blocks import BlockGrid
+from pipeline.errors import BlockResultError, ConfigError, VolumeShapeError
+from pipeline.export import SegmentationWriter
 from pipeline.inference import Canvas, InferenceConfig, Predictor
 from pipeline.model import ModelConfig, normalize_image
+from pipeline.stitching import block_core
 
 Reader = Callable[[tuple[slice, ...]], np.ndarray]
 Box = tuple[slice, ...]
@@ -51,6 +56,12 @@ class AgglomerationConfig:
     """Which touching segments are tested, and when two are merged. Radii are in FOVs: a radius
     of r FOVs is floor(r x FOV shape) voxels along each axis, so the rule follows the model."""
 
+    # Whether the workflow agglomerates after stitching (its tasks: apps/agglomerate.py).
+    enabled: bool = False
+    # A second inference pass with the other seed order (`InferenceConfig.seed_order`) and the
+    # split consensus of the two passes (apps/consensus.py), before agglomerating if enabled:
+    # it removes merges only one pass made, at the price of every split either made.
+    consensus: bool = False
     # Half-size of the window the fills run in. 0.75 FOV leaves about half a FOV of moves on
     # either side of the contact, enough for a fill to show whether it crosses into the other
     # segment, in at most 64 FOV positions per fill (4 x 4 x 4 cells of `deltas` for the demo
@@ -98,6 +109,22 @@ class AgglomerationConfig:
         for name in ("min_jaccard", "min_recovered"):
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+
+    def merges(self, pair: "PairDecision") -> bool:
+        """Whether a pair's fills show one object: both seeded and all three measures pass."""
+        return (
+            pair.seeded
+            and pair.jaccard >= self.min_jaccard
+            and min(pair.recovered_a, pair.recovered_b) >= self.min_recovered
+        )
+
+    def fill_settings(self) -> dict:
+        """The settings the fills' measures depend on (not the thresholds, nor `enabled`)."""
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if k not in ("enabled", "consensus", "min_jaccard", "min_recovered")
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,14 +231,15 @@ def merge_contact_tables(tables: Sequence[ContactTable], min_contact: int = 1) -
 
 @dataclass(frozen=True)
 class PairDecision:
-    """What the two fills of one pair showed (measures within the analysis box)."""
+    """What the two fills of one pair showed (measures within the analysis box); whether they
+    show one object is the thresholds' call (`AgglomerationConfig.merges`), so that thresholds
+    can change without filling again."""
 
     a: int
     b: int
     jaccard: float  # of the fill seeded in A and the fill seeded in B
     recovered_a: float  # share of A's voxels that B's fill covers
     recovered_b: float  # share of B's voxels that A's fill covers
-    merge: bool
     fov_evaluations: int  # both fills
     seeded: bool  # a seed was found on both sides (if not: no fill, no merge)
 
@@ -275,8 +303,8 @@ def decide_pair(
     inference_config: InferenceConfig,
     config: AgglomerationConfig,
 ) -> PairDecision:
-    """Fill from A and from B around their contact `point`; measure and decide (deterministic
-    for a deterministic predictor)."""
+    """Fill from A and from B around their contact `point` and measure (deterministic for a
+    deterministic predictor)."""
     a, b = (int(i) for i in ids)
     point = np.asarray(point, np.int64)
     window = _window(point, _radius(config.window_radius_fovs, model), volume_shape)
@@ -296,13 +324,8 @@ def decide_pair(
     union = np.count_nonzero(fill_a | fill_b)
     jaccard = float(np.count_nonzero(fill_a & fill_b) / union) if union else 0.0
     recovered_a, recovered_b = _share(fill_b, in_a), _share(fill_a, in_b)
-    merge = (
-        seeds is not None
-        and jaccard >= config.min_jaccard
-        and min(recovered_a, recovered_b) >= config.min_recovered
-    )
     fovs = int(canvas.counts["fov_evaluations"])
-    return PairDecision(a, b, jaccard, recovered_a, recovered_b, merge, fovs, seeds is not None)
+    return PairDecision(a, b, jaccard, recovered_a, recovered_b, fovs, seeds is not None)
 
 
 def decide_pairs(
@@ -370,8 +393,15 @@ def relabel(segmentation: np.ndarray, ids: np.ndarray, targets: np.ndarray) -> n
 def split_consensus(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(labels, pairs): two segmentations of one region cut by each other. A voxel's label stands
     for the pair (its id in `first`, its id in `second`); 0 where either is 0. Labels are 1..N in
-    the order of the sorted pairs, and `pairs[k - 1]` is label k's pair, (N, 2) uint64, so that
-    blocks can be given ids that agree over the volume."""
+    the order of the sorted pairs, and `pairs[k - 1]` is label k's pair, (N, 2) uint64. Block by
+    block: `id_pairs` per block, their union, then `consensus_labels` per block with it."""
+    pairs = id_pairs(first, second)
+    return consensus_labels(first, second, pairs), pairs
+
+
+def id_pairs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The (id in `first`, id in `second`) pairs of a region's voxels where both are non-zero,
+    (N, 2) uint64, sorted and unique."""
     if first.shape != second.shape:
         raise VolumeShapeError(
             f"consensus of shapes {first.shape} and {second.shape}: must be equal"
@@ -380,9 +410,151 @@ def split_consensus(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, 
     ids_first, in_first = np.unique(first[both], return_inverse=True)
     ids_second, in_second = np.unique(second[both], return_inverse=True)
     # One integer per pair (both compacted to < voxels): a 1-D unique, far faster than of rows.
-    keys = in_first.astype(np.int64) * len(ids_second) + in_second
-    unique, label = np.unique(keys, return_inverse=True)
+    keys = np.unique(in_first.astype(np.int64) * len(ids_second) + in_second)
+    pairs = np.stack([ids_first[keys // len(ids_second)], ids_second[keys % len(ids_second)]])
+    return pairs.T.astype(np.uint64).reshape(-1, 2)
+
+
+def join_id_pairs(tables: Sequence[np.ndarray]) -> np.ndarray:
+    """Several regions' `id_pairs` as one sorted, unique table."""
+    return np.unique(np.concatenate([t.reshape(-1, 2) for t in tables]), axis=0).astype(np.uint64)
+
+
+def consensus_labels(first: np.ndarray, second: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """Each voxel's label: 1 + the row of its (first, second) pair in `pairs` (sorted, unique,
+    holding every pair of the region); 0 where either is 0. Labels agree over blocks that share
+    one table."""
     labels = np.zeros(first.shape, np.uint64)
-    labels[both] = label.astype(np.uint64) + 1
-    pairs = np.stack([ids_first[unique // len(ids_second)], ids_second[unique % len(ids_second)]])
-    return labels, pairs.T.astype(np.uint64).reshape(-1, 2)
+    both = (first > 0) & (second > 0)
+    if not both.any():
+        return labels
+    # Both ids compacted over the table's: one integer per pair, increasing with the sorted rows.
+    ids_first, ids_second = np.unique(pairs[:, 0]), np.unique(pairs[:, 1])
+
+    def keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        ia = np.minimum(np.searchsorted(ids_first, a), len(ids_first) - 1)
+        ib = np.minimum(np.searchsorted(ids_second, b), len(ids_second) - 1)
+        known = (ids_first[ia] == a) & (ids_second[ib] == b)
+        return np.where(known, ia.astype(np.int64) * len(ids_second) + ib, -1)
+
+    table = keys(pairs[:, 0], pairs[:, 1])
+    voxels = keys(first[both].astype(np.uint64), second[both].astype(np.uint64))
+    row = np.minimum(np.searchsorted(table, voxels), len(table) - 1)
+    if np.any(table[row] != voxels):
+        raise VolumeShapeError("consensus: a voxel's pair of ids is not in the table")
+    labels[both] = row.astype(np.uint64) + 1
+    return labels
+
+
+# ---------------------------------------------------------------------------------------------
+# As tasks over the stitched volume's block cores (apps/agglomerate.py): pairs per core, one
+# table, decisions per core, one merge table, a relabel task per core, a check. No task holds
+# more than a core (and the pair windows it decides) or the tables of pairs and merges.
+
+
+def core_contacts(
+    k: int,
+    blocks: BlockGrid,
+    read_segmentation: Reader,
+    volume_shape: Sequence[int],
+    align: Sequence[int],
+    max_gap: int,
+) -> ContactTable:
+    """The contacts whose low voxel lies in block k's core (`stitching.block_core` on the
+    `align` grid): the cores part the volume, so each contact is counted by one task."""
+    core = block_core(k, blocks, align)
+    grown = tuple(
+        slice(s.start, min(s.stop + max_gap + 1, int(n)))
+        for s, n in zip(core, volume_shape, strict=True)
+    )
+    return candidate_pairs(
+        read_segmentation(grown),
+        offset_zyx=[s.start for s in core],
+        max_gap=max_gap,
+        own_shape_zyx=[s.stop - s.start for s in core],
+    )
+
+
+def save_contact_table(path: str | Path, table: ContactTable) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, ids=table.ids, contacts=table.contacts, points=table.points)
+
+
+def load_contact_table(path: str | Path) -> ContactTable:
+    with np.load(path) as f:
+        return ContactTable(f["ids"].reshape(-1, 2), f["contacts"], f["points"].reshape(-1, 3))
+
+
+def pairs_in(table: ContactTable, region: Box) -> ContactTable:
+    """The pairs whose contact point lies in `region` (a block's core: each pair in one)."""
+    start = np.array([s.start for s in region])
+    stop = np.array([s.stop for s in region])
+    return table.select(np.all((table.points >= start) & (table.points < stop), axis=1))
+
+
+def save_decisions(path: str | Path, decisions: Sequence[PairDecision]) -> None:
+    """The decisions as columns (one array per field of `PairDecision`)."""
+    columns = {
+        f.name: np.array([getattr(d, f.name) for d in decisions], _COLUMN_TYPES[f.type])
+        for f in dataclasses.fields(PairDecision)
+    }
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **columns)
+
+
+def load_decisions(path: str | Path) -> list[PairDecision]:
+    names = [f.name for f in dataclasses.fields(PairDecision)]
+    with np.load(path) as f:
+        columns = [f[name].tolist() for name in names]
+    return [PairDecision(*row) for row in zip(*columns, strict=True)]
+
+
+_COLUMN_TYPES = {int: np.uint64, float: np.float64, bool: bool}
+
+
+def merged_pairs(decisions: Iterable[PairDecision], config: AgglomerationConfig) -> np.ndarray:
+    """(M, 2) uint64: the pairs the thresholds of `config` take to be one object."""
+    merged = [(d.a, d.b) for d in decisions if config.merges(d)]
+    return np.array(merged, np.uint64).reshape(-1, 2)
+
+
+def save_merges(path: str | Path, ids: np.ndarray, targets: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, ids=ids, targets=targets)
+
+
+def load_merges(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path) as f:
+        return f["ids"], f["targets"]
+
+
+def write_core(
+    k: int, blocks: BlockGrid, labels_of: Callable[[Box], np.ndarray], layer: SegmentationWriter
+) -> dict:
+    """Block k's core (on `layer`'s chunks), its labels `labels_of(core)`, written into `layer`:
+    whole chunks that no other task writes. Its record: the core and each chunk's digest, for
+    `check_cores`."""
+    core = block_core(k, blocks, layer.chunks)
+    layer.write(core, labels_of(core))
+    return {
+        "block": k,
+        "core": [[s.start, s.stop] for s in core],
+        "chunks": {name: layer.digest(name) for name in layer.chunk_names(core)},
+    }
+
+
+def check_cores(
+    records: Iterable[dict], layer: SegmentationWriter, rewrite: Callable[[int], dict]
+) -> list[int]:
+    """Every `write_core` record against `layer`: a core whose chunks changed after its task wrote
+    them (lost, truncated, rewritten) is written again with `rewrite(k)`; the blocks rewritten.
+    Raises BlockResultError if one cannot be written as recorded."""
+    repaired, failed = [], []
+    for record in records:
+        if any(layer.digest(n) != d for n, d in record["chunks"].items()):
+            repaired.append(record["block"])
+            if rewrite(record["block"])["chunks"] != record["chunks"]:
+                failed.append(record["block"])
+    if failed:
+        raise BlockResultError(f"{layer.where}: blocks {failed} cannot be written as recorded")
+    return repaired

@@ -66,12 +66,16 @@ def score_volume(
     output: str | Path | None = None,
     scored: Roi | None = None,
     voxel_size_nm: Sequence[float] | None = None,
+    also: dict[str, OverlapCounts] | None = None,
 ) -> dict:
     """{"ffn": scores, "watershed": scores, "watershed_seconds": s} (the watershed's only when
     enabled) from FFN's `counts` over the `scored` part (default: all); written to `output` if
-    given. The watershed segments the whole image and is scored on the same part."""
+    given. The watershed segments the whole image and is scored on the same part. `also`: more
+    segmentations' counts to score under their keys (FFN's steps before its second pass's end)."""
     watershed = watershed or WatershedConfig()
     result = {"ffn": score_counts(counts).to_dict()}
+    for key, more in (also or {}).items():
+        result[key] = score_counts(more).to_dict()
     if watershed.enabled:
         started = time.perf_counter()
         with open_volume(labels_spec) as truth:

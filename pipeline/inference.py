@@ -69,6 +69,7 @@ Predictor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 SEGMENTATION_DATASET = "segmentation"
 # Fixed seed of the tiny noise that breaks ties between equal distances (FFN uses 42 as well).
 PEAK_NOISE_SEED = 42
+SEED_ORDERS = ("innermost", "raster")
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,13 @@ class InferenceConfig:
     # Later passes seed the peaks of what earlier passes left unsegmented (segmented voxels count
     # as edges); a pass that adds no object ends the search.
     seed_passes: int = 3
+    # The order seeds are tried in: "innermost" (farthest from any edge first) or "raster" (z,
+    # then y, then x: FFN's own). A consensus's second pass takes the other one.
+    seed_order: str = "innermost"
 
     def __post_init__(self) -> None:
+        if self.seed_order not in SEED_ORDERS:
+            raise ConfigError(f"seed_order must be one of {SEED_ORDERS}, got {self.seed_order!r}")
         if not 0 < self.pad_probability < self.seed_probability < 1:
             raise ConfigError("need 0 < pad_probability < seed_probability < 1")
         for name in ("move_threshold", "segment_threshold", "consistency_min_iou"):
@@ -188,7 +194,8 @@ def edge_distance(raw: np.ndarray, config: InferenceConfig) -> np.ndarray:
 
 
 def _peaks(distance: np.ndarray, config: InferenceConfig, margin_zyx: Sequence[int]) -> np.ndarray:
-    """Local maxima of `distance` at least `margin_zyx` from the border, innermost first."""
+    """Local maxima of `distance` at least `margin_zyx` from the border, innermost first (or
+    in raster order: `seed_order`)."""
     # Plateaus of equal distance would give runs of peaks; tiny fixed noise picks one of each.
     noise = np.random.default_rng(PEAK_NOISE_SEED).random(distance.shape, dtype=np.float32)
     distance = distance + noise * np.float32(1e-3)
@@ -200,6 +207,8 @@ def _peaks(distance: np.ndarray, config: InferenceConfig, margin_zyx: Sequence[i
         exclude_border=False,
     )
     peaks += np.array(margin_zyx)
+    if config.seed_order == "raster":
+        return peaks[np.lexsort(peaks.T[::-1])].astype(np.int64)
     order = np.argsort(-distance[tuple(peaks.T)], kind="stable")
     return peaks[order].astype(np.int64)
 

@@ -22,12 +22,29 @@ STAGE_OF_APP = {
     "join_blocks": "stitch",
     "relabel_block": "stitch",
     "finish_stitch": "stitch",
+    "consensus_pairs": "consensus",
+    "join_consensus_pairs": "consensus",
+    "relabel_consensus_core": "consensus",
+    "finish_consensus": "consensus",
+    "pair_core": "agglomerate",
+    "join_pairs": "agglomerate",
+    "decide_core": "agglomerate",
+    "merge_pairs": "agglomerate",
+    "relabel_merged_core": "agglomerate",
+    "finish_agglomeration": "agglomerate",
     "count_region": "evaluate",
     "evaluate": "evaluate",
     "begin_export": "export",
     "export_region": "export",
     "export_meshes": "export",
     "finish_export": "export",
+}
+
+
+# evaluation.json's keys -> the report's rows.
+METHOD_NAMES = {
+    "ffn_first_pass": "ffn, first pass only",
+    "ffn_consensus": "ffn + consensus (before agglomeration)",
 }
 
 
@@ -163,6 +180,26 @@ def write_report(run_dir: str | Path) -> Path:
             f"{total['voxels_per_second']:,.0f} voxels/s per task; {total['fov_evaluations']} FOV "
             f"evaluations; {stitched['stitch']['objects']} objects after stitching.",
         ]  # fmt: skip
+    again = _read_json(run_dir / "inference" / "second" / "stitch.json")
+    if again and (run_dir / "agglomerate" / "consensus.json").is_file():
+        lines += [
+            "", "## Consensus (FFN's second pass)", "",
+            f"A second inference pass, seeds in the other order: {again['inference']['fov_evaluations']} "
+            f"FOV evaluations; the voxels both passes put together are kept together "
+            f"({_read_json(run_dir / 'agglomerate' / 'consensus.json')['segments']} segments).",
+        ]  # fmt: skip
+    agglomerated = _read_json(run_dir / "agglomerate" / "agglomerate.json")
+    if agglomerated:
+        first = (stitched.get("inference") or {}).get("fov_evaluations")
+        share = (
+            f" ({agglomerated['fov_evaluations'] / first:.0%} of the first pass's)" if first else ""
+        )
+        lines += [
+            "", "## Agglomeration (FFN's second pass)", "",
+            f"{agglomerated['pairs']} touching pairs tested, {agglomerated['merged_pairs']} merged "
+            f"({agglomerated['merged_segments']} segments into {agglomerated['merged_objects']} objects); "
+            f"{agglomerated['fov_evaluations']} FOV evaluations{share}.",
+        ]  # fmt: skip
     evaluation = _read_json(run_dir / "evaluation.json")
     if evaluation:
         lines += [
@@ -172,10 +209,13 @@ def write_report(run_dir: str | Path) -> Path:
             "| method | VI split | VI merge | VI | adapted Rand error | objects split | segments merged |",
             "|---|---|---|---|---|---|---|",
         ]
+        second = {"consensus": "consensus.json", "agglomeration": "agglomerate.json"}
+        steps = [step for step, f in second.items() if (run_dir / "agglomerate" / f).is_file()]
+        names = METHOD_NAMES | ({"ffn": " + ".join(["ffn", *steps])} if steps else {})
         for method, scores in evaluation.items():
             if isinstance(scores, dict) and "vi" in scores:
                 lines.append(
-                    f"| {method} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
+                    f"| {names.get(method, method)} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
                     f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} |"
                 )
     if (run_dir / "precomputed").is_dir():

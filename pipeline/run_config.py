@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import config as config_io
+from pipeline.agglomeration import AgglomerationConfig
 from pipeline.blocks import BlockConfig
 from pipeline.errors import ConfigError
 from pipeline.evaluation import EvaluationConfig
@@ -55,6 +56,8 @@ class RunConfig:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     blocks: BlockConfig = field(default_factory=BlockConfig)
+    # FFN's second pass after stitching: off unless enabled.
+    agglomeration: AgglomerationConfig = field(default_factory=AgglomerationConfig)
     watershed: WatershedConfig = field(default_factory=WatershedConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)

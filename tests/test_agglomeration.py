@@ -2,24 +2,43 @@
 shipped demo model deciding the pairs: a split planted into the ground truth is rejoined, true
 neighbours stay apart."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from faults import zero_bytes
 from test_inference import assert_same_segmentation
 
 from pipeline.agglomeration import (
     AgglomerationConfig,
+    PairDecision,
     candidate_pairs,
+    check_cores,
+    consensus_labels,
+    core_contacts,
     decide_pairs,
+    id_pairs,
+    join_id_pairs,
+    load_contact_table,
+    load_decisions,
     merge_contact_tables,
     merge_lookup,
+    merged_pairs,
+    pairs_in,
     relabel,
+    save_contact_table,
+    save_decisions,
     split_consensus,
+    write_core,
 )
+from pipeline.blocks import BlockConfig, plan_blocks
 from pipeline.errors import ConfigError, VolumeShapeError
+from pipeline.export import SegmentationWriter, new_segmentation, segmentation_spec
 from pipeline.inference import InferenceConfig, checkpoint_model_config, predictor_from_checkpoint
+from pipeline.stitching import block_core
 from pipeline.synthetic import SyntheticConfig, generate
+from pipeline.volumes import open_volume
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "models/demo-synthetic/checkpoints/ckpt-0"
 CONFIG = AgglomerationConfig()
@@ -91,7 +110,7 @@ def test_planted_split_is_rejoined(tissue, network):
     table = candidate_pairs(segmentation, min_contact=CONFIG.min_contact, max_gap=GAP)
     rows = [row(table, a, b) for a, b in planted]
     for decision in decide(raw, segmentation, table.select(rows), network):
-        assert decision.merge, decision
+        assert CONFIG.merges(decision), decision
         assert decision.fov_evaluations <= 2 * CONFIG.max_fov_evaluations_per_fill
     ids, targets = merge_lookup(np.array(planted))
     assert_same_segmentation(relabel(segmentation, ids, targets), labels)
@@ -106,7 +125,7 @@ def test_true_neighbours_stay_apart(tissue, network):
     table = candidate_pairs(labels, min_contact=CONFIG.min_contact, max_gap=GAP)
     largest = np.argsort(-table.contacts, kind="stable")[:8]
     for decision in decide(raw, labels, table.select(largest), network):
-        assert decision.seeded and not decision.merge, decision
+        assert decision.seeded and not CONFIG.merges(decision), decision
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,3 +255,120 @@ def test_consensus_background_where_either_is():
 def test_config_errors(setting, message):
     with pytest.raises(ConfigError, match=message):
         AgglomerationConfig(**setting)
+
+
+class TestAsTasks:
+    """The pass as the workflow runs it (apps/agglomerate.py): block cores of the stitched
+    volume, real files, a real segmentation layer."""
+
+    SHAPE = (32, 64, 64)
+    GRID = BlockConfig((32, 40, 40), (8, 16, 16))  # 1 x 2 x 2 blocks
+    CHUNKS = (16, 16, 16)
+
+    def test_contacts_found_core_by_core_are_those_of_the_whole_volume(self, tissue):
+        labels = tissue[1][CROP]
+        blocks = plan_blocks(self.SHAPE, self.GRID)
+        tables = [
+            core_contacts(k, blocks, labels.__getitem__, self.SHAPE, self.CHUNKS, GAP)
+            for k in range(len(blocks))
+        ]
+        assert len(blocks) == 4 and all(len(t) for t in tables)
+        by_cores = merge_contact_tables(tables, CONFIG.min_contact)
+        whole = candidate_pairs(labels, min_contact=CONFIG.min_contact, max_gap=GAP)
+        np.testing.assert_array_equal(by_cores.ids, whole.ids)
+        np.testing.assert_array_equal(by_cores.contacts, whole.contacts)
+        # Each pair is decided by the one core its point lies in.
+        cores = [block_core(k, blocks, self.CHUNKS) for k in range(len(blocks))]
+        assert sum(len(pairs_in(by_cores, core)) for core in cores) == len(by_cores)
+
+    def test_decisions_and_tables_are_read_back_as_written(self, tmp_path):
+        decisions = [
+            PairDecision(3, 2**40 + 1, 0.75, 0.95, 1.0, 17, True),
+            PairDecision(5, 9, 1.0, 1.0, 1.0, 0, False),  # unseeded: never merged
+        ]
+        save_decisions(tmp_path / "d.npz", decisions)
+        assert load_decisions(tmp_path / "d.npz") == decisions
+        save_decisions(tmp_path / "none.npz", [])
+        assert load_decisions(tmp_path / "none.npz") == []
+        assert merged_pairs(decisions, CONFIG).tolist() == [[3, 2**40 + 1]]
+        table = candidate_pairs(np.array([[[1, 1, 2, 2]]]), min_contact=1)
+        save_contact_table(tmp_path / "t.npz", table)
+        back = load_contact_table(tmp_path / "t.npz")
+        assert back.ids.tolist() == [[1, 2]] and back.points.tolist() == table.points.tolist()
+
+    def test_a_core_rewritten_after_its_task_is_written_again(self, tissue, tmp_path):
+        first = tissue[1][CROP].astype(np.uint64)
+        blocks = plan_blocks(self.SHAPE, self.GRID)
+        merges = merge_lookup(np.array([[int(first[0, 0, 0]), int(first[-1, -1, -1])]]))
+        new_segmentation(tmp_path, self.SHAPE, (20.0, 10.0, 10.0), self.CHUNKS)
+        layer = SegmentationWriter(tmp_path)
+        merged = lambda core: relabel(first[core], *merges)  # noqa: E731
+        records = [write_core(k, blocks, merged, layer) for k in range(len(blocks))]
+        expected = relabel(first.copy(), *merges)
+        assert (read_layer(tmp_path) == expected).all()
+        name = next(iter(records[2]["chunks"]))
+        chunk = layer.where + "/" + name
+        zero_bytes(chunk, 0, 100)  # its size kept
+        rewrite = lambda k: write_core(k, blocks, merged, layer)  # noqa: E731
+        assert check_cores(records, layer, rewrite) == [2]
+        assert (read_layer(tmp_path) == expected).all()
+        assert check_cores(records, layer, rewrite) == []
+
+    def test_consensus_core_by_core_is_that_of_the_whole_volume(self, tissue):
+        """Each core's pairs of ids, their union, then each core's labels from it: the
+        in-memory consensus, whatever core a pair first appears in."""
+        labels = tissue[1][CROP].astype(np.uint64)
+        other = plant_split(labels, largest_objects(labels, 1)[0], int(labels.max()) + 1)
+        blocks = plan_blocks(self.SHAPE, self.GRID)
+        cores = [block_core(k, blocks, self.CHUNKS) for k in range(len(blocks))]
+        table = join_id_pairs([id_pairs(labels[c], other[c]) for c in cores])
+        by_cores = np.zeros(self.SHAPE, np.uint64)
+        for core in cores:
+            by_cores[core] = consensus_labels(labels[core], other[core], table)
+        whole, pairs = split_consensus(labels, other)
+        np.testing.assert_array_equal(by_cores, whole)
+        np.testing.assert_array_equal(table, pairs)
+        with pytest.raises(VolumeShapeError, match="not in the table"):
+            consensus_labels(labels, other, table[1:])
+
+
+def read_layer(folder) -> np.ndarray:
+    with open_volume(segmentation_spec(folder)) as array:
+        return array[...]
+
+
+@pytest.mark.slow
+def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path):
+    """Inference only (the shipped demo model) on the tiny synthetic volume, with
+    `[agglomeration] enabled` and `consensus`: both passes are stitched aside, their consensus
+    beside them, and the agglomeration of the consensus is the export's segmentation (the
+    consensus with the recorded merges applied); evaluation scores each step; a resume finds
+    everything up to date."""
+    from workflow_runs import ROOT, segmentation, tiny_variant, workflow
+
+    config = tiny_variant(tmp_path, "agglomerate", {
+        'name = "tiny"': f'name = "tiny-agglomerate"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"',
+        "[export]": "[agglomeration]\nenabled = true\nconsensus = true\n\n[export]",
+    })  # fmt: skip
+    run = tmp_path / "run"
+    workflow("--config", str(config), "--run-dir", str(run))
+    first, second, consensus = (
+        read_layer(run / "agglomerate" / name)
+        for name in ("first_pass", "second_pass", "consensus")
+    )
+    assert first.any() and second.any() and (first != second).any()  # the other seed order
+    np.testing.assert_array_equal(consensus, split_consensus(first, second)[0])
+    summary = json.loads((run / "agglomerate" / "agglomerate.json").read_text())
+    assert summary["pairs"] > 0 and summary["fov_evaluations"] > 0
+    with np.load(run / "agglomerate" / "merges.npz") as merges:
+        expected = relabel(consensus.copy(), merges["ids"], merges["targets"])
+    np.testing.assert_array_equal(segmentation(run), expected)
+    scores = json.loads((run / "evaluation.json").read_text())
+    assert {"ffn", "ffn_first_pass", "ffn_consensus"} <= set(scores)
+    report = (run / "report.md").read_text()
+    assert "## Consensus" in report and "## Agglomeration" in report
+    assert "| ffn + consensus + agglomeration |" in report
+    assert "| ffn, first pass only |" in report and "| ffn + consensus (before" in report
+    assert (run / "precomputed" / "export.json").is_file()
+    resumed = workflow("--run-dir", str(run), "--resume")
+    assert "nothing to do" in resumed.stdout + resumed.stderr

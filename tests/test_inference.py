@@ -149,6 +149,17 @@ def test_seeds_are_inside_objects_and_innermost_first():
     np.testing.assert_array_equal(seed_peaks(raw, CONFIG, (2, 4, 4)), seeds)
 
 
+def test_seeds_in_raster_order_are_the_same_seeds_z_then_y_then_x():
+    """A consensus's second pass seeds in the other order (`seed_order`)."""
+    raw, _ = hand_made_volume()
+    innermost = seed_peaks(raw, CONFIG, (2, 4, 4))
+    raster = seed_peaks(raw, dataclasses.replace(CONFIG, seed_order="raster"), (2, 4, 4))
+    assert sorted(map(tuple, raster)) == sorted(map(tuple, innermost)) == list(map(tuple, raster))
+    assert raster.tolist() != innermost.tolist()
+    with pytest.raises(ConfigError, match="seed_order"):
+        dataclasses.replace(CONFIG, seed_order="random")
+
+
 def assert_no_merges(segmentation: np.ndarray, labels: np.ndarray) -> None:
     for k in np.unique(segmentation[segmentation > 0]):
         assert len(np.unique(labels[segmentation == k])) == 1, f"segment {k} merges objects"

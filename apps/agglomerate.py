@@ -1,0 +1,222 @@
+"""FFN's second pass after stitching (pipeline.agglomeration): the stitched first pass's touching
+pairs found per block core, one table of them, a decision task per core (two flood fills per
+pair around its contact), one table of merges, a relabel task per core writing the export's
+segmentation layer, then a check that every chunk is what its task wrote.
+
+Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "gzip": whether chunk files
+are gzipped, "block": k (per-core tasks), "agglomeration": AgglomerationConfig (the tasks up to
+the decisions: only the settings the fills depend on)}; `first_pass` is the folder holding the
+stitched first pass's layer, `folder` the export's."""
+
+from contextlib import contextmanager
+
+from parsl import python_app
+
+from site_configs import CPU_LABEL
+
+
+@python_app(executors=[CPU_LABEL])
+def pair_core(settings: dict, first_pass: str, inputs=(), outputs=()):
+    """inputs: the first pass's full resolution; outputs[0]: core k's contacts (.npz)."""
+    from pipeline.agglomeration import core_contacts, save_contact_table
+    from pipeline.stamps import digest_files, run_once
+
+    output = outputs[0].filepath
+    blocks, config = _grid(settings)
+
+    def work() -> str:
+        with layer_reader(first_pass) as read:
+            found = core_contacts(
+                settings["block"],
+                blocks,
+                read,
+                settings["shape"],
+                _chunks(settings),
+                config.max_gap,
+            )
+        save_contact_table(output, found)
+        return digest_files([output])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def join_pairs(settings: dict, inputs=(), outputs=()):
+    """inputs: every core's contacts; outputs[0]: the pairs to decide (.npz), those touching
+    over at least `min_contact` in all."""
+    from pipeline.agglomeration import load_contact_table, merge_contact_tables, save_contact_table
+    from pipeline.stamps import digest_files, run_once
+
+    output = outputs[0].filepath
+    _, config = _grid(settings)
+
+    def work() -> str:
+        tables = [load_contact_table(f.filepath) for f in inputs]
+        save_contact_table(output, merge_contact_tables(tables, config.min_contact))
+        return digest_files([output])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def decide_core(settings: dict, first_pass: str, inputs=(), outputs=()):
+    """settings also: {"inference": InferenceConfig}; inputs: the staged volume, the first
+    pass's full resolution, the pairs, selection.json; outputs[0]: the decisions of the pairs
+    whose contact point lies in core k (.npz)."""
+    from pipeline.agglomeration import decide_pairs, load_contact_table, pairs_in, save_decisions
+    from pipeline.config import from_dict
+    from pipeline.inference import (
+        InferenceConfig,
+        checkpoint_model_config,
+        predictor_from_checkpoint,
+    )
+    from pipeline.selection import chosen_checkpoint
+    from pipeline.staging import read_staged
+    from pipeline.stamps import digest_files, run_once
+    from pipeline.stitching import block_core
+    from pipeline.volumes import open_volume
+
+    volume, _, pairs, selection = (f.filepath for f in inputs)
+    output = outputs[0].filepath
+    blocks, config = _grid(settings)
+
+    def work() -> str:
+        core = block_core(settings["block"], blocks, _chunks(settings))
+        table = pairs_in(load_contact_table(pairs), core)
+        checkpoint = chosen_checkpoint(selection)
+        model = checkpoint_model_config(checkpoint)
+        inference = from_dict(InferenceConfig, settings["inference"])
+        with open_volume(read_staged(volume).raw) as raw, layer_reader(first_pass) as read:
+            decisions = decide_pairs(
+                raw.__getitem__, read, settings["shape"], table,
+                predictor_from_checkpoint(checkpoint, model), model, inference, config,
+            )  # fmt: skip
+        save_decisions(output, decisions)
+        return digest_files([output])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: the staged volume, then every core's decisions; outputs[0]: the merge table
+    (.npz: each merged id and the id it becomes). Also makes the new, empty segmentation layer
+    in the export `folder` that the relabel tasks write into."""
+    from apps.stitch import new_layer
+    from pipeline.agglomeration import load_decisions, merge_lookup, merged_pairs, save_merges
+    from pipeline.stamps import run_once
+
+    output = outputs[0].filepath
+    _, config = _grid(settings)
+
+    def work() -> None:
+        decisions = [d for f in inputs[1:] for d in load_decisions(f.filepath)]
+        save_merges(output, *merge_lookup(merged_pairs(decisions, config)))
+        new_layer(settings, folder, inputs[0].filepath)
+        # No content digest: a new (empty) volume must make every relabel task run again.
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def relabel_merged_core(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
+    """inputs: the merge table, the first pass's full resolution; outputs[0]: core k's record
+    (.json). Writes core k, merged, into the export's segmentation layer."""
+    from pipeline.agglomeration import load_merges, relabel, write_core
+    from pipeline.export import SegmentationWriter
+    from pipeline.stamps import digest, run_once
+    from pipeline.stitching import save_core_record
+
+    merges = inputs[0].filepath
+    output = outputs[0].filepath
+    blocks, _ = _grid(settings)
+
+    def work() -> str:
+        layer = SegmentationWriter(folder, settings["gzip"])
+        merged = load_merges(merges)
+        with layer_reader(first_pass) as read:
+            record = write_core(
+                settings["block"], blocks, lambda core: relabel(read(core), *merged), layer
+            )
+        save_core_record(output, record)
+        return digest(record["chunks"])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
+    """inputs: the staged volume, the merge table, the first pass's full resolution, every
+    core's record, then every core's decisions (plan order); outputs: agglomerate.json and the
+    folder of the export layer's full resolution. Rewrites any core whose chunks changed after
+    its task wrote them (the whole layer if it was lost)."""
+    import json
+    from pathlib import Path
+
+    from apps.stitch import new_layer
+    from pipeline.agglomeration import check_cores, load_decisions, load_merges, relabel, write_core
+    from pipeline.atomic import atomic_path
+    from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
+    from pipeline.stamps import digest, run_once
+    from pipeline.stitching import load_core_record
+
+    paths = [f.filepath for f in inputs]
+    count = (len(paths) - 3) // 2
+    records, decisions = paths[3 : 3 + count], paths[3 + count :]
+    summary, full_resolution = (f.filepath for f in outputs)
+    blocks, config = _grid(settings)
+
+    def work() -> str:
+        if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
+            new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
+        layer = SegmentationWriter(folder, settings["gzip"])
+        merges = load_merges(paths[1])
+        with layer_reader(first_pass) as read:
+            repaired = check_cores(
+                (load_core_record(p) for p in records),
+                layer,
+                lambda k: write_core(k, blocks, lambda core: relabel(read(core), *merges), layer),
+            )
+        decided = [d for p in decisions for d in load_decisions(p)]
+        record = {
+            "pairs": len(decided),
+            "merged_pairs": sum(config.merges(d) for d in decided),
+            "unseeded_pairs": sum(not d.seeded for d in decided),
+            "merged_segments": len(merges[0]),
+            "merged_objects": len(set(merges[1].tolist())),  # what they became
+            "fov_evaluations": sum(d.fov_evaluations for d in decided),
+            "repaired_blocks": repaired,
+        }
+        with atomic_path(summary) as tmp:
+            tmp.write_text(json.dumps(record, indent=2))
+        return digest([load_core_record(p)["chunks"] for p in records])
+
+    return run_once(settings, paths, [summary, full_resolution], work)
+
+
+def _grid(settings: dict):
+    """The block grid and the agglomeration's settings."""
+    from pipeline.agglomeration import AgglomerationConfig
+    from pipeline.blocks import BlockConfig, plan_blocks
+    from pipeline.config import from_dict
+
+    blocks = plan_blocks(settings["shape"], from_dict(BlockConfig, settings["blocks"]))
+    return blocks, from_dict(AgglomerationConfig, settings.get("agglomeration", {}))
+
+
+def _chunks(settings: dict) -> tuple[int, int, int]:
+    """The layers' chunks, on which the cores are cut (as the stitching cuts them)."""
+    from pipeline.blocks import BlockConfig
+    from pipeline.config import from_dict
+
+    return from_dict(BlockConfig, settings["blocks"]).chunks
+
+
+@contextmanager
+def layer_reader(folder: str):
+    """A reader of the segmentation layer in `folder`: box -> voxels."""
+    from pipeline.export import segmentation_spec
+    from pipeline.volumes import open_volume
+
+    with open_volume(segmentation_spec(folder)) as array:
+        yield array.__getitem__

@@ -1,0 +1,148 @@
+"""The split consensus of two stitched inference passes (pipeline.agglomeration): per block core
+the pairs of ids the two passes give its voxels, one table of them over the volume, a relabel
+task per core writing each voxel's pair's row as its label, then a check that every chunk is
+what its task wrote.
+
+Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "gzip": whether chunk files
+are gzipped, "block": k (per-core tasks)}; `first`, `second` are the folders holding the two
+passes' layers, `folder` the one written."""
+
+from parsl import python_app
+
+from site_configs import CPU_LABEL
+
+
+@python_app(executors=[CPU_LABEL])
+def consensus_pairs(settings: dict, first: str, second: str, inputs=(), outputs=()):
+    """inputs: both passes' full resolutions; outputs[0]: core k's pairs of ids (.npy)."""
+    import numpy as np
+
+    from apps.agglomerate import layer_reader
+    from pipeline.agglomeration import id_pairs
+    from pipeline.atomic import atomic_path
+    from pipeline.stamps import digest_files, run_once
+
+    output = outputs[0].filepath
+
+    def work() -> str:
+        core = _core(settings)
+        with layer_reader(first) as read_first, layer_reader(second) as read_second:
+            found = id_pairs(read_first(core), read_second(core))
+        with atomic_path(output) as tmp, open(tmp, "wb") as f:
+            np.save(f, found)
+        return digest_files([output])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def join_consensus_pairs(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: the staged volume, then every core's pairs; outputs[0]: the table (.npy). Also
+    makes the new, empty segmentation layer in `folder` that the relabel tasks write into."""
+    import numpy as np
+
+    from apps.stitch import new_layer
+    from pipeline.agglomeration import join_id_pairs
+    from pipeline.atomic import atomic_path
+    from pipeline.stamps import run_once
+
+    output = outputs[0].filepath
+
+    def work() -> None:
+        table = join_id_pairs([np.load(f.filepath) for f in inputs[1:]])
+        with atomic_path(output) as tmp, open(tmp, "wb") as f:
+            np.save(f, table)
+        new_layer(settings, folder, inputs[0].filepath)
+        # No content digest: a new (empty) volume must make every relabel task run again.
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def relabel_consensus_core(
+    settings: dict, first: str, second: str, folder: str, inputs=(), outputs=()
+):
+    """inputs: the table, both passes' full resolutions; outputs[0]: core k's record (.json).
+    Writes core k's consensus labels into the layer in `folder`."""
+    import numpy as np
+
+    from pipeline.stamps import digest, run_once
+    from pipeline.stitching import save_core_record
+
+    table = inputs[0].filepath
+    output = outputs[0].filepath
+
+    def work() -> str:
+        record = _write(settings["block"], settings, np.load(table), first, second, folder)
+        save_core_record(output, record)
+        return digest(record["chunks"])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def finish_consensus(settings: dict, first: str, second: str, folder: str, inputs=(), outputs=()):
+    """inputs: the staged volume, the table, both passes' full resolutions, then every core's
+    record (plan order); outputs: consensus.json and the folder of the layer's full resolution.
+    Rewrites any core whose chunks changed after its task wrote them (all if the layer was
+    lost)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from apps.stitch import new_layer
+    from pipeline.agglomeration import check_cores
+    from pipeline.atomic import atomic_path
+    from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
+    from pipeline.stamps import digest, run_once
+    from pipeline.stitching import load_core_record
+
+    paths = [f.filepath for f in inputs]
+    summary, full_resolution = (f.filepath for f in outputs)
+
+    def work() -> str:
+        if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
+            new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
+        table = np.load(paths[1])
+        repaired = check_cores(
+            (load_core_record(p) for p in paths[4:]),
+            SegmentationWriter(folder, settings["gzip"]),
+            lambda k: _write(k, settings, table, first, second, folder),
+        )
+        record = {"segments": len(table), "repaired_blocks": repaired}
+        with atomic_path(summary) as tmp:
+            tmp.write_text(json.dumps(record, indent=2))
+        return digest([load_core_record(p)["chunks"] for p in paths[4:]])
+
+    return run_once(settings, paths, [summary, full_resolution], work)
+
+
+def _core(settings: dict) -> tuple[slice, ...]:
+    """Block k's core on the layers' chunks (as the stitching cuts them)."""
+    from pipeline.blocks import BlockConfig, plan_blocks
+    from pipeline.config import from_dict
+    from pipeline.stitching import block_core
+
+    config = from_dict(BlockConfig, settings["blocks"])
+    blocks = plan_blocks(settings["shape"], config)
+    return block_core(settings["block"], blocks, config.chunks)
+
+
+def _write(k: int, settings: dict, table, first: str, second: str, folder: str) -> dict:
+    """Core k's consensus labels written into the layer in `folder`; its record."""
+    from apps.agglomerate import layer_reader
+    from pipeline.agglomeration import consensus_labels, write_core
+    from pipeline.blocks import BlockConfig, plan_blocks
+    from pipeline.config import from_dict
+    from pipeline.export import SegmentationWriter
+
+    blocks = plan_blocks(settings["shape"], from_dict(BlockConfig, settings["blocks"]))
+    layer = SegmentationWriter(folder, settings["gzip"])
+    with layer_reader(first) as read_first, layer_reader(second) as read_second:
+        return write_core(
+            k,
+            blocks,
+            lambda core: consensus_labels(read_first(core), read_second(core), table),
+            layer,
+        )
