@@ -427,12 +427,14 @@ def consensus_steps(
         "gzip": config.export.gzip,
     }
     cores = range(len(blocks))
-    pairs = [paths.consensus_dir / "pairs" / f"{b.name}.npy" for b in blocks]
+    pairs = [paths.consensus_dir / "pairs" / f"{b.name}.npz" for b in blocks]
     records = [paths.consensus_dir / "cores" / f"{b.name}.json" for b in blocks]
     table = paths.consensus_dir / "ids.npy"
     steps = [task_step(f"consensus[pairs {k}]", {**base, "block": k}, layers, [pairs[k]],
                        "consensus.consensus_pairs", first, second) for k in cores]  # fmt: skip
-    steps.append(task_step("consensus[join]", base, [paths.eval_volume, *pairs], [table],
+    # Slivers where the passes disagree on a border go, as objects too small do in a pass.
+    join = {**base, "min_size": config.inference.min_segment_size}
+    steps.append(task_step("consensus[join]", join, [paths.eval_volume, *pairs], [table],
                            "consensus.join_consensus_pairs", str(into)))  # fmt: skip
     steps += [task_step(f"consensus[relabel {k}]", {**base, "block": k}, [table, *layers], [records[k]],
                         "consensus.relabel_consensus_core", first, second, str(into)) for k in cores]  # fmt: skip

@@ -14,7 +14,8 @@ from site_configs import CPU_LABEL
 
 @python_app(executors=[CPU_LABEL])
 def consensus_pairs(settings: dict, first: str, second: str, inputs=(), outputs=()):
-    """inputs: both passes' full resolutions; outputs[0]: core k's pairs of ids (.npy)."""
+    """inputs: both passes' full resolutions; outputs[0]: core k's pairs of ids and their
+    voxels (.npz)."""
     import numpy as np
 
     from apps.agglomerate import layer_reader
@@ -27,9 +28,9 @@ def consensus_pairs(settings: dict, first: str, second: str, inputs=(), outputs=
     def work() -> str:
         core = _core(settings)
         with layer_reader(first) as read_first, layer_reader(second) as read_second:
-            found = id_pairs(read_first(core), read_second(core))
+            pairs, counts = id_pairs(read_first(core), read_second(core))
         with atomic_path(output) as tmp, open(tmp, "wb") as f:
-            np.save(f, found)
+            np.savez(f, pairs=pairs, counts=counts)
         return digest_files([output])
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
@@ -37,8 +38,9 @@ def consensus_pairs(settings: dict, first: str, second: str, inputs=(), outputs=
 
 @python_app(executors=[CPU_LABEL])
 def join_consensus_pairs(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the staged volume, then every core's pairs; outputs[0]: the table (.npy). Also
-    makes the new, empty segmentation layer in `folder` that the relabel tasks write into."""
+    """settings also: {"min_size": voxels}; inputs: the staged volume, then every core's
+    pairs; outputs[0]: the table of pairs with at least `min_size` voxels (.npy). Also makes the
+    new, empty segmentation layer in `folder` that the relabel tasks write into."""
     import numpy as np
 
     from apps.stitch import new_layer
@@ -49,7 +51,11 @@ def join_consensus_pairs(settings: dict, folder: str, inputs=(), outputs=()):
     output = outputs[0].filepath
 
     def work() -> None:
-        table = join_id_pairs([np.load(f.filepath) for f in inputs[1:]])
+        tables = []
+        for f in inputs[1:]:
+            with np.load(f.filepath) as found:
+                tables.append((found["pairs"], found["counts"]))
+        table = join_id_pairs(tables, settings["min_size"])
         with atomic_path(output) as tmp, open(tmp, "wb") as f:
             np.save(f, table)
         new_layer(settings, folder, inputs[0].filepath)

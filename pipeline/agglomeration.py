@@ -390,18 +390,22 @@ def relabel(segmentation: np.ndarray, ids: np.ndarray, targets: np.ndarray) -> n
 # Split consensus
 
 
-def split_consensus(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def split_consensus(
+    first: np.ndarray, second: np.ndarray, min_size: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """(labels, pairs): two segmentations of one region cut by each other. A voxel's label stands
-    for the pair (its id in `first`, its id in `second`); 0 where either is 0. Labels are 1..N in
-    the order of the sorted pairs, and `pairs[k - 1]` is label k's pair, (N, 2) uint64. Block by
-    block: `id_pairs` per block, their union, then `consensus_labels` per block with it."""
-    pairs = id_pairs(first, second)
+    for the pair (its id in `first`, its id in `second`); 0 where either is 0, or where the pair
+    holds fewer than `min_size` voxels (the slivers where the two disagree on a border, as
+    google/ffn's `split_segmentation_by_intersection` drops them). Labels are 1..N in the order
+    of the sorted pairs, and `pairs[k - 1]` is label k's pair, (N, 2) uint64. Block by block:
+    `id_pairs` per block, `join_id_pairs` of them all, then `consensus_labels` per block."""
+    pairs = join_id_pairs([id_pairs(first, second)], min_size)
     return consensus_labels(first, second, pairs), pairs
 
 
-def id_pairs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+def id_pairs(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (id in `first`, id in `second`) pairs of a region's voxels where both are non-zero,
-    (N, 2) uint64, sorted and unique."""
+    (N, 2) uint64, sorted and unique, and the voxels of each, (N,) int64."""
     if first.shape != second.shape:
         raise VolumeShapeError(
             f"consensus of shapes {first.shape} and {second.shape}: must be equal"
@@ -410,23 +414,29 @@ def id_pairs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     ids_first, in_first = np.unique(first[both], return_inverse=True)
     ids_second, in_second = np.unique(second[both], return_inverse=True)
     # One integer per pair (both compacted to < voxels): a 1-D unique, far faster than of rows.
-    keys = np.unique(in_first.astype(np.int64) * len(ids_second) + in_second)
+    keys, counts = np.unique(
+        in_first.astype(np.int64) * len(ids_second) + in_second, return_counts=True
+    )
     pairs = np.stack([ids_first[keys // len(ids_second)], ids_second[keys % len(ids_second)]])
-    return pairs.T.astype(np.uint64).reshape(-1, 2)
+    return pairs.T.astype(np.uint64).reshape(-1, 2), counts.astype(np.int64)
 
 
-def join_id_pairs(tables: Sequence[np.ndarray]) -> np.ndarray:
-    """Several regions' `id_pairs` as one sorted, unique table."""
-    return np.unique(np.concatenate([t.reshape(-1, 2) for t in tables]), axis=0).astype(np.uint64)
+def join_id_pairs(tables: Sequence[tuple[np.ndarray, np.ndarray]], min_size: int = 1) -> np.ndarray:
+    """Several regions' `id_pairs` as one sorted, unique table of the pairs with at least
+    `min_size` voxels in all."""
+    pairs = np.concatenate([t[0].reshape(-1, 2) for t in tables]).astype(np.uint64)
+    unique, group = np.unique(pairs, axis=0, return_inverse=True)
+    counts = np.bincount(group.reshape(-1), np.concatenate([t[1] for t in tables]), len(unique))
+    return unique[counts >= min_size].reshape(-1, 2)
 
 
 def consensus_labels(first: np.ndarray, second: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-    """Each voxel's label: 1 + the row of its (first, second) pair in `pairs` (sorted, unique,
-    holding every pair of the region); 0 where either is 0. Labels agree over blocks that share
-    one table."""
+    """Each voxel's label: 1 + the row of its (first, second) pair in `pairs` (`join_id_pairs`:
+    sorted, unique); 0 where either is 0 or the pair is not in the table (too small). Labels
+    agree over blocks that share one table."""
     labels = np.zeros(first.shape, np.uint64)
     both = (first > 0) & (second > 0)
-    if not both.any():
+    if not both.any() or not len(pairs):
         return labels
     # Both ids compacted over the table's: one integer per pair, increasing with the sorted rows.
     ids_first, ids_second = np.unique(pairs[:, 0]), np.unique(pairs[:, 1])
@@ -440,9 +450,8 @@ def consensus_labels(first: np.ndarray, second: np.ndarray, pairs: np.ndarray) -
     table = keys(pairs[:, 0], pairs[:, 1])
     voxels = keys(first[both].astype(np.uint64), second[both].astype(np.uint64))
     row = np.minimum(np.searchsorted(table, voxels), len(table) - 1)
-    if np.any(table[row] != voxels):
-        raise VolumeShapeError("consensus: a voxel's pair of ids is not in the table")
-    labels[both] = row.astype(np.uint64) + 1
+    found = table[row] == voxels
+    labels[both] = np.where(found, row.astype(np.uint64) + 1, 0)
     return labels
 
 
