@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.pretrained import FIB25_FOV_ZYX
+from pipeline.roi import Roi
 from pipeline.run_config import load_run_config
 from pipeline.staging import check_sources
 
@@ -34,8 +35,21 @@ def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, tmp_path
 
 def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
-    assert len(flyem) == 4
-    assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in flyem}) == 1
+    scored = [c for c in flyem if not c.name.endswith("-selection")]
+    assert len(scored) == 4
+    assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in scored}) == 1
+
+
+def test_the_run_where_second_pass_settings_are_chosen_scores_only_the_selection_part():
+    """configs/flyem_fib25_selection.toml scores a part of the selection part, apart from the
+    evaluated part (its context may reach the image there: only image, never labels)."""
+    parts = load_run_config(ROOT / "configs" / "flyem.toml").data
+    tuning = load_run_config(ROOT / "configs" / "flyem_fib25_selection.toml").data
+    selection, scored = Roi.parse(parts.select_roi), Roi.parse(tuning.eval_roi)
+    assert all(a <= b for a, b in zip(selection.start, scored.start, strict=True))
+    assert all(b <= a for a, b in zip(selection.stop, scored.stop, strict=True))
+    assert not scored.overlaps(Roi.parse(parts.eval_roi))
+    assert (tuning.eval_raw, tuning.eval_labels) == (parts.train_raw, parts.train_labels)
 
 
 def test_the_demo_fine_tunes_the_shipped_model_and_a_config_file_starts_from_scratch():
