@@ -339,8 +339,9 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     from pipeline.evaluation import count_regions
 
     regions = count_regions(_eval_shape(config), config.evaluation)
+    scored = _scored_segmentations(config, paths)
     steps, counts = [], []
-    for key, folder in _scored_segmentations(config, paths).items():
+    for key, folder in scored.items():
         segmented = [paths.eval_volume, _full_resolution(config, folder)]
         # The export's segmentation is "ffn"; the steps before it have folders of their own.
         name = "" if key == "ffn" else f"{key} "
@@ -351,7 +352,7 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
             for k, (region, path) in enumerate(zip(regions, paths_of, strict=True))
         ]  # fmt: skip
         counts += paths_of
-    also = list(_scored_segmentations(config, paths))[1:]
+    also = list(scored)[1:]
     # Only with a second pass: runs made before keep their evaluation.
     settings = {"watershed": config_io.to_dict(config.watershed)} | ({"also": also} if also else {})
     steps.append(task_step("evaluate", settings, [paths.eval_volume, *counts],

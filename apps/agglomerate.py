@@ -22,7 +22,7 @@ def pair_core(settings: dict, first_pass: str, inputs=(), outputs=()):
     from pipeline.stamps import digest_files, run_once
 
     output = outputs[0].filepath
-    blocks, config = _grid(settings)
+    blocks, config = grid_of(settings)
 
     def work() -> str:
         with layer_reader(first_pass) as read:
@@ -31,7 +31,7 @@ def pair_core(settings: dict, first_pass: str, inputs=(), outputs=()):
                 blocks,
                 read,
                 settings["shape"],
-                _chunks(settings),
+                chunks_of(settings),
                 config.max_gap,
             )
         save_contact_table(output, found)
@@ -48,7 +48,7 @@ def join_pairs(settings: dict, inputs=(), outputs=()):
     from pipeline.stamps import digest_files, run_once
 
     output = outputs[0].filepath
-    _, config = _grid(settings)
+    _, config = grid_of(settings)
 
     def work() -> str:
         tables = [load_contact_table(f.filepath) for f in inputs]
@@ -78,10 +78,10 @@ def decide_core(settings: dict, first_pass: str, inputs=(), outputs=()):
 
     volume, _, pairs, selection = (f.filepath for f in inputs)
     output = outputs[0].filepath
-    blocks, config = _grid(settings)
+    blocks, config = grid_of(settings)
 
     def work() -> str:
-        core = block_core(settings["block"], blocks, _chunks(settings))
+        core = block_core(settings["block"], blocks, chunks_of(settings))
         table = pairs_in(load_contact_table(pairs), core)
         checkpoint = chosen_checkpoint(selection)
         model = checkpoint_model_config(checkpoint)
@@ -107,7 +107,7 @@ def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
     from pipeline.stamps import run_once
 
     output = outputs[0].filepath
-    _, config = _grid(settings)
+    _, config = grid_of(settings)
 
     def work() -> None:
         decisions = [d for f in inputs[1:] for d in load_decisions(f.filepath)]
@@ -129,7 +129,7 @@ def relabel_merged_core(settings: dict, first_pass: str, folder: str, inputs=(),
 
     merges = inputs[0].filepath
     output = outputs[0].filepath
-    blocks, _ = _grid(settings)
+    blocks, _ = grid_of(settings)
 
     def work() -> str:
         layer = SegmentationWriter(folder, settings["gzip"])
@@ -157,14 +157,14 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     from pipeline.agglomeration import check_cores, load_decisions, load_merges, relabel, write_core
     from pipeline.atomic import atomic_path
     from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
-    from pipeline.stamps import digest, run_once
+    from pipeline.stamps import run_once
     from pipeline.stitching import load_core_record
 
     paths = [f.filepath for f in inputs]
     count = (len(paths) - 3) // 2
     records, decisions = paths[3 : 3 + count], paths[3 + count :]
     summary, full_resolution = (f.filepath for f in outputs)
-    blocks, config = _grid(settings)
+    blocks, config = grid_of(settings)
 
     def work() -> str:
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
@@ -172,7 +172,7 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
         layer = SegmentationWriter(folder, settings["gzip"])
         merges = load_merges(paths[1])
         with layer_reader(first_pass) as read:
-            repaired = check_cores(
+            repaired, token = check_cores(
                 (load_core_record(p) for p in records),
                 layer,
                 lambda k: write_core(k, blocks, lambda core: relabel(read(core), *merges), layer),
@@ -189,12 +189,12 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
         }
         with atomic_path(summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
-        return digest([load_core_record(p)["chunks"] for p in records])
+        return token
 
     return run_once(settings, paths, [summary, full_resolution], work)
 
 
-def _grid(settings: dict):
+def grid_of(settings: dict):
     """The block grid and the agglomeration's settings."""
     from pipeline.agglomeration import AgglomerationConfig
     from pipeline.blocks import BlockConfig, plan_blocks
@@ -204,7 +204,7 @@ def _grid(settings: dict):
     return blocks, from_dict(AgglomerationConfig, settings.get("agglomeration", {}))
 
 
-def _chunks(settings: dict) -> tuple[int, int, int]:
+def chunks_of(settings: dict) -> tuple[int, int, int]:
     """The layers' chunks, on which the cores are cut (as the stitching cuts them)."""
     from pipeline.blocks import BlockConfig
     from pipeline.config import from_dict

@@ -18,15 +18,16 @@ def consensus_pairs(settings: dict, first: str, second: str, inputs=(), outputs=
     voxels (.npz)."""
     import numpy as np
 
-    from apps.agglomerate import layer_reader
+    from apps.agglomerate import chunks_of, grid_of, layer_reader
     from pipeline.agglomeration import id_pairs
     from pipeline.atomic import atomic_path
     from pipeline.stamps import digest_files, run_once
+    from pipeline.stitching import block_core
 
     output = outputs[0].filepath
 
     def work() -> str:
-        core = _core(settings)
+        core = block_core(settings["block"], grid_of(settings)[0], chunks_of(settings))
         with layer_reader(first) as read_first, layer_reader(second) as read_second:
             pairs, counts = id_pairs(read_first(core), read_second(core))
         with atomic_path(output) as tmp, open(tmp, "wb") as f:
@@ -101,7 +102,7 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
     from pipeline.agglomeration import check_cores
     from pipeline.atomic import atomic_path
     from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
-    from pipeline.stamps import digest, run_once
+    from pipeline.stamps import run_once
     from pipeline.stitching import load_core_record
 
     paths = [f.filepath for f in inputs]
@@ -111,7 +112,7 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         table = np.load(paths[1])
-        repaired = check_cores(
+        repaired, token = check_cores(
             (load_core_record(p) for p in paths[4:]),
             SegmentationWriter(folder, settings["gzip"]),
             lambda k: _write(k, settings, table, first, second, folder),
@@ -119,31 +120,18 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
         record = {"segments": len(table), "repaired_blocks": repaired}
         with atomic_path(summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
-        return digest([load_core_record(p)["chunks"] for p in paths[4:]])
+        return token
 
     return run_once(settings, paths, [summary, full_resolution], work)
 
 
-def _core(settings: dict) -> tuple[slice, ...]:
-    """Block k's core on the layers' chunks (as the stitching cuts them)."""
-    from pipeline.blocks import BlockConfig, plan_blocks
-    from pipeline.config import from_dict
-    from pipeline.stitching import block_core
-
-    config = from_dict(BlockConfig, settings["blocks"])
-    blocks = plan_blocks(settings["shape"], config)
-    return block_core(settings["block"], blocks, config.chunks)
-
-
 def _write(k: int, settings: dict, table, first: str, second: str, folder: str) -> dict:
     """Core k's consensus labels written into the layer in `folder`; its record."""
-    from apps.agglomerate import layer_reader
+    from apps.agglomerate import grid_of, layer_reader
     from pipeline.agglomeration import consensus_labels, write_core
-    from pipeline.blocks import BlockConfig, plan_blocks
-    from pipeline.config import from_dict
     from pipeline.export import SegmentationWriter
 
-    blocks = plan_blocks(settings["shape"], from_dict(BlockConfig, settings["blocks"]))
+    blocks, _ = grid_of(settings)
     layer = SegmentationWriter(folder, settings["gzip"])
     with layer_reader(first) as read_first, layer_reader(second) as read_second:
         return write_core(

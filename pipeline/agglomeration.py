@@ -30,6 +30,7 @@ Flood fills use `pipeline.inference.Canvas.flood` itself.
 """
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,8 @@ from pipeline.errors import BlockResultError, ConfigError, VolumeShapeError
 from pipeline.export import SegmentationWriter
 from pipeline.inference import Canvas, InferenceConfig, Predictor
 from pipeline.model import ModelConfig, normalize_image
-from pipeline.stitching import block_core
+from pipeline.stamps import digest
+from pipeline.stitching import block_core, core_changed
 
 Reader = Callable[[tuple[slice, ...]], np.ndarray]
 Box = tuple[slice, ...]
@@ -554,16 +556,20 @@ def write_core(
 
 def check_cores(
     records: Iterable[dict], layer: SegmentationWriter, rewrite: Callable[[int], dict]
-) -> list[int]:
-    """Every `write_core` record against `layer`: a core whose chunks changed after its task wrote
-    them (lost, truncated, rewritten) is written again with `rewrite(k)`; the blocks rewritten.
-    Raises BlockResultError if one cannot be written as recorded."""
-    repaired, failed = [], []
+) -> tuple[list[int], str]:
+    """Every `write_core` record against `layer`, read once, a record at a time: a core whose
+    chunks changed after its task wrote them (lost, truncated, rewritten;
+    `stitching.core_changed`) is written again with `rewrite(k)`. Returns the blocks rewritten
+    and a digest of every record's chunk digests, in order (the check's token). Raises
+    BlockResultError if one cannot be written as recorded."""
+    repaired, failed, token = [], [], hashlib.sha256()
     for record in records:
-        if any(layer.digest(n) != d for n, d in record["chunks"].items()):
+        if core_changed(record, layer):
             repaired.append(record["block"])
-            if rewrite(record["block"])["chunks"] != record["chunks"]:
+            rewrite(record["block"])
+            if core_changed(record, layer):
                 failed.append(record["block"])
+        token.update(digest(record["chunks"]).encode())
     if failed:
         raise BlockResultError(f"{layer.where}: blocks {failed} cannot be written as recorded")
-    return repaired
+    return repaired, token.hexdigest()

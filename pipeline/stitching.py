@@ -296,7 +296,7 @@ def write_core(
     }
 
 
-def _changed(record: dict, layer: SegmentationWriter) -> bool:
+def core_changed(record: dict, layer: SegmentationWriter) -> bool:
     """Whether a block's chunks in `layer` are not what it wrote (missing, truncated or
     rewritten since)."""
     return any(layer.digest(name) != digest for name, digest in record["chunks"].items())
@@ -331,10 +331,10 @@ def check_cores(
     count = 0
     for record in records:
         count += 1
-        if _changed(record, layer):
+        if core_changed(record, layer):
             repaired.append(record["block"])
             write_core(record["block"], blocks, labels_of, offsets, lookup, layer)
-            if _changed(record, layer):
+            if core_changed(record, layer):
                 failed.append(record["block"])
         present[record["ids"]] = True
         inference += InferenceStats(**{name: record["stats"][name] for name in names})
