@@ -122,10 +122,10 @@ def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
 def relabel_merged_core(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
     """inputs: the merge table, the first pass's full resolution; outputs[0]: core k's record
     (.json). Writes core k, merged, into the export's segmentation layer."""
-    from pipeline.agglomeration import load_merges, relabel, write_core
+    from pipeline.agglomeration import load_merges, relabel
     from pipeline.export import SegmentationWriter
     from pipeline.stamps import digest, run_once
-    from pipeline.stitching import save_core_record
+    from pipeline.stitching import save_core_record, write_core_labels
 
     merges = inputs[0].filepath
     output = outputs[0].filepath
@@ -135,7 +135,7 @@ def relabel_merged_core(settings: dict, first_pass: str, folder: str, inputs=(),
         layer = SegmentationWriter(folder, settings["gzip"])
         merged = load_merges(merges)
         with layer_reader(first_pass) as read:
-            record = write_core(
+            record = write_core_labels(
                 settings["block"], blocks, lambda core: relabel(read(core), *merged), layer
             )
         save_core_record(output, record)
@@ -154,11 +154,11 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     from pathlib import Path
 
     from apps.stitch import new_layer
-    from pipeline.agglomeration import check_cores, load_decisions, load_merges, relabel, write_core
+    from pipeline.agglomeration import load_decisions, load_merges, relabel
     from pipeline.atomic import atomic_path
     from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
     from pipeline.stamps import run_once
-    from pipeline.stitching import load_core_record
+    from pipeline.stitching import check_written_cores, load_core_record, write_core_labels
 
     paths = [f.filepath for f in inputs]
     count = (len(paths) - 3) // 2
@@ -172,10 +172,12 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
         layer = SegmentationWriter(folder, settings["gzip"])
         merges = load_merges(paths[1])
         with layer_reader(first_pass) as read:
-            repaired, token = check_cores(
+            repaired, token = check_written_cores(
                 (load_core_record(p) for p in records),
                 layer,
-                lambda k: write_core(k, blocks, lambda core: relabel(read(core), *merges), layer),
+                lambda k: write_core_labels(
+                    k, blocks, lambda core: relabel(read(core), *merges), layer
+                ),
             )
         decided = [d for p in decisions for d in load_decisions(p)]
         record = {

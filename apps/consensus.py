@@ -99,11 +99,10 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
     import numpy as np
 
     from apps.stitch import new_layer
-    from pipeline.agglomeration import check_cores
     from pipeline.atomic import atomic_path
     from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
     from pipeline.stamps import run_once
-    from pipeline.stitching import load_core_record
+    from pipeline.stitching import check_written_cores, load_core_record
 
     paths = [f.filepath for f in inputs]
     summary, full_resolution = (f.filepath for f in outputs)
@@ -112,7 +111,7 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         table = np.load(paths[1])
-        repaired, token = check_cores(
+        repaired, token = check_written_cores(
             (load_core_record(p) for p in paths[4:]),
             SegmentationWriter(folder, settings["gzip"]),
             lambda k: _write(k, settings, table, first, second, folder),
@@ -128,13 +127,14 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
 def _write(k: int, settings: dict, table, first: str, second: str, folder: str) -> dict:
     """Core k's consensus labels written into the layer in `folder`; its record."""
     from apps.agglomerate import grid_of, layer_reader
-    from pipeline.agglomeration import consensus_labels, write_core
+    from pipeline.agglomeration import consensus_labels
     from pipeline.export import SegmentationWriter
+    from pipeline.stitching import write_core_labels
 
     blocks, _ = grid_of(settings)
     layer = SegmentationWriter(folder, settings["gzip"])
     with layer_reader(first) as read_first, layer_reader(second) as read_second:
-        return write_core(
+        return write_core_labels(
             k,
             blocks,
             lambda core: consensus_labels(read_first(core), read_second(core), table),

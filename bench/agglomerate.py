@@ -19,6 +19,9 @@ thresholds are chosen (the selection part), configs/flyem_fib25.toml the one tha
 Every pair's measures are written to --output (JSON), so that thresholds can be chosen from
 them without filling again: --sweep prints the scores a grid of thresholds would give (on the
 tuning volume), --decisions FILE reuses the fills of an earlier --output instead of filling.
+--budgets 1 2 4 8 measures every pair as fills of at most that many FOV evaluations would, from
+one fill per side with the largest (`pipeline.agglomeration.pair_measures`), so the sweep also
+tells what a smaller budget costs and scores.
 Prints VI split / merge before and after, the pairs tested and merged (and how many of the
 merged pairs are truly one object: the same majority ground-truth id), the FOV evaluations and
 time of both passes, and the CPU.
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,9 +48,9 @@ from pipeline.agglomeration import (  # noqa: E402
     AgglomerationConfig,
     PairDecision,
     candidate_pairs,
-    decide_pairs,
     merge_lookup,
     merged_pairs,
+    pair_measures,
     relabel,
 )
 from pipeline.export import segmentation_spec  # noqa: E402
@@ -92,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--output", type=Path, default=None, help="write the results here as JSON")
     add("--decisions", type=Path, default=None, help="an earlier --output: its fills, reused")
     add("--sweep", action="store_true", help="print the scores over a grid of thresholds")
+    add(
+        "--budgets",
+        type=int,
+        nargs="+",
+        default=[],
+        help="FOV evaluations per fill to measure at too",
+    )
     defaults = AgglomerationConfig()
     for field in dataclasses.fields(AgglomerationConfig):
         add(f"--{field.name.replace('_', '-')}", type=field.type, default=getattr(defaults, field.name))  # fmt: skip
@@ -168,37 +179,52 @@ def agglomerated(segmentation: np.ndarray, merged: np.ndarray) -> np.ndarray:
     return relabel(segmentation.copy(), *merge_lookup(merged)) if len(merged) else segmentation
 
 
-def fill_pairs(first: FirstPass, config: AgglomerationConfig) -> tuple[list[PairDecision], float]:
-    """Every candidate pair's decision, and the seconds it took."""
+def fill_pairs(
+    first: FirstPass, config: AgglomerationConfig, budgets: list[int]
+) -> tuple[dict[int, list[PairDecision]], float]:
+    """Every candidate pair's measures at each budget (ascending), and the seconds it took."""
     model = checkpoint_model_config(first.checkpoint)
     predict = predictor_from_checkpoint(first.checkpoint, model)
     started = time.perf_counter()
     table = candidate_pairs(
         first.segmentation, min_contact=config.min_contact, max_gap=config.max_gap
     )
-    print(f"{len(table)} candidate pairs", flush=True)
-    decisions = decide_pairs(
-        lambda box: first.raw[box], lambda box: first.segmentation[box], first.segmentation.shape,
-        table, predict, model, first.inference, config,
-    )  # fmt: skip
-    return decisions, time.perf_counter() - started
+    by_budget: dict[int, list[PairDecision]] = {b: [] for b in budgets}
+    for ids, point in tqdm(zip(table.ids, table.points, strict=True), "pairs", len(table)):
+        measures = pair_measures(
+            lambda box: first.raw[box], lambda box: first.segmentation[box],
+            first.segmentation.shape, (int(ids[0]), int(ids[1])), point, predict, model,
+            first.inference, config, budgets,
+        )  # fmt: skip
+        for budget, decision in zip(budgets, measures, strict=True):
+            by_budget[budget].append(decision)
+    return by_budget, time.perf_counter() - started
 
 
 def sweep(
-    first: FirstPass, decisions: list[PairDecision], config: AgglomerationConfig
+    first: FirstPass, by_budget: dict[int, list[PairDecision]], config: AgglomerationConfig
 ) -> list[dict]:
     rows = []
-    for jaccard, recovered in itertools.product(SWEEP_JACCARD, SWEEP_RECOVERED):
-        thresholds = dataclasses.replace(config, min_jaccard=jaccard, min_recovered=recovered)
-        merged = merged_pairs(decisions, thresholds)
-        after = scores(agglomerated(first.segmentation, merged), first)
-        rows.append({"min_jaccard": jaccard, "min_recovered": recovered, "merged": len(merged)} | after)  # fmt: skip
-        print(
-            f"min_jaccard {jaccard:.2f} min_recovered {recovered:.2f}: merged {len(merged):3d}  "
-            f"VI {after['vi_split']:.3f} / {after['vi_merge']:.3f} / {after['vi']:.3f}  "
-            f"ARE {after['adapted_rand_error']:.3f}"
-        )
+    for budget, decisions in by_budget.items():
+        fovs = sum(d.fov_evaluations for d in decisions)
+        for jaccard, recovered in itertools.product(SWEEP_JACCARD, SWEEP_RECOVERED):
+            thresholds = dataclasses.replace(config, min_jaccard=jaccard, min_recovered=recovered)
+            merged = merged_pairs(decisions, thresholds)
+            after = scores(agglomerated(first.segmentation, merged), first)
+            rows.append({"budget": budget, "fov_evaluations": fovs, "min_jaccard": jaccard,
+                         "min_recovered": recovered, "merged": len(merged)} | after)  # fmt: skip
+            print(
+                f"budget {budget:3d} ({fovs / first.fov_evaluations:4.0%} of the first pass) "
+                f"min_jaccard {jaccard:.2f} min_recovered {recovered:.2f}: merged {len(merged):3d}  "
+                f"VI {after['vi_split']:.3f} / {after['vi_merge']:.3f} / {after['vi']:.3f}  "
+                f"ARE {after['adapted_rand_error']:.3f}"
+            )
     return rows
+
+
+def _decisions(records: list[dict]) -> list[PairDecision]:
+    fields = {f.name for f in dataclasses.fields(PairDecision)}
+    return [PairDecision(**{k: v for k, v in d.items() if k in fields}) for d in records]
 
 
 def main() -> None:
@@ -210,13 +236,15 @@ def main() -> None:
         first = run_first_pass(args.run_dir)
     else:
         first = synthetic_first_pass(args.synthetic_seed, args.workdir)
+    budget = config.max_fov_evaluations_per_fill
     if args.decisions:
         kept = json.loads(args.decisions.read_text())
-        fields = {f.name for f in dataclasses.fields(PairDecision)}
-        decisions = [PairDecision(**{k: v for k, v in d.items() if k in fields}) for d in kept["decisions"]]  # fmt: skip
+        by_budget = {int(b): _decisions(d) for b, d in kept["by_budget"].items()}
         seconds = kept["agglomeration"]["seconds"]
     else:
-        decisions, seconds = fill_pairs(first, config)
+        budgets = sorted({*args.budgets, budget})
+        by_budget, seconds = fill_pairs(first, config, budgets)
+    decisions = by_budget[budget]
     merged = merged_pairs(decisions, config)
     truth = majority_truth(first.segmentation, first.labels)
     same = [truth.get(d.a, -1) == truth.get(d.b, -2) for d in decisions]
@@ -242,6 +270,7 @@ def main() -> None:
         "decisions": [
             dataclasses.asdict(d) | {"one_object": s} for d, s in zip(decisions, same, strict=True)
         ],  # fmt: skip
+        "by_budget": {b: [dataclasses.asdict(d) for d in ds] for b, ds in by_budget.items()},
     }
     for stage in ("before", "after"):
         s = result[stage]
@@ -259,7 +288,7 @@ def main() -> None:
         f"{a['fov_evaluations']} in {seconds:.0f} s; CPU: {result['cpu']}"
     )
     if args.sweep:
-        result["sweep"] = sweep(first, decisions, config)
+        result["sweep"] = sweep(first, by_budget, config)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1))

@@ -30,7 +30,6 @@ Flood fills use `pipeline.inference.Canvas.flood` itself.
 """
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +41,10 @@ from scipy.sparse.csgraph import connected_components
 
 from pipeline.atomic import atomic_path
 from pipeline.blocks import BlockGrid
-from pipeline.errors import BlockResultError, ConfigError, VolumeShapeError
-from pipeline.export import SegmentationWriter
+from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.inference import Canvas, InferenceConfig, Predictor
 from pipeline.model import ModelConfig, normalize_image
-from pipeline.stamps import digest
-from pipeline.stitching import block_core, core_changed
+from pipeline.stitching import block_core
 
 Reader = Callable[[tuple[slice, ...]], np.ndarray]
 Box = tuple[slice, ...]
@@ -269,11 +266,34 @@ def _seed(segment: np.ndarray, allowed: np.ndarray) -> tuple[int, ...] | None:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(distance)), distance.shape))
 
 
-def _fill(canvas: Canvas, seed: tuple[int, ...] | None) -> np.ndarray:
-    """The mask of one flood fill over the whole canvas (empty when unseeded or too weak)."""
+def _fills(
+    canvas: Canvas, seed: tuple[int, ...] | None, budgets: Sequence[int]
+) -> list[tuple[np.ndarray, int]]:
+    """The mask of one flood fill over the whole canvas (empty when unseeded or too weak) and its
+    FOV evaluations, as a flood with each of `budgets` (ascending) evaluations would have ended:
+    one flood with the largest, seen where each smaller one would have stopped."""
+    empty = np.zeros(canvas.image.shape, bool)
+    if seed is None:
+        return [(empty, 0)] * len(budgets)
+    stopped: dict[int, tuple[np.ndarray, int]] = {}
+
+    def before_step(evaluations: int) -> None:
+        for k, budget in enumerate(budgets):
+            if evaluations >= budget and k not in stopped:
+                stopped[k] = (canvas.logits >= canvas.segment_logit, evaluations)
+
     whole = tuple(slice(0, int(s)) for s in canvas.shape)
-    found = canvas.flood(seed) if seed is not None else None
-    return found.within(whole) if found is not None else np.zeros(canvas.image.shape, bool)
+    before = canvas.counts["fov_evaluations"]
+    canvas.before_step = before_step
+    try:
+        found = canvas.flood(seed)
+    finally:
+        canvas.before_step = None
+    final = (
+        found.within(whole) if found is not None else empty,
+        canvas.counts["fov_evaluations"] - before,
+    )
+    return [stopped.get(k, final) for k in range(len(budgets))]
 
 
 def _share(part: np.ndarray, of: np.ndarray) -> float:
@@ -307,6 +327,28 @@ def decide_pair(
 ) -> PairDecision:
     """Fill from A and from B around their contact `point` and measure (deterministic for a
     deterministic predictor)."""
+    budget = config.max_fov_evaluations_per_fill
+    return pair_measures(
+        read_image, read_segmentation, volume_shape, ids, point, predict, model,
+        inference_config, config, (budget,),
+    )[0]  # fmt: skip
+
+
+def pair_measures(
+    read_image: Reader,
+    read_segmentation: Reader,
+    volume_shape: Sequence[int],
+    ids: tuple[int, int],
+    point: Sequence[int],
+    predict: Predictor,
+    model: ModelConfig,
+    inference_config: InferenceConfig,
+    config: AgglomerationConfig,
+    budgets: Sequence[int],
+) -> list[PairDecision]:
+    """`decide_pair`'s measures with each of `budgets` (ascending) as the FOV evaluations per
+    fill, for the price of the largest: a flood with a smaller budget is the larger one's
+    beginning (exactly so with `batch_size` 1), so budgets are chosen without filling again."""
     a, b = (int(i) for i in ids)
     point = np.asarray(point, np.int64)
     window = _window(point, _radius(config.window_radius_fovs, model), volume_shape)
@@ -314,20 +356,22 @@ def decide_pair(
     analysis = np.zeros(labels.shape, bool)
     centre = point - [s.start for s in window]
     analysis[_window(centre, _radius(config.analysis_radius_fovs, model), labels.shape)] = True
-    fill_config = dataclasses.replace(
-        inference_config, max_fov_evaluations_per_object=config.max_fov_evaluations_per_fill
-    )
+    fill_config = dataclasses.replace(inference_config, max_fov_evaluations_per_object=max(budgets))
     canvas = Canvas(normalize_image(read_image(window), model), predict, model, fill_config)
     # As google/ffn: the other segments stay as context, so no FOV is centred in them.
     np.copyto(canvas.segmentation, labels, where=(labels != a) & (labels != b))
     seeds = _seeds(labels, (a, b), analysis, model)
-    fill_a, fill_b = (_fill(canvas, seeds[k] if seeds else None) for k in (0, 1))
-    fill_a, fill_b, in_a, in_b = (m & analysis for m in (fill_a, fill_b, labels == a, labels == b))
-    union = np.count_nonzero(fill_a | fill_b)
-    jaccard = float(np.count_nonzero(fill_a & fill_b) / union) if union else 0.0
-    recovered_a, recovered_b = _share(fill_b, in_a), _share(fill_a, in_b)
-    fovs = int(canvas.counts["fov_evaluations"])
-    return PairDecision(a, b, jaccard, recovered_a, recovered_b, fovs, seeds is not None)
+    from_a, from_b = (_fills(canvas, seeds[k] if seeds else None, budgets) for k in (0, 1))
+    in_a, in_b = ((labels == i) & analysis for i in (a, b))
+    measures = []
+    for (fill_a, fovs_a), (fill_b, fovs_b) in zip(from_a, from_b, strict=True):
+        fill_a, fill_b = fill_a & analysis, fill_b & analysis
+        union = np.count_nonzero(fill_a | fill_b)
+        jaccard = float(np.count_nonzero(fill_a & fill_b) / union) if union else 0.0
+        recovered_a, recovered_b = _share(fill_b, in_a), _share(fill_a, in_b)
+        fovs, seeded = fovs_a + fovs_b, seeds is not None
+        measures.append(PairDecision(a, b, jaccard, recovered_a, recovered_b, fovs, seeded))
+    return measures
 
 
 def decide_pairs(
@@ -537,39 +581,3 @@ def save_merges(path: str | Path, ids: np.ndarray, targets: np.ndarray) -> None:
 def load_merges(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     with np.load(path) as f:
         return f["ids"], f["targets"]
-
-
-def write_core(
-    k: int, blocks: BlockGrid, labels_of: Callable[[Box], np.ndarray], layer: SegmentationWriter
-) -> dict:
-    """Block k's core (on `layer`'s chunks), its labels `labels_of(core)`, written into `layer`:
-    whole chunks that no other task writes. Its record: the core and each chunk's digest, for
-    `check_cores`."""
-    core = block_core(k, blocks, layer.chunks)
-    layer.write(core, labels_of(core))
-    return {
-        "block": k,
-        "core": [[s.start, s.stop] for s in core],
-        "chunks": {name: layer.digest(name) for name in layer.chunk_names(core)},
-    }
-
-
-def check_cores(
-    records: Iterable[dict], layer: SegmentationWriter, rewrite: Callable[[int], dict]
-) -> tuple[list[int], str]:
-    """Every `write_core` record against `layer`, read once, a record at a time: a core whose
-    chunks changed after its task wrote them (lost, truncated, rewritten;
-    `stitching.core_changed`) is written again with `rewrite(k)`. Returns the blocks rewritten
-    and a digest of every record's chunk digests, in order (the check's token). Raises
-    BlockResultError if one cannot be written as recorded."""
-    repaired, failed, token = [], [], hashlib.sha256()
-    for record in records:
-        if core_changed(record, layer):
-            repaired.append(record["block"])
-            rewrite(record["block"])
-            if core_changed(record, layer):
-                failed.append(record["block"])
-        token.update(digest(record["chunks"]).encode())
-    if failed:
-        raise BlockResultError(f"{layer.where}: blocks {failed} cannot be written as recorded")
-    return repaired, token.hexdigest()

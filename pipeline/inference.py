@@ -274,6 +274,9 @@ class Canvas:
         self.pad_logit = np.float32(logit(config.pad_probability))
         self.counts: Counter[str] = Counter()
         self.after_batch: Callable[[], None] | None = None  # e.g. a progress report
+        # Called with a flood's FOV evaluations so far before each step, where a flood with a
+        # smaller budget would stop: the fills of every budget up to this one, from one flood.
+        self.before_step: Callable[[int], None] | None = None
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -338,6 +341,8 @@ class Canvas:
         logits[start] = logit(config.seed_probability)
         evaluations = 0
         while queue and logits[start] >= self.move_logit:
+            if self.before_step is not None:
+                self.before_step(evaluations)
             if evaluations >= config.max_fov_evaluations_per_object:
                 self.counts["objects_truncated"] += 1
                 break

@@ -64,6 +64,8 @@ from pipeline.inference import InferenceConfig, InferenceStats, Predictor
 from pipeline.model import ModelConfig
 from pipeline.stamps import digest
 
+Box = tuple[slice, ...]
+
 Pairs = tuple[np.ndarray, np.ndarray]
 
 
@@ -273,6 +275,47 @@ def relabel_core(
 # Into a chunked volume, a task per block
 
 
+def write_core_labels(
+    k: int, blocks: BlockGrid, labels_of: Callable[[Box], np.ndarray], layer: SegmentationWriter
+) -> dict:
+    """Block k's core (on `layer`'s chunks), its labels `labels_of(core)`, written into `layer`:
+    whole chunks that no other task writes. Its record: the core and each chunk's digest, for
+    `check_written_cores` (every relabel task of the stitching and the second pass writes so)."""
+    core = block_core(k, blocks, layer.chunks)
+    layer.write(core, labels_of(core))
+    return {
+        "block": k,
+        "core": [[s.start, s.stop] for s in core],
+        "chunks": {name: layer.digest(name) for name in layer.chunk_names(core)},
+    }
+
+
+def core_changed(record: dict, layer: SegmentationWriter) -> bool:
+    """Whether a block's chunks in `layer` are not what it wrote (missing, truncated or
+    rewritten since)."""
+    return any(layer.digest(name) != digest for name, digest in record["chunks"].items())
+
+
+def check_written_cores(
+    records: Iterable[dict], layer: SegmentationWriter, rewrite: Callable[[int], dict]
+) -> tuple[list[int], str]:
+    """Every `write_core_labels` record against `layer`, read once, a record at a time: a core
+    whose chunks changed after its task wrote them (lost, truncated, rewritten) is written again
+    with `rewrite(k)`. Returns the blocks rewritten and a digest of every record's chunk digests,
+    in order (the check's token). Raises BlockResultError if one cannot be written as recorded."""
+    repaired, failed, token = [], [], hashlib.sha256()
+    for record in records:
+        if core_changed(record, layer):
+            repaired.append(record["block"])
+            rewrite(record["block"])
+            if core_changed(record, layer):
+                failed.append(record["block"])
+        token.update(digest(record["chunks"]).encode())
+    if failed:
+        raise BlockResultError(f"{layer.where}: blocks {failed} cannot be written as recorded")
+    return repaired, token.hexdigest()
+
+
 def write_core(
     k: int,
     blocks: BlockGrid,
@@ -283,23 +326,11 @@ def write_core(
 ) -> dict:
     """Step 3 for block k, written into `layer` (the volume's shape): its core lies on the
     layer's chunk grid, so it writes whole chunks that no other block writes. Returns the
-    block's record: its core, the stitched ids in it and a digest of every chunk written, which
-    `check_cores` checks later."""
-    core = block_core(k, blocks, layer.chunks)
+    block's record (`write_core_labels`'s) with the stitched ids in the core, which `check_cores`
+    checks later."""
     ids = relabel_core(k, blocks, labels_of, offsets, lookup, layer.chunks)
-    layer.write(core, ids)
-    return {
-        "block": k,
-        "core": [[s.start, s.stop] for s in core],
-        "ids": [int(i) for i in np.unique(ids) if i],
-        "chunks": {name: layer.digest(name) for name in layer.chunk_names(core)},
-    }
-
-
-def core_changed(record: dict, layer: SegmentationWriter) -> bool:
-    """Whether a block's chunks in `layer` are not what it wrote (missing, truncated or
-    rewritten since)."""
-    return any(layer.digest(name) != digest for name, digest in record["chunks"].items())
+    record = write_core_labels(k, blocks, lambda core: ids, layer)
+    return record | {"ids": [int(i) for i in np.unique(ids) if i]}
 
 
 @dataclass(frozen=True)
@@ -320,30 +351,28 @@ def check_cores(
     id_table: tuple[np.ndarray, np.ndarray, int],
 ) -> CoresChecked:
     """Every block's record (`write_core`'s, plan order) against `layer`: a core whose chunks
-    changed after its task wrote them is written again. `records` is read once, a record at a
-    time (of a generator that loads them, one is held): the memory is the id table's (`join_ids`'s
-    offsets, lookup, merges), whatever the number of blocks. Raises BlockResultError if a core
-    cannot be written as recorded."""
+    changed after its task wrote them is written again (`check_written_cores`). `records` is
+    read once, a record at a time (of a generator that loads them, one is held): the memory is
+    the id table's (`join_ids`'s offsets, lookup, merges), whatever the number of blocks. Raises
+    BlockResultError if a core cannot be written as recorded."""
     offsets, lookup, merges = id_table
     present = np.zeros(len(lookup), bool)
-    repaired, failed, inference, token = [], [], InferenceStats(), hashlib.sha256()
+    totals = {"blocks": 0, "inference": InferenceStats()}
     names = [f.name for f in dataclasses.fields(InferenceStats)]
-    count = 0
-    for record in records:
-        count += 1
-        if core_changed(record, layer):
-            repaired.append(record["block"])
-            write_core(record["block"], blocks, labels_of, offsets, lookup, layer)
-            if core_changed(record, layer):
-                failed.append(record["block"])
-        present[record["ids"]] = True
-        inference += InferenceStats(**{name: record["stats"][name] for name in names})
-        token.update(digest(record["chunks"]).encode())
-    if failed:
-        raise BlockResultError(f"{layer.where}: blocks {failed} cannot be written as recorded")
+
+    def counted(records: Iterable[dict]) -> Iterable[dict]:
+        for record in records:
+            totals["blocks"] += 1
+            present[record["ids"]] = True
+            totals["inference"] += InferenceStats(**{n: record["stats"][n] for n in names})
+            yield record
+
+    repaired, token = check_written_cores(
+        counted(records), layer, lambda k: write_core(k, blocks, labels_of, offsets, lookup, layer)
+    )
     present[0] = False
-    stats = StitchStats(count, len(lookup) - 1, merges, int(present.sum()))
-    return CoresChecked(stats, repaired, inference, token.hexdigest())
+    stats = StitchStats(totals["blocks"], len(lookup) - 1, merges, int(present.sum()))
+    return CoresChecked(stats, repaired, totals["inference"], token)
 
 
 def _read_block(blocks: BlockGrid, paths: dict[int, str | Path], i: int) -> BlockResult:

@@ -3,6 +3,7 @@ shipped demo model deciding the pairs: a split planted into the ground truth is 
 neighbours stay apart."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,6 @@ from pipeline.agglomeration import (
     AgglomerationConfig,
     PairDecision,
     candidate_pairs,
-    check_cores,
     consensus_labels,
     core_contacts,
     decide_pairs,
@@ -25,19 +25,19 @@ from pipeline.agglomeration import (
     merge_contact_tables,
     merge_lookup,
     merged_pairs,
+    pair_measures,
     pairs_in,
     relabel,
     save_contact_table,
     save_decisions,
     split_consensus,
-    write_core,
 )
 from pipeline.blocks import BlockConfig, plan_blocks
 from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.export import SegmentationWriter, new_segmentation, segmentation_spec
 from pipeline.inference import InferenceConfig, checkpoint_model_config, predictor_from_checkpoint
 from pipeline.run_config import load_run_config
-from pipeline.stitching import block_core
+from pipeline.stitching import block_core, check_written_cores, write_core_labels
 from pipeline.synthetic import SyntheticConfig, generate
 from pipeline.volumes import open_volume
 
@@ -127,6 +127,27 @@ def test_true_neighbours_stay_apart(tissue, network):
     largest = np.argsort(-table.contacts, kind="stable")[:8]
     for decision in decide(raw, labels, table.select(largest), network):
         assert decision.seeded and not CONFIG.merges(decision), decision
+
+
+def test_measures_at_smaller_budgets_are_those_of_fills_stopped_there(tissue, network):
+    """One flood seen at several budgets measures each pair as a flood with that budget does:
+    budgets are chosen on the selection part without filling again."""
+    raw, labels = tissue
+    raw, labels = raw[CROP], labels[CROP]
+    predict, model = network
+    table = candidate_pairs(labels, min_contact=CONFIG.min_contact, max_gap=GAP)
+    largest = np.argsort(-table.contacts, kind="stable")[:2]
+    budgets = (1, 3, 8)
+    for ids, point in zip(table.ids[largest], table.points[largest], strict=True):
+        args = (lambda box: raw[box], lambda box: labels[box], labels.shape, tuple(ids), point,
+                predict, model, InferenceConfig())  # fmt: skip
+        seen = pair_measures(*args, CONFIG, budgets)
+        for budget, measures in zip(budgets, seen, strict=True):
+            alone = replace(CONFIG, max_fov_evaluations_per_fill=budget)
+            assert measures == pair_measures(*args, alone, (budget,))[0], budget
+            assert measures.fov_evaluations <= 2 * budget
+        # Fills that stop early decide otherwise: the budgets are really different fills.
+        assert seen[0] != seen[-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,16 +325,16 @@ class TestAsTasks:
         new_segmentation(tmp_path, self.SHAPE, (20.0, 10.0, 10.0), self.CHUNKS)
         layer = SegmentationWriter(tmp_path)
         merged = lambda core: relabel(first[core], *merges)  # noqa: E731
-        records = [write_core(k, blocks, merged, layer) for k in range(len(blocks))]
+        records = [write_core_labels(k, blocks, merged, layer) for k in range(len(blocks))]
         expected = relabel(first.copy(), *merges)
         assert (read_layer(tmp_path) == expected).all()
         name = next(iter(records[2]["chunks"]))
         chunk = layer.where + "/" + name
         zero_bytes(chunk, 0, 100)  # its size kept
-        rewrite = lambda k: write_core(k, blocks, merged, layer)  # noqa: E731
-        assert check_cores(records, layer, rewrite)[0] == [2]
+        rewrite = lambda k: write_core_labels(k, blocks, merged, layer)  # noqa: E731
+        assert check_written_cores(records, layer, rewrite)[0] == [2]
         assert (read_layer(tmp_path) == expected).all()
-        assert check_cores(records, layer, rewrite)[0] == []
+        assert check_written_cores(records, layer, rewrite)[0] == []
 
     def test_consensus_core_by_core_is_that_of_the_whole_volume(self, tissue):
         """Each core's pairs of ids, their union, then each core's labels from it: the
