@@ -87,6 +87,8 @@ _LAYOUT = {
     "agglomerate_dir": "agglomerate",
     "agglomerate_summary": "agglomerate/agglomerate.json",
     "evaluation": "evaluation.json",
+    "learned_baseline": "baseline/learned_watershed.h5",
+    "learned_baseline_record": "baseline/learned_watershed.json",
     "counts_dir": "evaluation",
     "precomputed": "precomputed",
     "export_dir": "export",
@@ -268,25 +270,16 @@ def task_step(
 
 def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Stage the training (and selection) volume, preprocess, train, select."""
-    from pipeline.staging import role_settings, source_files
-
     launch = site.mpi_launch()
     init_from = str(Path(config.train_init_from).resolve()) if config.train_init_from else ""
-    # Never the scored volume: a part of its own, else the training volume.
-    scored_on = paths.select_volume if config.data.has_select_part else paths.train_volume
+    scored_on = _selection_volume(config, paths)
     train_settings = {
         "train": config_io.to_dict(config.train),
         "ranks": launch.num_ranks,
         "init_from": init_from,
     }
     partitions = {"partitions": config_io.to_dict(config.partitions_for_training())}
-    select_part = [
-        task_step("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
-              [paths.select_volume], "stage.stage_volume"),
-    ] if config.data.has_select_part else []  # fmt: skip
-    return select_part + [
-        task_step("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
-              [paths.train_volume], "stage.stage_volume"),
+    return _labelled_parts(config, paths) + [
         task_step("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
               "preprocess.preprocess"),
         task_step("train", train_settings, [paths.train_volume, paths.coordinates] + ([init_from] if init_from else []),
@@ -295,6 +288,26 @@ def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[
         task_step("select", {"selection": config_io.to_dict(config.selection)}, [paths.train_summary, scored_on],
               [paths.selection], "select.select_checkpoint"),
     ]  # fmt: skip
+
+
+def _labelled_parts(config: RunConfig, paths: RunPaths) -> list[Step]:
+    """Stage the selection part (where it has a volume of its own) and the training part."""
+    from pipeline.staging import role_settings, source_files
+
+    select_part = [
+        task_step("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
+              [paths.select_volume], "stage.stage_volume"),
+    ] if config.data.has_select_part else []  # fmt: skip
+    return select_part + [
+        task_step("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
+              [paths.train_volume], "stage.stage_volume"),
+    ]  # fmt: skip
+
+
+def _selection_volume(config: RunConfig, paths: RunPaths) -> Path:
+    """Where checkpoints and the baseline's parameters are chosen: never the scored volume, a
+    part of its own, else the training volume."""
+    return paths.select_volume if config.data.has_select_part else paths.train_volume
 
 
 def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
@@ -309,6 +322,8 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     ]  # fmt: skip
     if not config.pretrained_model:
         steps += _training_steps(config, paths, site)
+    elif _learns_baseline(config):
+        steps += _labelled_parts(config, paths)
     blocks = plan_blocks(_eval_shape(config), config.blocks)
     passes = inference_passes(config, paths)
     for one in passes:
@@ -355,9 +370,24 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     also = list(scored)[1:]
     # Only with a second pass: runs made before keep their evaluation.
     settings = {"watershed": config_io.to_dict(config.watershed)} | ({"also": also} if also else {})
+    if _learns_baseline(config):
+        parts = [paths.train_volume, _selection_volume(config, paths), paths.eval_volume]
+        learned = [paths.learned_baseline, paths.learned_baseline_record]
+        # The forest's and the tuning grid's settings are pipeline.boundary_watershed's defaults.
+        steps.append(task_step("evaluate[learned watershed]", {"baseline": "learned watershed"}, parts,
+                               learned, "evaluate.learned_baseline"))  # fmt: skip
+        settings, counts = settings | {"learned_watershed": True}, counts + learned[:1]
     steps.append(task_step("evaluate", settings, [paths.eval_volume, *counts],
                            [paths.evaluation], "evaluate.evaluate"))  # fmt: skip
     return steps
+
+
+def _learns_baseline(config: RunConfig) -> bool:
+    """Whether the baseline is the learned watershed: asked for, and the run has a labelled
+    training part (synthetic runs have one)."""
+    baseline = config.watershed
+    has_train_part = config.data.synthetic or bool(config.data.train_raw)
+    return baseline.enabled and baseline.learned and has_train_part and _eval_has_labels(config)
 
 
 def _scored_segmentations(config: RunConfig, paths: RunPaths) -> dict[str, Path]:
@@ -618,11 +648,21 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
     from site_configs.base import expanded_launch_line
 
     blocks = plan_blocks(_eval_shape(config), config.blocks)
+    baseline = (
+        f"  baseline   learned watershed: forest of {paths.train_volume}, tuned on "
+        f"{_selection_volume(config, paths)} -> {paths.learned_baseline}"
+    )
     if config.pretrained_model:
+        staged = (
+            [paths.train_volume, _selection_volume(config, paths)]
+            if _learns_baseline(config)
+            else []
+        )
         return "\n".join([
             f"run {config.name} in {paths.root}: inference only with {config.pretrained_model}",
-            f"  stage      -> {paths.eval_volume}",
+            f"  stage      -> {', '.join(map(str, dict.fromkeys([*staged, paths.eval_volume])))}",
             f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel",
+            *([baseline] if _learns_baseline(config) else []),
             "  stitch, evaluate (with labels), export, report", describe(site, paths.root),
         ])  # fmt: skip
     launch = site.mpi_launch()
@@ -646,6 +686,7 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
             else []
         ),
         *([f"  agglomerate -> {paths.precomputed}"] if config.agglomeration.enabled else []),
+        *([baseline] if _learns_baseline(config) else []),
         f"  evaluate   -> {paths.evaluation}"
         if _eval_has_labels(config)
         else "  evaluate   (no labels: skipped)",

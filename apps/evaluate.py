@@ -1,5 +1,6 @@
 """Score the FFN segmentation and the watershed baseline against the ground truth: a task per
-region counts the overlaps of its part (pipeline.evaluation), the last sums and scores."""
+region counts the overlaps of its part (pipeline.evaluation), the last sums and scores; the
+learned baseline, where the run has a labelled training part, is a task of its own."""
 
 from parsl import python_app
 
@@ -29,11 +30,30 @@ def count_region(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
+def learned_baseline(settings: dict, inputs=(), outputs=()):
+    """settings: {"baseline": "learned watershed"}; inputs: the staged training, selection and
+    evaluated volumes; outputs: the segmentation (HDF5) and its record (.json)."""
+    from pipeline.evaluation import learned_baseline
+    from pipeline.staging import read_staged
+    from pipeline.stamps import run_once
+
+    paths = [f.filepath for f in inputs]
+    segmentation, record = (f.filepath for f in outputs)
+
+    def work() -> None:
+        learned_baseline(*map(read_staged, paths), segmentation, record)
+
+    return run_once(settings, paths, [segmentation, record], work)
+
+
+@python_app(executors=[CPU_LABEL])
 def evaluate(settings: dict, inputs=(), outputs=()):
     """settings: {"watershed": WatershedConfig, "also": the keys of the steps before the
-    export's segmentation that are scored too (with a second pass; else absent)}; inputs: staged
-    labeled volume, then every region's counts, then every region's counts of each of `also`
-    in turn; outputs[0]: evaluation.json."""
+    export's segmentation that are scored too (with a second pass; else absent),
+    "learned_watershed": true when the baseline is the learned one (else absent)}; inputs:
+    staged labeled volume, then every region's counts, then every region's counts of each of
+    `also` in turn, then the learned baseline's segmentation if any; outputs[0]:
+    evaluation.json."""
     from pipeline.config import from_dict
     from pipeline.evaluation import score_volume
     from pipeline.metrics import OverlapCounts, WatershedConfig
@@ -46,14 +66,17 @@ def evaluate(settings: dict, inputs=(), outputs=()):
     def work() -> None:
         staged = read_staged(paths[0])
         also = settings.get("also", [])
-        regions = (len(paths) - 1) // (1 + len(also))
+        learned = f"{paths[-1]}:segmentation" if settings.get("learned_watershed") else None
+        region_counts = paths[1:-1] if learned else paths[1:]
+        regions = len(region_counts) // (1 + len(also))
         counts = [
-            OverlapCounts.total([OverlapCounts.load(p) for p in paths[1 + i : 1 + i + regions]])
-            for i in range(0, len(paths) - 1, regions)
+            OverlapCounts.total([OverlapCounts.load(p) for p in region_counts[i : i + regions]])
+            for i in range(0, len(region_counts), regions)
         ]
         score_volume(
             counts[0], staged.raw, staged.labels, from_dict(WatershedConfig, settings["watershed"]),
             output, staged.scored, staged.voxel_size_nm, dict(zip(also, counts[1:], strict=True)),
+            learned,
         )  # fmt: skip
 
     return run_once(settings, paths, [output], work)

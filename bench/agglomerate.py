@@ -21,7 +21,8 @@ them without filling again: --sweep prints the scores a grid of thresholds would
 tuning volume), --decisions FILE reuses the fills of an earlier --output instead of filling.
 --budgets 1 2 4 8 measures every pair as fills of at most that many FOV evaluations would, from
 one fill per side with the largest (`pipeline.agglomeration.pair_measures`), so the sweep also
-tells what a smaller budget costs and scores.
+tells what a smaller budget costs and scores, and what larger minimum contacts would (a subset
+of the same pairs).
 Prints VI split / merge before and after, the pairs tested and merged (and how many of the
 merged pairs are truly one object: the same majority ground-truth id), the FOV evaluations and
 time of both passes, and the CPU.
@@ -70,6 +71,8 @@ from pipeline.volumes import open_volume  # noqa: E402
 DEMO_CHECKPOINT = ROOT / "models/demo-synthetic/checkpoints/ckpt-0"
 SWEEP_RECOVERED = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SWEEP_JACCARD = (0.3, 0.5, 0.7, 0.8)
+# Larger minimum contacts than the fills were made with: a subset of the same pairs, no filling.
+SWEEP_MIN_CONTACT = (50, 100, 200, 500)
 
 
 @dataclasses.dataclass
@@ -181,8 +184,9 @@ def agglomerated(segmentation: np.ndarray, merged: np.ndarray) -> np.ndarray:
 
 def fill_pairs(
     first: FirstPass, config: AgglomerationConfig, budgets: list[int]
-) -> tuple[dict[int, list[PairDecision]], float]:
-    """Every candidate pair's measures at each budget (ascending), and the seconds it took."""
+) -> tuple[dict[int, list[PairDecision]], list[int], float]:
+    """Every candidate pair's measures at each budget (ascending), its contact (voxel faces),
+    and the seconds it took."""
     model = checkpoint_model_config(first.checkpoint)
     predict = predictor_from_checkpoint(first.checkpoint, model)
     started = time.perf_counter()
@@ -198,27 +202,35 @@ def fill_pairs(
         )  # fmt: skip
         for budget, decision in zip(budgets, measures, strict=True):
             by_budget[budget].append(decision)
-    return by_budget, time.perf_counter() - started
+    return by_budget, table.contacts.tolist(), time.perf_counter() - started
 
 
 def sweep(
-    first: FirstPass, by_budget: dict[int, list[PairDecision]], config: AgglomerationConfig
+    first: FirstPass,
+    by_budget: dict[int, list[PairDecision]],
+    contacts: list[int],
+    config: AgglomerationConfig,
 ) -> list[dict]:
+    """Scores and cost over budgets, minimum contacts and thresholds, from the same fills."""
     rows = []
-    for budget, decisions in by_budget.items():
-        fovs = sum(d.fov_evaluations for d in decisions)
-        for jaccard, recovered in itertools.product(SWEEP_JACCARD, SWEEP_RECOVERED):
-            thresholds = dataclasses.replace(config, min_jaccard=jaccard, min_recovered=recovered)
-            merged = merged_pairs(decisions, thresholds)
-            after = scores(agglomerated(first.segmentation, merged), first)
-            rows.append({"budget": budget, "fov_evaluations": fovs, "min_jaccard": jaccard,
-                         "min_recovered": recovered, "merged": len(merged)} | after)  # fmt: skip
-            print(
-                f"budget {budget:3d} ({fovs / first.fov_evaluations:4.0%} of the first pass) "
-                f"min_jaccard {jaccard:.2f} min_recovered {recovered:.2f}: merged {len(merged):3d}  "
-                f"VI {after['vi_split']:.3f} / {after['vi_merge']:.3f} / {after['vi']:.3f}  "
-                f"ARE {after['adapted_rand_error']:.3f}"
-            )
+    min_contacts = [config.min_contact, *(c for c in SWEEP_MIN_CONTACT if c > config.min_contact)]
+    grid = itertools.product(by_budget.items(), min_contacts, SWEEP_JACCARD, SWEEP_RECOVERED)
+    for (budget, decisions), min_contact, jaccard, recovered in grid:
+        tested = [d for d, c in zip(decisions, contacts, strict=True) if c >= min_contact]
+        fovs = sum(d.fov_evaluations for d in tested)
+        thresholds = dataclasses.replace(config, min_jaccard=jaccard, min_recovered=recovered)
+        merged = merged_pairs(tested, thresholds)
+        after = scores(agglomerated(first.segmentation, merged), first)
+        rows.append({"budget": budget, "min_contact": min_contact, "pairs": len(tested),
+                     "fov_evaluations": fovs, "min_jaccard": jaccard, "min_recovered": recovered,
+                     "merged": len(merged)} | after)  # fmt: skip
+        print(
+            f"budget {budget:3d} min_contact {min_contact:3d}: {len(tested):4d} pairs, "
+            f"{fovs / first.fov_evaluations:4.0%} of the first pass's FOVs; min_jaccard "
+            f"{jaccard:.2f} min_recovered {recovered:.2f}: merged {len(merged):3d}  VI "
+            f"{after['vi_split']:.3f} / {after['vi_merge']:.3f} / {after['vi']:.3f}  "
+            f"ARE {after['adapted_rand_error']:.3f}"
+        )
     return rows
 
 
@@ -240,10 +252,10 @@ def main() -> None:
     if args.decisions:
         kept = json.loads(args.decisions.read_text())
         by_budget = {int(b): _decisions(d) for b, d in kept["by_budget"].items()}
-        seconds = kept["agglomeration"]["seconds"]
+        contacts, seconds = kept["contacts"], kept["agglomeration"]["seconds"]
     else:
         budgets = sorted({*args.budgets, budget})
-        by_budget, seconds = fill_pairs(first, config, budgets)
+        by_budget, contacts, seconds = fill_pairs(first, config, budgets)
     decisions = by_budget[budget]
     merged = merged_pairs(decisions, config)
     truth = majority_truth(first.segmentation, first.labels)
@@ -271,6 +283,7 @@ def main() -> None:
             dataclasses.asdict(d) | {"one_object": s} for d, s in zip(decisions, same, strict=True)
         ],  # fmt: skip
         "by_budget": {b: [dataclasses.asdict(d) for d in ds] for b, ds in by_budget.items()},
+        "contacts": contacts,
     }
     for stage in ("before", "after"):
         s = result[stage]
@@ -288,7 +301,7 @@ def main() -> None:
         f"{a['fov_evaluations']} in {seconds:.0f} s; CPU: {result['cpu']}"
     )
     if args.sweep:
-        result["sweep"] = sweep(first, by_budget, config)
+        result["sweep"] = sweep(first, by_budget, contacts, config)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1))

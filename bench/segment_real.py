@@ -28,7 +28,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -38,13 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.atomic import atomic_path  # noqa: E402
-from pipeline.boundary_watershed import (  # noqa: E402
-    BoundaryForestConfig,
-    boundary_probability,
-    train_boundary_forest,
-    tune_watershed,
-    watershed_segmentation,
-)
+from pipeline.boundary_watershed import learned_watershed  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
 from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
@@ -120,28 +113,22 @@ def _read_spec(spec: str) -> np.ndarray:
 
 def _forest_watershed(staged: Path) -> dict:
     """Learn on the training part, tune on the selection part, segment the evaluated part."""
-    config = BoundaryForestConfig()
-    started = time.perf_counter()
-    forest = train_boundary_forest(
-        _read(staged / "train.h5", "raw"), _read(staged / "train.h5", "labels"), config
+    result = learned_watershed(
+        (_read(staged / "train.h5", "raw"), _read(staged / "train.h5", "labels")),
+        (_read(staged / "select.h5", "raw"), _read(staged / "select.h5", "labels")),
+        _read(staged / "eval.h5", "raw"),
     )
-    trained = time.perf_counter()
-    select_probability = boundary_probability(forest, _read(staged / "select.h5", "raw"), config)
-    params, trials = tune_watershed(select_probability, _read(staged / "select.h5", "labels"))
-    tuned = time.perf_counter()
-    probability = boundary_probability(forest, _read(staged / "eval.h5", "raw"), config)
-    segmentation = watershed_segmentation(probability, params)
-    done = time.perf_counter()
     part = read_staged(staged / "eval.h5").scored.slices
     truth = _read(staged / "eval.h5", "labels")[part]
+    segmentation = result.segmentation[part]
     return {
-        "segmentation": segmentation[part],
-        "scores": score_segmentation(segmentation[part], truth).to_dict(),
-        "params": params.__dict__,
-        "tuning_trials": trials,
-        "train_s": trained - started,
-        "select_s": tuned - trained,
-        "infer_s": done - tuned,
+        "segmentation": segmentation,
+        "scores": score_segmentation(segmentation, truth).to_dict(),
+        "params": result.params.__dict__,
+        "tuning_trials": result.trials,
+        "train_s": result.seconds["train"],
+        "select_s": result.seconds["tune"],
+        "infer_s": result.seconds["segment"],
     }
 
 

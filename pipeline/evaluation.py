@@ -3,9 +3,11 @@
 FFN's scores come from overlap counts (`pipeline.metrics.OverlapCounts`), which add up: a task
 per region of the volume (`count_regions`, `count_region`) counts its part, read slab by slab,
 and one last task sums them and scores (`score_volume`), so no task holds the volume and the
-counting spreads over the workers. The watershed baseline segments the whole image in that last
-task and is for volumes that fit in memory (`WatershedConfig.enabled`). `evaluate_volume` does
-it all in one process.
+counting spreads over the workers. The baseline is a watershed for volumes that fit in memory
+(`WatershedConfig.enabled`): where the run has a labelled training part, the one a lab would
+tune (`learned_baseline`, a task of its own: a boundary forest learned there, tuned on the
+selection part); else the edge-distance watershed, segmented in that last task.
+`evaluate_volume` does it all in one process.
 """
 
 import json
@@ -24,7 +26,8 @@ from pipeline.metrics import (
     watershed_baseline,
 )
 from pipeline.roi import ZYX, Roi, tiles
-from pipeline.volumes import label_ids, open_volume, read_raw
+from pipeline.staging import StagedVolume
+from pipeline.volumes import label_ids, open_volume, read_labels, read_raw, write_volumes
 
 
 @dataclass(frozen=True)
@@ -67,24 +70,34 @@ def score_volume(
     scored: Roi | None = None,
     voxel_size_nm: Sequence[float] | None = None,
     also: dict[str, OverlapCounts] | None = None,
+    learned: str | None = None,
 ) -> dict:
     """{"ffn": scores, "watershed": scores, "watershed_seconds": s} (the watershed's only when
     enabled) from FFN's `counts` over the `scored` part (default: all); written to `output` if
     given. The watershed segments the whole image and is scored on the same part. `also`: more
-    segmentations' counts to score under their keys (FFN's steps before its second pass's end)."""
+    segmentations' counts to score under their keys (FFN's steps before its second pass's end).
+    `learned`: the spec of `learned_baseline`'s segmentation, scored as "learned_watershed"
+    instead of the edge-distance watershed."""
     watershed = watershed or WatershedConfig()
     result = {"ffn": score_counts(counts).to_dict()}
     for key, more in (also or {}).items():
         result[key] = score_counts(more).to_dict()
     if watershed.enabled:
-        started = time.perf_counter()
         with open_volume(labels_spec) as truth:
             part = scored or Roi.whole(truth.shape)
             truth_part = label_ids(truth[part.slices], labels_spec)
-        raw, _ = read_raw(raw_spec, voxel_size_nm)
-        baseline = watershed_baseline(raw, watershed)[part.slices]
-        result["watershed"] = score_counts(OverlapCounts.of(truth_part, baseline)).to_dict()
-        result["watershed_seconds"] = round(time.perf_counter() - started, 3)
+        if learned:
+            with open_volume(learned) as segmentation:
+                baseline = label_ids(segmentation[part.slices], learned)
+            result["learned_watershed"] = score_counts(
+                OverlapCounts.of(truth_part, baseline)
+            ).to_dict()
+        else:
+            started = time.perf_counter()
+            raw, _ = read_raw(raw_spec, voxel_size_nm)
+            baseline = watershed_baseline(raw, watershed)[part.slices]
+            result["watershed"] = score_counts(OverlapCounts.of(truth_part, baseline)).to_dict()
+            result["watershed_seconds"] = round(time.perf_counter() - started, 3)
     if scored is not None:
         result["scored_roi"] = str(scored)
     if output is not None:
@@ -107,3 +120,29 @@ def evaluate_volume(
         whole = Roi.whole(truth.shape)
     counts = count_region(labels_spec, segmentation_spec, whole, scored)
     return score_volume(counts, raw_spec, labels_spec, watershed, output, scored, voxel_size_nm)
+
+
+def learned_baseline(
+    train: StagedVolume,
+    select: StagedVolume,
+    volume: StagedVolume,
+    segmentation_path: str | Path,
+    record_path: str | Path,
+) -> None:
+    """The learned-boundary watershed of `volume` (its forest learned on `train`, tuned on
+    `select`), written atomically: the segmentation as `segmentation_path:segmentation` (HDF5,
+    the whole volume with its context) and the record (parameters, tuning trials, seconds)."""
+    # scikit-learn takes seconds to import: not when the workflow only plans its tasks.
+    from pipeline.boundary_watershed import learned_watershed
+
+    def image_and_labels(part: StagedVolume) -> tuple:
+        return (
+            read_raw(part.raw, part.voxel_size_nm)[0],
+            read_labels(part.labels, part.voxel_size_nm)[0],
+        )
+
+    raw, voxel_size = read_raw(volume.raw, volume.voxel_size_nm)
+    result = learned_watershed(image_and_labels(train), image_and_labels(select), raw)
+    write_volumes(segmentation_path, {"segmentation": result.segmentation}, voxel_size)
+    with atomic_path(record_path) as tmp:
+        tmp.write_text(json.dumps(result.record(), indent=2) + "\n")

@@ -259,6 +259,10 @@ class WatershedConfig:
     # Whether evaluation runs it: it segments the whole image in one process, which a volume
     # larger than a node's memory cannot afford (FFN is then scored alone).
     enabled: bool = True
+    # Where the run has a labelled training part: the watershed a lab would tune instead, a
+    # boundary forest learned on that part and its parameters chosen on the selection part
+    # (pipeline.boundary_watershed), a far harder baseline than the untuned one below.
+    learned: bool = True
     # Markers: maxima of the edge distance at least this much (voxels) above their surroundings.
     marker_h: float = 1.0
     smoothing_sigma_zyx: tuple[float, float, float] = (0.5, 1.0, 1.0)

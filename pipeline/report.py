@@ -45,6 +45,8 @@ STAGE_OF_APP = {
 METHOD_NAMES = {
     "ffn_first_pass": "ffn, first pass only",
     "ffn_consensus": "ffn + consensus (before agglomeration)",
+    "learned_watershed": "learned watershed (forest of the training part, tuned on the selection part)",
+    "watershed": "watershed (edge distance, untuned)",
 }
 
 
@@ -218,6 +220,15 @@ def write_report(run_dir: str | Path) -> Path:
                     f"| {names.get(method, method)} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
                     f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} |"
                 )
+    learned = _read_json(run_dir / "baseline" / "learned_watershed.json")
+    if learned and "learned_watershed" in evaluation:
+        params = ", ".join(f"{k} {v}" for k, v in learned["params"].items())
+        seconds = learned["seconds"]
+        lines += [
+            "", f"The learned watershed: {params} (the best of {len(learned['tuning_trials'])} "
+            f"tried on the selection part); {seconds['train']:.0f} s to learn, {seconds['tune']:.0f} s "
+            f"to tune, {seconds['segment']:.0f} s to segment.",
+        ]  # fmt: skip
     if (run_dir / "precomputed").is_dir():
         lines += ["", f"Neuroglancer: `python workflow.py view --run-dir {run_dir}`"]
     with atomic_path(run_dir / "report.md") as tmp:

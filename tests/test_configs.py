@@ -38,6 +38,8 @@ def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     scored = [c for c in flyem if not c.name.endswith("-selection")]
     assert len(scored) == 4
     assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in scored}) == 1
+    # And their reports' baseline, the learned watershed, learns and is tuned on the same parts.
+    assert len({(c.data.train_roi, c.data.select_roi) for c in scored}) == 1
 
 
 def test_the_run_where_second_pass_settings_are_chosen_scores_only_the_selection_part():

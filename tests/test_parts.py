@@ -183,5 +183,12 @@ def test_the_real_data_path_runs_end_to_end_on_the_parts_of_one_file(tmp_path):
     scores = json.loads((run_dir / "evaluation.json").read_text())
     # Segmented with context, scored inside the part only.
     assert scores["scored_roi"] == "0:32, 8:40, 8:32"
-    assert scores["ffn"]["voxels"] == 32 * 32 * 24 and scores["watershed"]["voxels"] == 32 * 32 * 24
+    # The baseline: a forest learned on the training part, tuned on the selection part.
+    assert scores["ffn"]["voxels"] == scores["learned_watershed"]["voxels"] == 32 * 32 * 24
+    record = json.loads((run_dir / "baseline" / "learned_watershed.json").read_text())
+    assert len(record["tuning_trials"]) == 54 and set(record["seconds"]) == {
+        "train",
+        "tune",
+        "segment",
+    }
     assert (run_dir / "precomputed" / "export.json").is_file()

@@ -26,7 +26,11 @@ class TestLocalRun:
         ):
             assert (tiny_run / f"{stamped}.stamp.json").is_file(), stamped
         report = (tiny_run / "report.md").read_text()
-        assert "| watershed |" in report and "| ffn |" in report and "| train | 1 |" in report
+        # The run has a labelled training part: its baseline is the watershed a lab would tune.
+        assert (
+            "| learned watershed (" in report and "| ffn |" in report and "| train | 1 |" in report
+        )
+        assert "tried on the selection part" in report
 
     def test_training_ran_two_horovod_ranks(self, tiny_run):
         assert '"world_size": 2' in (tiny_run / "train" / "train_summary.json").read_text()
@@ -186,6 +190,43 @@ def test_parsl_starts_only_the_pools_of_the_tasks_that_run(tmp_path):
     before = {"stage", "preprocess", "train", "select"}
     trained = {n: None if n.partition("[")[0] in before else r for n, r in fresh.items()}
     assert cli.executor_labels(steps, trained) == {CPU_LABEL}
+
+
+def test_the_baseline_is_the_learned_watershed_where_the_run_has_a_labelled_training_part(
+    tmp_path, monkeypatch
+):
+    import dataclasses
+
+    import workflow as cli
+    from pipeline.run_config import DEMO_MODEL, RunConfig
+    from pipeline.staging import DataConfig
+    from site_configs import local
+
+    def tasks(config: RunConfig) -> dict[str, tuple]:
+        steps = cli.dag_steps(config, cli.RunPaths(tmp_path / "run"), local.SITE)
+        return {s.task.name: s.task.inputs for s in steps}
+
+    trained = tasks(RunConfig())
+    run = tmp_path / "run" / "staged"
+    # Learned on the training part, tuned on the selection part, applied to the scored volume.
+    assert trained["evaluate[learned watershed]"] == (
+        run / "train.h5",
+        run / "select.h5",
+        run / "eval.h5",
+    )
+    assert trained["evaluate"][-1] == tmp_path / "run" / "baseline" / "learned_watershed.h5"
+    # A given model: its training and selection parts are staged for the baseline alone.
+    given = tasks(RunConfig(pretrained_model=str(DEMO_MODEL)))
+    assert {"stage[train]", "stage[select]", "evaluate[learned watershed]"} <= set(given)
+    assert "train" not in given and "preprocess" not in given
+    # No labelled training part (a file to segment, nothing else): the untuned watershed.
+    eval_only = DataConfig(eval_raw=f"{tmp_path}/v.h5:raw", eval_labels=f"{tmp_path}/v.h5:labels")
+    alone = dataclasses.replace(RunConfig(pretrained_model=str(DEMO_MODEL)), data=eval_only)
+    # The shape of a file that need not exist to plan.
+    monkeypatch.setattr(cli, "_eval_shape", lambda config: (64, 128, 128))
+    monkeypatch.setattr(cli, "_eval_voxel_size", lambda config: (10.0, 10.0, 10.0))
+    untuned = tasks(alone)
+    assert "evaluate[learned watershed]" not in untuned and "stage[train]" not in untuned
 
 
 def test_queue_and_walltime_of_each_pool_come_from_the_command_line():
