@@ -203,18 +203,7 @@ def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
     return launch.command(shlex.join(program))
 
 
-# What a stage leaves behind (a tuple: one of them), and which stages' outputs it reads: --stages
-# checks these first.
-_STAGE_OUTPUTS = {
-    "stage": [_LAYOUT["train_volume"], (_LAYOUT["eval_copy"], _LAYOUT["eval_record"])],
-    "preprocess": [_LAYOUT["coordinates"]],
-    "train": [_LAYOUT["train_summary"]],
-    "select": [_LAYOUT["selection"]],
-    "infer": [_LAYOUT["blocks_dir"]],
-    "stitch": [_LAYOUT["stitch_summary"]],
-    "consensus": [_LAYOUT["consensus_summary"]],
-    "agglomerate": [_LAYOUT["agglomerate_summary"]],
-}
+# Which stages' outputs a stage reads: --stages checks that those it leaves out left them.
 _STAGE_INPUTS = {
     "preprocess": ["stage"],
     "train": ["stage", "preprocess"],
@@ -228,15 +217,15 @@ _STAGE_INPUTS = {
 }
 
 
-def check_stage_inputs(stages: frozenset[str], root: Path) -> None:
-    """Every stage left out by --stages whose outputs a selected stage reads must have left them."""
+def check_stage_inputs(stages: frozenset[str], steps: list[Step]) -> None:
+    """Every stage left out by --stages whose outputs a selected stage reads must have left
+    them: every output of its tasks in this run's plan."""
     for stage in [s for s in STAGES if s in stages]:
         for needed in [n for n in _STAGE_INPUTS.get(stage, []) if n not in stages]:
-            outputs = [(p,) if isinstance(p, str) else p for p in _STAGE_OUTPUTS[needed]]
-            missing = [ps[0] for ps in outputs if not any((root / p).exists() for p in ps)]
-            if missing:
+            outputs = (o for step in steps if step.task.stage == needed for o in step.task.outputs)
+            if (missing := next((o for o in outputs if not o.exists()), None)) is not None:
                 raise FFNError(
-                    f"--stages leaves out {needed!r}, but {stage!r} needs its output {root / missing[0]}; run it too"
+                    f"--stages leaves out {needed!r}, but {stage!r} needs its output {missing}; run it too"
                 )
 
 
@@ -1025,12 +1014,12 @@ def run(args: argparse.Namespace) -> int:
 
         stage_pretrained_selection(config.pretrained_model, paths.selection)
         stages = stages - {"preprocess", "train", "select"}
-    check_stage_inputs(stages, paths.root)  # before any worker starts
+    steps = dag_steps(config, paths, spec)
+    check_stage_inputs(stages, steps)  # before any worker starts
     config_io.save_json(paths.config, config)
     save_site_record(paths.site, resolved.site_source, spec)
     if not config.pretrained_model:
         config_io.save_json(paths.train_dir / "requested_config.json", config.train)
-    steps = dag_steps(config, paths, spec)
     reasons = plan_run(steps, stages)
     _say(f"run dir {paths.root}, {resolved.origin}")
     _say(describe_environment(environment))

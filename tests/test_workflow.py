@@ -71,6 +71,36 @@ def test_stages_left_out_must_have_their_outputs(tmp_path):
     assert "--stages leaves out 'stage', but 'train' needs its output" in done.stderr
 
 
+def test_stages_left_out_need_only_the_outputs_this_run_plans(tmp_path, monkeypatch):
+    """A run with a given model and nothing but a volume to segment stages no training volume:
+    --stages stitch asks for the blocks and the staged volume, not for staged/train.h5."""
+    import dataclasses
+
+    import workflow as cli
+    from pipeline.errors import FFNError
+    from pipeline.run_config import DEMO_MODEL, RunConfig
+    from pipeline.staging import DataConfig
+    from site_configs import local
+
+    monkeypatch.setattr(cli, "_eval_shape", lambda config: (64, 128, 128))
+    monkeypatch.setattr(cli, "_eval_voxel_size", lambda config: (10.0, 10.0, 10.0))
+    data = DataConfig(eval_raw=f"{tmp_path}/v.h5:raw")
+    config = dataclasses.replace(RunConfig(pretrained_model=str(DEMO_MODEL)), data=data)
+    steps = cli.dag_steps(config, cli.RunPaths(tmp_path / "run"), local.SITE)
+    stitch = frozenset({"stitch", "export"})
+    with pytest.raises(
+        FFNError, match="leaves out 'stage', but 'stitch' needs its output .*eval.h5"
+    ):
+        cli.check_stage_inputs(stitch, steps)
+    for step in steps:  # what staging and inference leave behind
+        if step.task.stage in ("stage", "infer"):
+            for output in step.task.outputs:
+                output.parent.mkdir(parents=True, exist_ok=True)
+                output.touch()
+    assert not (tmp_path / "run" / "staged" / "train.h5").exists()
+    cli.check_stage_inputs(stitch, steps)  # no error
+
+
 def test_resume_of_a_run_dir_that_holds_no_run_is_refused(tmp_path):
     done = workflow(
         "--config", str(TINY), "--run-dir", str(tmp_path / "typo"), "--resume", expect=2
