@@ -1,8 +1,9 @@
 """Learning-rate scaling with the number of data-parallel workers (Dong et al., SC'19).
 
-With N workers the global batch is N times larger. Goyal et al. scale the rate linearly, ramping
-up over the first steps; Dong et al. found linear scaling (with warm-up) good up to about 16
-workers and square-root scaling better beyond. `auto` is that finding:
+With N workers the global batch is N times larger (N counts every rank whose gradients are
+averaged, the virtual ranks of `TrainConfig.virtual_ranks` included). Goyal et al. scale the rate
+linearly, ramping up over the first steps; Dong et al. found linear scaling (with warm-up) good up
+to about 16 workers and square-root scaling better beyond. `auto` is that finding:
 lr = base * N for N <= 16, and base * 16 * sqrt(N / 16) beyond, reached after a linear warm-up.
 
 On top of the scaling, an optional staircase decay as google-research/ffn's

@@ -7,10 +7,12 @@ launcher (`aprun`, `srun`, `mpiexec`):
         --coordinates coords.npz --train-dir data/runs/demo/train [--max-steps 2000 ...]
 
 Every rank reads only its shard of the coordinates, computes gradients on its own batch, and
-`hvd.DistributedGradientTape` averages them (ring-allreduce) before the Adam update, so all ranks
-hold identical weights after every step. Rank 0 writes checkpoints, metrics and the config; a
-restart with the same `--train-dir` resumes from the latest checkpoint (step, weights, Adam state
-and each rank's position in its data).
+Horovod averages them (ring-allreduce) before the Adam update, so all ranks hold identical weights
+after every step. With `virtual_ranks` V each process stands for V ranks of a world of
+(processes x V): it computes the gradients of each of its ranks' batches in turn and averages them
+before Horovod averages over the processes, the update as many real ranks make. Rank 0 writes
+checkpoints, metrics and the config; a restart with the same `--train-dir` resumes from the latest
+checkpoint (step, weights, Adam state and each rank's position in its data).
 """
 
 import json
@@ -71,7 +73,9 @@ def _init_runtime(config: TrainConfig, expected_ranks: int | None = None):
     check_world_size(hvd.size(), expected_ranks)
     device = bind_to_gpu(tf, hvd.local_rank(), gpu_order(os.environ))  # the site's order
     if hvd.rank() == 0:
-        print(f"[train] {hvd.size()} rank(s); rank 0 on {device}", flush=True)
+        virtual = config.virtual_ranks
+        world = f" x {virtual} virtual = {hvd.size() * virtual}" if virtual > 1 else ""
+        print(f"[train] {hvd.size()} rank(s){world}; rank 0 on {device}", flush=True)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     tf.keras.utils.set_random_seed(config.seed)
@@ -80,16 +84,26 @@ def _init_runtime(config: TrainConfig, expected_ranks: int | None = None):
     return hvd, tf
 
 
-def make_train_step(model, optimizer, grad_clip: float):
-    """One synchronous step: forward, loss, rank-averaged gradients, clip, Adam update. Returns
-    (logits, loss, finite): the update is applied only when every averaged gradient is finite,
+def virtual_rank_indices(rank: int, virtual_ranks: int) -> range:
+    """The ranks of the world that real rank `rank` stands for: consecutive, so the world's ranks
+    in order are its processes' in order (as an allgather returns them)."""
+    return range(rank * virtual_ranks, (rank + 1) * virtual_ranks)
+
+
+def make_train_step(model, optimizer, grad_clip: float, virtual_ranks: int = 1):
+    """One synchronous step over this process's `virtual_ranks` batches, a list of (images,
+    seeds, labels), one per rank it stands for: each batch's forward, loss and gradients on their
+    own (as that rank computes them), their mean, Horovod's average over the processes (op
+    Average, as DistributedGradientTape's; a copy in a world of one), clip, one Adam update: the
+    mean over every rank of the world, as as many real ranks average. Returns (logits per batch,
+    loss per batch, applied): the update is applied only when every averaged gradient is finite,
     a verdict every rank reaches alike, since a rank whose own loss is not finite makes its
     gradients NaN and so everyone's average."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     @tf.function
-    def train_step(images, seeds, labels):
+    def rank_gradients(images, seeds, labels):
         with tf.GradientTape() as tape:
             logits = model([images, seeds], training=True)
             loss = tf.reduce_mean(
@@ -98,7 +112,13 @@ def make_train_step(model, optimizer, grad_clip: float):
             # 1 when the loss is finite, NaN when not (an infinite loss can have finite gradients).
             poison = tf.stop_gradient(tf.where(tf.math.is_finite(loss), 1.0, float("nan")))
             checked = loss * tf.cast(poison, loss.dtype)
-        grads = hvd.DistributedGradientTape(tape).gradient(checked, model.trainable_variables)
+        return logits, loss, tape.gradient(checked, model.trainable_variables)
+
+    @tf.function
+    def apply_mean(summed):
+        grads = [g / virtual_ranks for g in summed]
+        if hvd.size() > 1:
+            grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
 
         def update():
@@ -106,8 +126,19 @@ def make_train_step(model, optimizer, grad_clip: float):
             optimizer.apply_gradients(zip(clipped, model.trainable_variables, strict=True))
             return tf.constant(True)
 
-        applied = tf.cond(finite, update, lambda: tf.constant(False))
-        return logits, loss, applied
+        return tf.cond(finite, update, lambda: tf.constant(False))
+
+    def train_step(batches):
+        # One batch at a time: memory stays one rank's, however many ranks a process stands for.
+        logits, losses, summed = [], [], None
+        for images, seeds, labels in batches:
+            rank_logits, loss, grads = rank_gradients(images, seeds, labels)
+            logits.append(rank_logits)
+            losses.append(loss)
+            summed = (
+                grads if summed is None else [a + b for a, b in zip(summed, grads, strict=True)]
+            )
+        return logits, losses, apply_mean(summed)
 
     return train_step
 
@@ -124,6 +155,9 @@ BOOKKEEPING = (
     "intra_op_threads",
     "inter_op_threads",
     "horovod_cycle_time_ms",
+    # The world size is in the lineage; how it splits into processes and virtual ranks changes
+    # no update (tests/test_virtual_ranks.py), and runs made before the setting keep theirs.
+    "virtual_ranks",
 )
 # What an earlier run wrote into the train dir; set aside together when a run cannot go on from it.
 RUN_OUTPUTS = (
@@ -305,6 +339,14 @@ def _set_aside_unreadable(
     )
 
 
+def _loss_to_report(losses: list, ranks: range) -> tuple[float, int]:
+    """The first loss of this process's ranks that is not finite (else its first rank's), and
+    whose it is: what a diverged step's error names."""
+    values = [float(loss) for loss in losses]
+    i = next((i for i, value in enumerate(values) if not np.isfinite(value)), 0)
+    return values[i], ranks[i]
+
+
 def run_training(
     inputs: TrainInputs,
     config: TrainConfig,
@@ -323,12 +365,16 @@ def run_training(
     from pipeline.volumes import read_volume_pair
 
     hvd, tf = _init_runtime(config, expected_ranks)
-    rank, size = hvd.rank(), hvd.size()
+    rank = hvd.rank()
+    # Everything that depends on the world size uses the world trained as: processes x virtual.
+    size = hvd.size() * config.virtual_ranks
+    ranks = virtual_rank_indices(rank, config.virtual_ranks)
     train_dir = Path(inputs.train_dir)
     lead = rank == 0
 
     volume = read_volume_pair(inputs.raw, inputs.labels, min_shape_zyx=config.model.fov_shape_zyx)
-    shard = load_coordinates(inputs.coordinates, rank=rank, size=size)
+    coordinates = load_coordinates(inputs.coordinates)
+    shards = [coordinates.shard(r, size, inputs.coordinates) for r in ranks]
     lineage = training_lineage(config, size, volume, inputs.coordinates, inputs.init_from)
     if lead:
         train_dir.mkdir(parents=True, exist_ok=True)
@@ -375,23 +421,24 @@ def run_training(
         )
     resumed_from = int(step.numpy())
     cursors = examples_started.numpy()
-    start_example = int(cursors[rank]) if len(cursors) == size else 0
-    saved_stream = read_stream_state(checkpoint_dir, restored, rank, size)
     if lead and resumed_from:
         print(f"[train] resuming from {restored} at step {resumed_from}", flush=True)
 
-    stream = BatchStream(
-        volume,
-        shard.coords,
-        config.model,
-        config.examples,
-        config.batch_size,
-        config.seed,
-        rank,
-        start_example,
-        saved_stream,
-    )
-    train_step = make_train_step(model, optimizer, config.grad_clip)
+    streams = [
+        BatchStream(
+            volume,
+            shard.coords,
+            config.model,
+            config.examples,
+            config.batch_size,
+            config.seed,
+            r,
+            int(cursors[r]) if len(cursors) == size else 0,
+            read_stream_state(checkpoint_dir, restored, r, size),
+        )
+        for r, shard in zip(ranks, shards, strict=True)
+    ]
+    train_step = make_train_step(model, optimizer, config.grad_clip, config.virtual_ranks)
     log = MetricsLog(train_dir, resumed_from) if lead else None
     counts = np.zeros(len(COUNT_NAMES))
     interval_start = last_save = time.monotonic()
@@ -412,9 +459,11 @@ def run_training(
                 f"{manager.latest_checkpoint or 'none'}); lower learning_rate"
             )
         name = f"ckpt-{int(step.numpy())}"
-        write_stream_state(checkpoint_dir, name, rank, size, stream.state())
+        for r, stream in zip(ranks, streams, strict=True):
+            write_stream_state(checkpoint_dir, name, r, size, stream.state())
         # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
-        gathered = hvd.allgather(tf.constant([stream.examples_started], tf.int64)).numpy()
+        started = [stream.examples_started for stream in streams]
+        gathered = hvd.allgather(tf.constant(started, tf.int64)).numpy()
         examples_started.assign(gathered)
         if lead:
             manager.save(checkpoint_number=int(step.numpy()))
@@ -432,17 +481,22 @@ def run_training(
             config.lr_decay_every_steps,
         )
         optimizer.learning_rate.assign(lr)
-        images, seeds, labels = stream.next_batch()
-        logits, loss, applied = train_step(images, seeds, labels)
+        batches = [stream.next_batch() for stream in streams]
+        logits, losses, applied = train_step(batches)
         if not bool(applied):
+            loss, loss_rank = _loss_to_report(losses, ranks)
             raise TrainingDiverged(
-                f"step {current + 1}: the loss ({float(loss):.4g} on rank {rank}) or a gradient is not "
+                f"step {current + 1}: the loss ({loss:.4g} on rank {loss_rank}) or a gradient is not "
                 f"finite at learning rate {lr:.3g}; the update was not applied and no checkpoint was "
                 f"written from it (last: {manager.latest_checkpoint or 'none'}); lower learning_rate"
             )
-        logits = logits.numpy()
-        stream.write_back(logits)
-        counts += [float(loss), 1, *confusion_counts(logits, labels), len(images)]
+        # Each batch counts as a real rank's does: the ranks' sums make the logged means.
+        for stream, (images, _, labels), rank_logits, loss in zip(
+            streams, batches, logits, losses, strict=True
+        ):
+            rank_logits = rank_logits.numpy()
+            stream.write_back(rank_logits)
+            counts += [float(loss), 1, *confusion_counts(rank_logits, labels), len(images)]
         step.assign_add(1)
         current += 1
         if on_step is not None:
@@ -489,6 +543,8 @@ def run_training(
             "resumed_from_step": resumed_from,
             "optimizer_iterations": int(optimizer.iterations.numpy()),
             "world_size": size,
+            "real_ranks": hvd.size(),
+            "virtual_ranks": config.virtual_ranks,
             "checkpoint": manager.latest_checkpoint,
         }
         if (train_dir / "metrics.csv").exists():

@@ -26,6 +26,10 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     examples: ExampleConfig = field(default_factory=ExampleConfig)
     batch_size: int = 4  # FOVs per rank per step
+    # Ranks simulated in each process (world size = real ranks x this): each computes gradients on
+    # its own shard and batch as a real rank would, and their mean makes the update that as many
+    # real ranks make. Lets a machine with fewer cores than ranks study training at that world size.
+    virtual_ranks: int = 1
     learning_rate: float = (
         0.001  # base rate for one worker; lr_policy scales it with the world size
     )
@@ -57,6 +61,9 @@ class TrainConfig:
     keep_checkpoints: int = 5
 
     def __post_init__(self) -> None:
+        ranks = self.virtual_ranks
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ConfigError(f"virtual_ranks must be an integer >= 1, got {ranks!r}")
         if self.lr_policy not in LR_POLICIES:
             raise ConfigError(f"lr_policy must be one of {LR_POLICIES}, got {self.lr_policy!r}")
         positive = (
