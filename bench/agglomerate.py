@@ -72,7 +72,7 @@ DEMO_CHECKPOINT = ROOT / "models/demo-synthetic/checkpoints/ckpt-0"
 SWEEP_RECOVERED = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SWEEP_JACCARD = (0.3, 0.5, 0.7, 0.8)
 # Larger minimum contacts than the fills were made with: a subset of the same pairs, no filling.
-SWEEP_MIN_CONTACT = (50, 100, 200, 500)
+SWEEP_MIN_CONTACT = (50, 100, 200, 500, 1000, 2000)
 
 
 @dataclasses.dataclass

@@ -71,9 +71,13 @@ class AgglomerationConfig:
     # half a FOV keeps both to the contact, not to far parts of A or B that the window happens to
     # hold (google/ffn's analysis radius is likewise smaller than its resegmentation radius).
     analysis_radius_fovs: float = 0.5
-    # Voxel faces two segments must share to be tested: smaller contacts are mostly corners that
-    # cost a pair of fills each and rarely hide a split.
-    min_contact: int = 20
+    # Voxel faces two segments must share to be tested: smaller contacts are mostly corners or
+    # the sides of two neurites, which cost a pair of fills each, rarely hide a split and are
+    # where the fills merge wrongly. On seed 2 (the synthetic selection volume; bench/agglomerate.py
+    # --sweep) 500 tested 58 of 377 pairs and scored best of 20-2,000 at 4-16 FOVs per fill (VI
+    # 1.205 -> 1.084, against 1.146 with 20). Objects' sizes set it: choose it on a selection part
+    # of your tissue.
+    min_contact: int = 500
     # Background voxels that may lie between two segments that count as touching: the first pass
     # often leaves a voxel-wide seam unsegmented between two segments (a membrane, or voxels it
     # was unsure of), and the ground truth its membranes.
@@ -81,14 +85,16 @@ class AgglomerationConfig:
     # Merge thresholds. One object's two fills nearly coincide and fills of two objects barely
     # overlap (Jaccard index), and each fill should take most of the other segment (recovered
     # share). Where a membrane is too faint for the model, the fills of two objects coincide as
-    # well, and those are where the first pass parted objects: on seed 2 (selection volume), a
-    # recovered share of 0.5 merged 45 pairs, most of them wrong (VI 1.21 -> 3.02); 0.9 merged
-    # 10, 9 of them right (VI 1.21 -> 1.16, the best of 0.5-0.95). The Jaccard index barely mattered.
+    # well, and those are where the first pass parted objects: on seed 2 (selection volume) with
+    # the contacts and budget above, a recovered share of 0.5 merged 23 pairs (VI 1.21 -> 1.63);
+    # 0.9 merged 8 (-> 1.08; 0.85 -> 1.07, 0.8 -> 1.15, 0.95 -> 1.13). The Jaccard index barely
+    # mattered (0.3-0.7 the same).
     min_jaccard: float = 0.5
     min_recovered: float = 0.9
-    # FOV evaluations per fill: a bound on the cost of a pair whatever the window (it does not
-    # bind at the default window, which holds fewer positions).
-    max_fov_evaluations_per_fill: int = 100
+    # FOV evaluations per fill: a bound on the cost of a pair whatever the window. On seed 2, 16
+    # (of the window's up to 64 positions) decided better than filling the window (VI 1.084
+    # against 1.099) at half the cost: 6 % of the first pass's FOV evaluations, against 13 %.
+    max_fov_evaluations_per_fill: int = 16
 
     def __post_init__(self) -> None:
         if self.window_radius_fovs < 0.5:
