@@ -33,6 +33,7 @@ STAGE_OF_APP = {
     "relabel_merged_core": "agglomerate",
     "finish_agglomeration": "agglomerate",
     "count_region": "evaluate",
+    "learned_baseline": "evaluate",
     "evaluate": "evaluate",
     "begin_export": "export",
     "export_region": "export",

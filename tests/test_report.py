@@ -45,3 +45,23 @@ def test_a_stage_of_several_apps_spans_them_all_in_the_latest_run_that_ran_it(tm
     times = stage_wall_times(db)
     assert times["export"] == 30.0  # begin_export's start to finish_export's end, not one app's
     assert times["infer"] == 4.0  # the resumed run ran it again
+
+
+def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
+    """A task whose app has no stage would be left out of the report's stage times."""
+    import dataclasses
+
+    import workflow as cli
+    from pipeline.agglomeration import AgglomerationConfig
+    from pipeline.report import STAGE_OF_APP
+    from pipeline.run_config import RunConfig
+    from site_configs import local
+
+    second_pass = AgglomerationConfig(enabled=True, consensus=True)
+    config = dataclasses.replace(RunConfig(), agglomeration=second_pass)
+    steps = cli.dag_steps(
+        config, cli.RunPaths(cli.ROOT / "data" / "runs" / "plan-only"), local.SITE
+    )
+    for step in steps:
+        app = step.app.rpartition(".")[2]
+        assert STAGE_OF_APP.get(app) == step.task.stage, step.task.name
