@@ -622,12 +622,14 @@ def describe_training(config: RunConfig, ranks: int) -> str:
 
     model, batch = config.train.model, config.train.batch_size
     fov = "x".join(map(str, model.fov_shape_zyx))
+    virtual = config.train.virtual_ranks
+    world = f"{ranks} rank(s) x {virtual} virtual" if virtual > 1 else f"{ranks} rank(s)"
     # Training costs about 3 forward passes per FOV (forward, input and weight gradients).
-    gflop = 3 * forward_flops_per_fov(model) * batch * ranks / 1e9
+    gflop = 3 * forward_flops_per_fov(model) * batch * ranks * virtual / 1e9
     return (
         f"model: depth {model.depth}, {model.features} features, FOV {fov} (z, y, x), "
-        f"{weight_count(model.depth, model.features):,} weights; batch {batch} per rank x {ranks} "
-        f"rank(s); about {gflop:.1f} GFLOP per step, {config.train.max_steps} steps"
+        f"{weight_count(model.depth, model.features):,} weights; batch {batch} per rank x {world}; "
+        f"about {gflop:.1f} GFLOP per step, {config.train.max_steps} steps"
     )
 
 

@@ -274,3 +274,21 @@ def test_a_job_its_queue_does_not_take_is_refused_naming_the_queues_that_would()
     done = workflow("--site", "polaris", "--dry-run", "--train-nodes", "128", expect=2)
     assert "does not fit queue 'debug'" in done.stderr and "prod" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_dry_run_counts_virtual_ranks_in_the_world_and_its_cost():
+    import dataclasses
+    import re
+
+    import workflow as cli
+    from pipeline.run_config import RunConfig
+
+    config = RunConfig()
+    four = dataclasses.replace(config, train=dataclasses.replace(config.train, virtual_ranks=4))
+    alone, virtual = cli.describe_training(config, 2), cli.describe_training(four, 2)
+    assert "x 2 rank(s);" in alone and "x 2 rank(s) x 4 virtual;" in virtual
+
+    def gflop(text: str) -> float:
+        return float(re.search(r"about ([\d.]+) GFLOP", text).group(1))
+
+    assert gflop(virtual) == pytest.approx(4 * gflop(alone), rel=0.02)
