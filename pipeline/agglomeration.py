@@ -7,7 +7,7 @@ For two touching segments A and B:
 
   1. `candidate_pairs`: the pairs that touch over at least `min_contact` voxel faces, with one
      contact point each (block by block, `merge_contact_tables` adds the blocks' tables up);
-  2. `decide_pair`: in a window around the contact point, one fill seeded in A and one in B. As
+  2. `pair_measures`: in a window around the contact point, one fill seeded in A and one in B. As
      in google/ffn, A and B are cleared from the canvas and the other segments stay on it, so no
      FOV is centred in them; neither fill sees the other. A seed is the voxel of its segment
      farthest from the segment's boundary (distance transform) within the analysis box around
@@ -320,26 +320,6 @@ def _seeds(
     return (seed_a, seed_b) if seed_a is not None and seed_b is not None else None
 
 
-def decide_pair(
-    read_image: Reader,
-    read_segmentation: Reader,
-    volume_shape: Sequence[int],
-    ids: tuple[int, int],
-    point: Sequence[int],
-    predict: Predictor,
-    model: ModelConfig,
-    inference_config: InferenceConfig,
-    config: AgglomerationConfig,
-) -> PairDecision:
-    """Fill from A and from B around their contact `point` and measure (deterministic for a
-    deterministic predictor)."""
-    budget = config.max_fov_evaluations_per_fill
-    return pair_measures(
-        read_image, read_segmentation, volume_shape, ids, point, predict, model,
-        inference_config, config, (budget,),
-    )[0]  # fmt: skip
-
-
 def pair_measures(
     read_image: Reader,
     read_segmentation: Reader,
@@ -352,9 +332,10 @@ def pair_measures(
     config: AgglomerationConfig,
     budgets: Sequence[int],
 ) -> list[PairDecision]:
-    """`decide_pair`'s measures with each of `budgets` (ascending) as the FOV evaluations per
-    fill, for the price of the largest: a flood with a smaller budget is the larger one's
-    beginning (exactly so with `batch_size` 1), so budgets are chosen without filling again."""
+    """Fill from A and from B around their contact `point` and measure (deterministic for a
+    deterministic predictor), with each of `budgets` (ascending) as the FOV evaluations per fill,
+    for the price of the largest: a flood with a smaller budget is the larger one's beginning
+    (exactly so with `batch_size` 1), so budgets are chosen without filling again."""
     a, b = (int(i) for i in ids)
     point = np.asarray(point, np.int64)
     window = _window(point, _radius(config.window_radius_fovs, model), volume_shape)
@@ -390,22 +371,17 @@ def decide_pairs(
     inference_config: InferenceConfig,
     config: AgglomerationConfig,
 ) -> list[PairDecision]:
-    """`decide_pair` for every pair of the table, in its order. `read_image` returns uint8 raw,
-    `read_segmentation` the first pass's ids, both for a box of the volume (global slices)."""
+    """Every pair of the table measured with `config`'s budget per fill (`pair_measures`), in
+    its order. `read_image` returns uint8 raw, `read_segmentation` the first pass's ids, both for
+    a box of the volume (global slices)."""
+    budget = (config.max_fov_evaluations_per_fill,)
     return [
-        decide_pair(
-            read_image,
-            read_segmentation,
-            volume_shape,
-            (int(ids[0]), int(ids[1])),
-            point,
-            predict,
-            model,
-            inference_config,
-            config,
-        )
+        pair_measures(
+            read_image, read_segmentation, volume_shape, (int(ids[0]), int(ids[1])), point,
+            predict, model, inference_config, config, budget,
+        )[0]
         for ids, point in zip(pairs.ids, pairs.points, strict=True)
-    ]
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
