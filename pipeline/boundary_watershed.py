@@ -163,9 +163,8 @@ class LearnedWatershed:
     seconds: dict[str, float]
 
     def record(self) -> dict:
-        return {"params": self.params.__dict__, "tuning_trials": self.trials} | {
-            "seconds": self.seconds
-        }
+        params, trials, seconds = self.params.__dict__, self.trials, self.seconds
+        return {"params": params, "tuning_trials": trials, "seconds": seconds}
 
 
 def learned_watershed(
