@@ -4,6 +4,7 @@
     python workflow.py --site theta --config run.toml    # the same DAG on an HPC site
     python workflow.py --run-dir R --resume              # go on with R's own settings and site
     python workflow.py --site theta --dry-run            # print the DAG and the site, submit nothing
+    python workflow.py study --config configs/study.toml # the paper's learning-rate/scaling study
     python workflow.py status --run-dir data/runs/demo   # what a run has done, where its logs are
     python workflow.py view --run-dir data/runs/demo     # open the result in Neuroglancer
 
@@ -35,12 +36,14 @@ if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, 
     from pipeline.blocks import BlockGrid
     from pipeline.inference import InferenceConfig
     from pipeline.run_config import RunConfig
+    from pipeline.study import StudyCell
+    from pipeline.train_config import TrainConfig
     from site_configs.base import SiteSpec
 
 ROOT = Path(__file__).resolve().parent
 STAGES = (
     "stage", "preprocess", "train", "select", "infer", "stitch", "consensus", "agglomerate",
-    "evaluate", "export",
+    "evaluate", "export", "study",
 )  # fmt: skip
 
 
@@ -93,6 +96,9 @@ _LAYOUT = {
     "precomputed": "precomputed",
     "export_dir": "export",
     "report": "report.md",
+    # A study (`workflow.py study`): one training folder per cell, the study's report beside.
+    "study_cells": "study/cells",
+    "study_report": "study/report.md",
     "config": "config.json",
     "site": "site.json",
 }
@@ -189,12 +195,17 @@ def _eval_context(config: RunConfig) -> tuple[int, int, int]:
     return tuple(int(f) // 2 for f in _segmenting_fov(config))
 
 
-def training_command(config: RunConfig, paths: RunPaths, launch) -> str:
-    train_config = paths.train_dir / "requested_config.json"
+def training_command(
+    config: RunConfig, paths: RunPaths, launch, train_dir: Path | None = None
+) -> str:
+    """The launch line of a training into `train_dir` (default: the run's), whose
+    requested_config.json run() writes from the task's settings."""
+    train_dir = train_dir or paths.train_dir
+    train_config = train_dir / "requested_config.json"
     program = [
         sys.executable, "-m", "pipeline.cli.train",
         "--raw", f"{paths.train_volume}:raw", "--labels", f"{paths.train_volume}:labels",
-        "--coordinates", str(paths.coordinates), "--train-dir", str(paths.train_dir),
+        "--coordinates", str(paths.coordinates), "--train-dir", str(train_dir),
         "--config", str(train_config), "--intra-op-threads", str(launch.threads_per_rank),
         "--expected-ranks", str(launch.num_ranks),
     ]  # fmt: skip
@@ -214,6 +225,7 @@ _STAGE_INPUTS = {
     "agglomerate": ["stage", "stitch"],
     "evaluate": ["stage", "stitch"],
     "export": ["stage", "stitch"],
+    "study": ["train"],
 }
 
 
@@ -260,23 +272,35 @@ def task_step(
 def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Stage the training (and selection) volume, preprocess, train, select."""
     launch = site.mpi_launch()
-    init_from = str(Path(config.train_init_from).resolve()) if config.train_init_from else ""
     scored_on = _selection_volume(config, paths)
-    train_settings = {
-        "train": config_io.to_dict(config.train),
-        "ranks": launch.num_ranks,
-        "init_from": init_from,
-    }
-    partitions = {"partitions": config_io.to_dict(config.partitions_for_training())}
     return _labelled_parts(config, paths) + [
-        task_step("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
-              "preprocess.preprocess"),
-        task_step("train", train_settings, [paths.train_volume, paths.coordinates] + ([init_from] if init_from else []),
-              [paths.train_summary], "train.train", training_command(config, paths, launch), str(paths.train_log),
-              parsl_resource_specification=launch.resource_specification),
+        _preprocess_step(config, paths),
+        _train_step("train", config, paths, config.train, launch, paths.train_dir),
         task_step("select", {"selection": config_io.to_dict(config.selection)}, [paths.train_summary, scored_on],
               [paths.selection], "select.select_checkpoint"),
     ]  # fmt: skip
+
+
+def _preprocess_step(config: RunConfig, paths: RunPaths) -> Step:
+    partitions = {"partitions": config_io.to_dict(config.partitions_for_training())}
+    return task_step("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
+                     "preprocess.preprocess")  # fmt: skip
+
+
+def _train_step(
+    name: str, config: RunConfig, paths: RunPaths, train: TrainConfig, launch, train_dir: Path
+) -> Step:
+    """A training of `train` by `launch`'s ranks into `train_dir` (its summary the output)."""
+    init_from = str(Path(config.train_init_from).resolve()) if config.train_init_from else ""
+    settings = {
+        "train": config_io.to_dict(train),
+        "ranks": launch.num_ranks,
+        "init_from": init_from,
+    }
+    return task_step(name, settings, [paths.train_volume, paths.coordinates] + ([init_from] if init_from else []),
+                     [train_dir / "train_summary.json"], "train.train",
+                     training_command(config, paths, launch, train_dir), str(train_dir / "train.log"),
+                     parsl_resource_specification=launch.resource_specification)  # fmt: skip
 
 
 def _labelled_parts(config: RunConfig, paths: RunPaths) -> list[Step]:
@@ -287,16 +311,137 @@ def _labelled_parts(config: RunConfig, paths: RunPaths) -> list[Step]:
         task_step("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
               [paths.select_volume], "stage.stage_volume"),
     ] if config.data.has_select_part else []  # fmt: skip
-    return select_part + [
-        task_step("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
-              [paths.train_volume], "stage.stage_volume"),
-    ]  # fmt: skip
+    return select_part + [_train_part(config, paths)]
+
+
+def _train_part(config: RunConfig, paths: RunPaths) -> Step:
+    from pipeline.staging import role_settings, source_files
+
+    return task_step("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
+                     [paths.train_volume], "stage.stage_volume")  # fmt: skip
 
 
 def _selection_volume(config: RunConfig, paths: RunPaths) -> Path:
     """Where checkpoints and the baseline's parameters are chosen: never the scored volume, a
     part of its own, else the training volume."""
     return paths.select_volume if config.data.has_select_part else paths.train_volume
+
+
+# -- a study (`workflow.py study`): the paper's grid of trainings (pipeline.study) --
+def study_capacity(site: SiteSpec) -> int | None:
+    """Most real ranks a study's cell may have: one node's on this machine (more are virtual
+    ranks), any number on a batch site (its queues say how many nodes a job may have)."""
+    return site.ranks_per_node * site.nodes_per_block if site.scheduler == "local" else None
+
+
+def _cell_nodes(site: SiteSpec, cell: StudyCell) -> tuple[int, int]:
+    """(nodes, ranks per node) of a cell's real ranks: whole nodes of the site's ranks per node,
+    or one node partly used by a smaller world."""
+    per_node = min(cell.real_ranks, site.ranks_per_node)
+    nodes, rest = divmod(cell.real_ranks, per_node)
+    if rest:
+        raise ConfigError(
+            f"[study] {cell.ranks} ranks do not fill whole nodes of {site.ranks_per_node} ranks on "
+            f"site {site.name}; choose rank counts that do"
+        )
+    return nodes, per_node
+
+
+def study_site(site: SiteSpec, config: RunConfig, allocation: dict[str, str]) -> SiteSpec:
+    """The site with the `allocation` given (account, queue, walltimes) and training jobs that
+    hold the study's largest cell, running as many cells at once as fit: small cells side by side
+    in one allocation. Where the queue takes no job that small (Theta's default: 128 nodes or
+    more) the job has the queue's smallest size. ConfigError where no job of the queue holds the
+    largest cell."""
+    from pipeline.study import study_cells
+    from site_configs.base import describe_queues, walltime_seconds
+
+    cells = study_cells(config.study, config.train, study_capacity(site))
+    nodes = max(_cell_nodes(site, cell)[0] for cell in cells)
+    if site.scheduler == "local":
+        return replace(site, **allocation)
+    queue, walltime = allocation.get("queue", site.queue), allocation.get("walltime", site.walltime)
+    known = site.limits_of(queue)
+    sizes = sorted({nodes} | {q.min_nodes for q in known if q.min_nodes > nodes})
+    taken = [n for n in sizes if not known or any(q.allows(n, walltime) for q in known)]
+    if taken:  # anything else the site refuses (the cpu pool's queue) it names itself
+        return replace(
+            site,
+            nodes_per_block=taken[0],
+            mpi_tasks_per_block=min(taken[0], len(cells)),
+            **allocation,
+        )
+    fit = [
+        q for q in site.queue_limits
+        if q.max_nodes >= nodes and walltime_seconds(q.max_walltime) >= walltime_seconds(walltime)
+    ]  # fmt: skip
+    raise ConfigError(
+        f"[study] the largest cell needs a job of {nodes} nodes for {walltime}, which queue "
+        f"{queue!r} does not take; give a --queue (and --walltime) that does: "
+        f"{describe_queues(fit) or 'no queue of the site does'}"
+    )
+
+
+def study_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
+    """Stage the training volume, preprocess once, train every cell, write the study's report."""
+    from pipeline.study import study_cells
+
+    cells = study_cells(config.study, config.train, study_capacity(site))
+    steps = [_train_part(config, paths), _preprocess_step(config, paths)]
+    for cell in cells:
+        launch = site.mpi_launch(*_cell_nodes(site, cell))
+        cell_train = cell.train_config(config.train, config.study.steps)
+        steps.append(_train_step(f"train[{cell.name}]", config, paths, cell_train, launch,
+                                 paths.study_cells / cell.name))  # fmt: skip
+    settings = {
+        "study": config_io.to_dict(config.study),
+        "cells": [config_io.to_dict(c) for c in cells],
+    }
+    summaries = [s.task.outputs[0] for s in steps if s.task.stage == "train"]
+    return steps + [
+        task_step("study", settings, summaries, [paths.study_report], "study.report_study")
+    ]
+
+
+def describe_study(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
+    """The cells per rank count, the jobs asked for and their node-hours."""
+    from pipeline.study import rates_for, study_cells
+    from site_configs import describe
+    from site_configs.base import walltime_seconds
+
+    study = config.study
+    cells = study_cells(study, config.train, study_capacity(site))
+    one_rank = replace(config, train=replace(config.train, virtual_ranks=1, max_steps=study.steps))
+    lines = [
+        f"study {config.name} in {paths.root}: {len(cells)} cells = {len(study.rank_counts)} rank "
+        f"count(s) x rates x {len(study.optimizers)} optimizer(s) x {len(study.warmup)} warm-up "
+        f"choice(s) x {study.repeats} seed(s)",
+        f"  stage, preprocess -> {paths.coordinates} (shared by every cell)",
+        f"  train      {describe_training(one_rank, 1)}; a cell of N ranks N times the FOVs",
+    ]
+    node_steps = 0
+    for n in sorted(study.rank_counts):
+        mine = [c for c in cells if c.ranks == n]
+        nodes, per_node = _cell_nodes(site, mine[0])
+        node_steps += nodes * study.steps * len(mine)
+        split = (
+            f"{mine[0].real_ranks} real x {mine[0].virtual_ranks} virtual"
+            if mine[0].virtual_ranks > 1
+            else "real"
+        )
+        rates = ", ".join(f"{r:.3g}" for r in rates_for(study, config.train.learning_rate, n))
+        lines.append(
+            f"  N={n:<5} {len(mine)} cells on {nodes} node(s) ({split} ranks), rates {rates}"
+        )
+    hours = site.nodes_per_block * walltime_seconds(site.walltime) / 3600
+    lines += [
+        f"  report     -> {paths.study_report}",
+        f"  jobs: {site.nodes_per_block} node(s) x {site.walltime} each ({hours:,.1f} node-hours), up to "
+        f"{site.max_blocks} at once, {site.mpi_tasks_per_block} cell(s) side by side in a job; another "
+        f"job is asked for while cells wait; the cells need {node_steps:,} node-steps in all",
+        describe(site, paths.root),
+    ]  # fmt: skip
+    return "\n".join(lines)
 
 
 def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
@@ -957,11 +1102,12 @@ def resolve_run(args: argparse.Namespace) -> ResolvedRun:
     check_shell_safe(paths.root, "run dir")
     source, recorded = choose_site(args, paths)
     site = load_site(source)
-    spec = for_run(
-        recorded or site.SITE,  # one job = the nodes training uses
-        train_nodes=config.train_nodes,
-        **_allocation(args, recorded is not None),
-    )
+    allocation = _allocation(args, recorded is not None)
+    if args.command == "study":  # jobs that hold its largest cell
+        check_command(args.command, config)
+        spec = study_site(recorded or site.SITE, config, allocation)
+    else:  # one job = the nodes training uses
+        spec = for_run(recorded or site.SITE, train_nodes=config.train_nodes, **allocation)
     settings = args.config or (
         f"the run's own {paths.config.name}" if args.resume else "the demo's defaults"
     )
@@ -970,14 +1116,39 @@ def resolve_run(args: argparse.Namespace) -> ResolvedRun:
     return ResolvedRun(config, paths, site, _site_source(source), spec, origin)
 
 
+def steps_of(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
+    """The tasks of a study, or of a run."""
+    return (
+        study_steps(config, paths, site)
+        if config.study.rank_counts
+        else dag_steps(config, paths, site)
+    )
+
+
+def check_command(command: str, config: RunConfig) -> None:
+    """A study's config runs as a study, any other as a run: neither half-does the other."""
+    if command == "study" and not config.study.rank_counts:
+        raise ConfigError("study: the config has no [study] rank_counts; see configs/study.toml")
+    if command == "study" and config.pretrained_model:
+        raise ConfigError(
+            "study: a study trains; leave out pretrained_model (train_init_from may stay)"
+        )
+    if command == "run" and config.study.rank_counts:
+        raise ConfigError(
+            "the config holds a study ([study] rank_counts): run it with `python workflow.py study`"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeline.run_lock import hold
     from pipeline.staging import check_sources
+    from pipeline.train_config import TrainConfig
     from site_configs.base import venv_path
     from site_configs.environment import check_environment, describe_environment, read_environment
 
     resolved = resolve_run(args)
     config, paths, spec = resolved.config, resolved.paths, resolved.spec
+    check_command(args.command, config)
     check_sources(config.data, _segmenting_fov(config))  # before a job is submitted
     venv = venv_path(spec)
     if venv is not None:
@@ -985,7 +1156,7 @@ def run(args: argparse.Namespace) -> int:
     environment = read_environment(venv)
     stages = frozenset(args.stages or STAGES)
     if args.dry_run:
-        print(describe_dag(config, paths, spec))
+        print((describe_study if args.command == "study" else describe_dag)(config, paths, spec))
         print(f"  {resolved.origin}")
         print(f"  {describe_environment(environment)}")
         try:
@@ -994,7 +1165,7 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as refusal:  # the dry run shows what the run would refuse
             print(f"  a run would be refused: {refusal}")
         if paths.root.is_dir():
-            steps = dag_steps(config, paths, spec)
+            steps = steps_of(config, paths, spec)
             print(
                 f"tasks in {paths.root}:",
                 *describe_plan(steps, plan_run(steps, stages), stages),
@@ -1016,18 +1187,21 @@ def run(args: argparse.Namespace) -> int:
 
         stage_pretrained_selection(config.pretrained_model, paths.selection)
         stages = stages - {"preprocess", "train", "select"}
-    steps = dag_steps(config, paths, spec)
+    steps = steps_of(config, paths, spec)
     check_stage_inputs(stages, steps)  # before any worker starts
     config_io.save_json(paths.config, config)
     save_site_record(paths.site, resolved.site_source, spec)
-    if not config.pretrained_model:
-        config_io.save_json(paths.train_dir / "requested_config.json", config.train)
+    for step in [s for s in steps if s.task.stage == "train"]:  # what each training's launch reads
+        requested = step.task.outputs[0].parent / "requested_config.json"
+        config_io.save_json(
+            requested, config_io.from_dict(TrainConfig, step.task.settings["train"])
+        )
     reasons = plan_run(steps, stages)
     _say(f"run dir {paths.root}, {resolved.origin}")
     _say(describe_environment(environment))
     if environment_warning:
         _say(environment_warning)
-    if not config.pretrained_model:
+    if not config.pretrained_model and not config.study.rank_counts:
         _say(describe_training(config, spec.mpi_launch().num_ranks))
     _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
     for line in describe_plan(steps, reasons, stages):
@@ -1066,7 +1240,7 @@ def status(args: argparse.Namespace) -> int:
     config = load_run_config(paths.config)
     paths = replace(paths, eval_in_place=reads_in_place(config.data))
     source, spec = load_site_record(paths.site)
-    steps = dag_steps(config, paths, spec)
+    steps = steps_of(config, paths, spec)
     print(f"run {config.name} in {paths.root} (site {source})")
     running = holder(paths.root)
     print(f"workflow: {running.describe() if running else 'no workflow has run here'}")
@@ -1110,7 +1284,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", nargs="?", default="run", choices=["run", "status", "view"])
+    parser.add_argument(
+        "command", nargs="?", default="run", choices=["run", "study", "status", "view"]
+    )
     parser.add_argument(
         "--site",
         help="local, theta, polaris, slurm, or a path to a site module (default: local; with "

@@ -38,6 +38,7 @@ STAGE_OF_APP = {
     "begin_export": "export",
     "export_region": "export",
     "export_meshes": "export",
+    "report_study": "study",
     "finish_export": "export",
 }
 
@@ -139,6 +140,22 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _study_lines(run_dir: Path) -> list[str]:
+    """A study's answers and the link to its report (pipeline.study_report)."""
+    results = _read_json(run_dir / "study" / "results.json")
+    if not results:
+        return []
+    answers = [f"- {s['setting']}: {s['answer']}" for s in results["settings"]]
+    return [
+        "",
+        "## Study",
+        "",
+        *answers,
+        "",
+        "Figures and tables: [study/report.md](study/report.md).",
+    ]
+
+
 def write_report(run_dir: str | Path) -> Path:
     """report.md: stage times, training speed and quality, FFN against the watershed baseline."""
     run_dir = Path(run_dir)
@@ -156,6 +173,7 @@ def write_report(run_dir: str | Path) -> Path:
             tasks = len(states[stage]) if stage in states else "- (up to date)"
             wall = f"{times[stage]:.1f} s" if stage in times else "-"
             lines.append(f"| {stage} | {tasks} | {wall} |")
+    lines += _study_lines(run_dir)
     train = _read_json(run_dir / "train" / "train_summary.json")
     if train:
         inputs = (_read_json(run_dir / "train" / "config.json") or {}).get("inputs", {})

@@ -32,6 +32,7 @@ from pipeline.model import ModelConfig
 from pipeline.partitions import PartitionConfig
 from pipeline.selection import SelectionConfig
 from pipeline.staging import DataConfig
+from pipeline.study import StudyConfig
 from pipeline.train_config import TrainConfig
 from pipeline.training import canvas_radius
 
@@ -61,6 +62,9 @@ class RunConfig:
     watershed: WatershedConfig = field(default_factory=WatershedConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    # The paper's learning-rate and scaling study (`python workflow.py study`): a grid of trainings
+    # of [train] on the training volume. A config whose rank_counts are set is a study.
+    study: StudyConfig = field(default_factory=StudyConfig)
     # A model folder made by `python -m pipeline.cli.pretrained` (e.g. the authors' FIB-25 weights):
     # preprocessing, training and selection are skipped and this model segments the volume.
     # "": none, the run trains its own.

@@ -172,6 +172,8 @@ RUN_OUTPUTS = (
 
 def _lineage_settings(config: TrainConfig, world_size: int, init_from: str) -> dict:
     settings = {k: v for k, v in config_io.to_dict(config).items() if k not in BOOKKEEPING}
+    if config.optimizer == "adam":  # as runs made before the setting: their checkpoints go on
+        del settings["optimizer"], settings["momentum"]
     return settings | {"world_size": world_size, "init_from": init_from}
 
 
@@ -347,6 +349,13 @@ def _loss_to_report(losses: list, ranks: range) -> tuple[float, int]:
     return values[i], ranks[i]
 
 
+def make_optimizer(tf, config: TrainConfig):
+    """The update rule `config.optimizer` at the base rate (the loop sets each step's rate)."""
+    if config.optimizer == "sgd_momentum":
+        return tf.keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum)
+    return tf.keras.optimizers.Adam(learning_rate=config.learning_rate)
+
+
 def run_training(
     inputs: TrainInputs,
     config: TrainConfig,
@@ -385,7 +394,7 @@ def run_training(
     broadcast_object(None, root_rank=0)  # the other ranks look at checkpoints only after this
 
     model = build_model(config.model)
-    optimizer = tf.keras.optimizers.Adam(learning_rate=config.learning_rate)
+    optimizer = make_optimizer(tf, config)
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     examples_started = tf.Variable(

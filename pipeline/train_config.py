@@ -14,6 +14,8 @@ from pipeline.lr_scaling import LR_POLICIES
 from pipeline.model import ModelConfig
 from pipeline.training import ExampleConfig
 
+OPTIMIZERS = ("adam", "sgd_momentum")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -37,6 +39,10 @@ class TrainConfig:
         "auto"  # none | linear | sqrt | linear_warmup | auto (linear <= 16 ranks, sqrt beyond)
     )
     warmup_steps: int = 100
+    # The update rule: "adam" (google/ffn's and Dong et al.'s) or "sgd_momentum" (SGD with
+    # `momentum`), the two the paper's study compares.
+    optimizer: str = "adam"
+    momentum: float = 0.9  # sgd_momentum only
     # Staircase decay (google-research/ffn's learning_rate_decay_factor): the rate is multiplied
     # by lr_decay_factor every lr_decay_every_steps steps; 0 = constant rate. Settles the weights
     # late in a run, so neighbouring checkpoints stop segmenting very differently.
@@ -64,6 +70,10 @@ class TrainConfig:
         ranks = self.virtual_ranks
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
             raise ConfigError(f"virtual_ranks must be an integer >= 1, got {ranks!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.lr_policy not in LR_POLICIES:
             raise ConfigError(f"lr_policy must be one of {LR_POLICIES}, got {self.lr_policy!r}")
         positive = (

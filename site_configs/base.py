@@ -109,7 +109,7 @@ def _nodes(count: int) -> str:
     return f"{count} node" if count == 1 else f"{count} nodes"
 
 
-def _seconds(walltime: str) -> int:
+def walltime_seconds(walltime: str) -> int:
     hours, minutes, seconds = map(int, walltime.split(":"))
     return 3600 * hours + 60 * minutes + seconds
 
@@ -143,16 +143,16 @@ class QueueLimit:
         return f"{self.min_nodes}-{self.max_nodes} nodes, <= {self.max_walltime}"
 
     def allows(self, nodes: int, walltime: str) -> bool:
-        return self.min_nodes <= nodes <= self.max_nodes and _seconds(walltime) <= _seconds(
-            self.max_walltime
-        )
+        return self.min_nodes <= nodes <= self.max_nodes and walltime_seconds(
+            walltime
+        ) <= walltime_seconds(self.max_walltime)
 
 
 def _sizes(limits: Iterable[QueueLimit]) -> str:
     return "; ".join(limit.size for limit in limits)
 
 
-def _describe_queues(limits: Iterable[QueueLimit]) -> str:
+def describe_queues(limits: Iterable[QueueLimit]) -> str:
     """The queues as "debug (1-2 nodes, <= 01:00:00), prod (10-24 nodes, ...; 25-99 nodes, ...)"."""
     limits = tuple(limits)
     names = dict.fromkeys(limit.name for limit in limits)
@@ -343,7 +343,7 @@ class SiteSpec:
         raise ConfigError(
             f"site {self.name!r}: a {pool} job of {_nodes(nodes)} for {walltime} does not fit "
             f"queue {queue!r} ({_sizes(known)}); queues that fit: "
-            f"{_describe_queues(fit) or 'none'}; give {advice}"
+            f"{describe_queues(fit) or 'none'}; give {advice}"
         )
 
     # -- derived values --
@@ -395,29 +395,38 @@ class SiteSpec:
         return string.Formatter().vformat(self.launcher_options, (), values).strip()
 
     # -- the contract with the training app --
-    def mpi_launch(self, num_nodes: int | None = None) -> MPILaunch:
-        """How to start one multi-rank task on `num_nodes` nodes (default: `nodes_per_mpi_task`)."""
+    def mpi_launch(
+        self, num_nodes: int | None = None, ranks_per_node: int | None = None
+    ) -> MPILaunch:
+        """How to start one multi-rank task on `num_nodes` nodes (default: `nodes_per_mpi_task`)
+        with `ranks_per_node` ranks on each (default: the site's; fewer for a study's small
+        worlds, e.g. one rank of a node that holds two)."""
         nodes = self.nodes_per_mpi_task if num_nodes is None else num_nodes
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
             raise ConfigError(f"site {self.name!r}: num_nodes must be >= 1, got {nodes!r}")
+        per_node = self.ranks_per_node if ranks_per_node is None else ranks_per_node
+        if not 1 <= per_node <= self.ranks_per_node:
+            raise ConfigError(
+                f"site {self.name!r}: ranks_per_node must be in 1..{self.ranks_per_node}, got {per_node}"
+            )
         if nodes > self.nodes_per_block:
             raise ConfigError(
                 f"site {self.name!r}: a task on {nodes} nodes does not fit in a block of "
                 f"{self.nodes_per_block} (a task cannot span blocks); raise nodes_per_block"
             )
-        ranks = nodes * self.ranks_per_node
+        ranks = nodes * per_node
         options = self.format_launcher_options()
         # The launchers pass the launching shell's environment on to every rank.
         env = {"OMP_NUM_THREADS": str(self.threads_per_rank), GPU_ORDER_ENV: self.gpu_order}
         if self.scheduler == "cobalt":
             # Classic Theta pattern: the worker runs on the MOM node and calls aprun itself; ALPS
             # places the ranks on free nodes of the job, so no node list and no resource spec.
-            prefix = f"aprun -n {ranks} -N {self.ranks_per_node} {options}".strip()
+            prefix = f"aprun -n {ranks} -N {per_node} {options}".strip()
             spec: dict[str, int | str] = {}
         else:
             # Parsl's MPI mode composes $PARSL_MPI_PREFIX from this spec and the block's nodes.
             prefix = MPI_PREFIX
-            spec = {"num_nodes": nodes, "ranks_per_node": self.ranks_per_node, "num_ranks": ranks}
+            spec = {"num_nodes": nodes, "ranks_per_node": per_node, "num_ranks": ranks}
             if options:
                 spec["launcher_options"] = options
         return MPILaunch(
@@ -427,7 +436,7 @@ class SiteSpec:
             env=env,
             num_nodes=nodes,
             num_ranks=ranks,
-            ranks_per_node=self.ranks_per_node,
+            ranks_per_node=per_node,
             threads_per_rank=self.threads_per_rank,
         )
 
@@ -766,7 +775,7 @@ def describe(site: SiteSpec, run_dir: str | Path | None = None) -> str:
             note = "  <- placeholder: set it before submitting" if name in site.placeholders else ""
             lines.append(f"  {name}: {value if value is not None else '(scheduler default)'}{note}")
         if site.queue_limits:
-            lines.append(f"  the site's queues: {_describe_queues(site.queue_limits)}")
+            lines.append(f"  the site's queues: {describe_queues(site.queue_limits)}")
     if site.scheduler == "cobalt":
         mpi_exec = (
             f"HighThroughputExecutor, {site.mpi_tasks_per_block} worker(s) on the job's MOM node "
