@@ -105,7 +105,7 @@ def step_rules(
     closer to this N's best (the paper's shift is a change of rule at some N, not a line
     through N = 1)."""
     ns = sorted(best)
-    rules = {ns[0]: "either"}
+    rules = {ns[0]: "-"}
     for before, n in zip(ns, ns[1:], strict=False):
         grow = n / before
         rules[n] = closer_rule(best[n], best[before] * grow, best[before] * math.sqrt(grow),
@@ -121,8 +121,7 @@ def grid_spacing(rates: list[float]) -> float:
 
 def answer(rules: dict[int, str]) -> str:
     """One sentence: which rule to use up to which rank count."""
-    ns = sorted(rules)
-    decided = {n: r for n, r in rules.items() if r != "either" and n != ns[0]}
+    decided = {n: r for n, r in rules.items() if r in ("linear", "sqrt")}
     if not decided:
         return (
             "The grid cannot tell the linear and square-root rules apart at these rank counts: "

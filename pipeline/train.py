@@ -7,12 +7,13 @@ launcher (`aprun`, `srun`, `mpiexec`):
         --coordinates coords.npz --train-dir data/runs/demo/train [--max-steps 2000 ...]
 
 Every rank reads only its shard of the coordinates, computes gradients on its own batch, and
-Horovod averages them (ring-allreduce) before the Adam update, so all ranks hold identical weights
+Horovod averages them (ring-allreduce) before the optimizer's update
+(`optimizer`: Adam, or SGD with momentum), so all ranks hold identical weights
 after every step. With `virtual_ranks` V each process stands for V ranks of a world of
 (processes x V): it computes the gradients of each of its ranks' batches in turn and averages them
 before Horovod averages over the processes, the update as many real ranks make. Rank 0 writes
 checkpoints, metrics and the config; a restart with the same `--train-dir` resumes from the latest
-checkpoint (step, weights, Adam state and each rank's position in its data).
+checkpoint (step, weights, optimizer state and each rank's position in its data).
 """
 
 import json

@@ -283,6 +283,26 @@ def test_only_bookkeeping_changes_go_on_from_the_checkpoints(training_data, eigh
     assert read_metrics(run / "metrics.csv")["step"].tolist() == [2, 4, 6, 8]  # from step 0
 
 
+@pytest.mark.slow
+def test_sgd_with_momentum_trains_anew_with_one_slot_per_weight(
+    training_data, eight_steps, tmp_path
+):
+    import tensorflow as tf
+
+    def optimizer_slots(run: Path) -> int:
+        names = [n for n, _ in tf.train.list_variables(str(run / "checkpoints"))]
+        return sum(n.startswith("optimizer/_variables/") for n in names)
+
+    adam_slots = optimizer_slots(eight_steps)
+    run = copy_of(eight_steps, tmp_path / "run")
+    done = train(training_data, run, "--max-steps", "8", "--optimizer", "sgd_momentum", *SHORT)
+    assert "settings changed: momentum, optimizer" in done.stdout, done.stdout
+    assert read_metrics(run / "metrics.csv")["step"].tolist() == [2, 4, 6, 8]  # from step 0
+    # Adam keeps two moments per weight, momentum SGD one (each beside the step counter).
+    weights = (adam_slots - 1) // 2
+    assert optimizer_slots(run) == 1 + weights and weights > 0
+
+
 def test_ranks_that_are_not_one_world_stop_at_once(training_data, tmp_path):
     # One process told that the launch started two: what a wheel-built MPICH under srun or aprun
     # does, each rank alone in a world of one.
