@@ -140,6 +140,13 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _world(train: dict) -> str:
+    """The world a training ran as: its ranks, and how many of them were virtual."""
+    virtual = train.get("virtual_ranks", 1)
+    split = f" ({train['real_ranks']} real x {virtual} virtual)" if virtual > 1 else ""
+    return f"{train['world_size']} rank(s){split}"
+
+
 def _study_lines(run_dir: Path) -> list[str]:
     """A study's answers and the link to its report (pipeline.study_report)."""
     results = _read_json(run_dir / "study" / "results.json")
@@ -184,7 +191,7 @@ def write_report(run_dir: str | Path) -> Path:
         )
         lines += [
             "", "## Training", "",
-            f"{train['step']} steps {start} on {train['world_size']} rank(s), {train['fov_per_s']:.1f} FOV/s "
+            f"{train['step']} steps {start} on {_world(train)}, {train['fov_per_s']:.1f} FOV/s "
             f"in the last interval; final loss {train['loss']:.3f}, voxel F1 {train['f1']:.3f}, "
             f"accuracy {train['accuracy']:.3f}.",
             "", "![training curves](train/curves.png)",

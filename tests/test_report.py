@@ -1,8 +1,9 @@
 """What the run report reads from Parsl's monitoring database."""
 
+import json
 import sqlite3
 
-from pipeline.report import stage_wall_times
+from pipeline.report import stage_wall_times, write_report
 
 
 def monitoring_db(path, runs):
@@ -47,6 +48,16 @@ def test_a_stage_of_several_apps_spans_them_all_in_the_latest_run_that_ran_it(tm
     assert times["infer"] == 4.0  # the resumed run ran it again
 
 
+def test_the_report_says_how_many_of_a_trainings_ranks_were_virtual(tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    summary = {"step": 20, "world_size": 8, "real_ranks": 2, "virtual_ranks": 4, "fov_per_s": 3.0,
+               "loss": 0.5, "f1": 0.7, "accuracy": 0.8}  # fmt: skip
+    (train / "train_summary.json").write_text(json.dumps(summary))
+    report = write_report(tmp_path).read_text()
+    assert "20 steps from scratch on 8 rank(s) (2 real x 4 virtual)" in report
+
+
 def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     """A task whose app has no stage would be left out of the report's stage times."""
     import dataclasses
@@ -55,13 +66,14 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     from pipeline.agglomeration import AgglomerationConfig
     from pipeline.report import STAGE_OF_APP
     from pipeline.run_config import RunConfig
+    from pipeline.study import StudyConfig
     from site_configs import local
 
     second_pass = AgglomerationConfig(enabled=True, consensus=True)
     config = dataclasses.replace(RunConfig(), agglomeration=second_pass)
-    steps = cli.dag_steps(
-        config, cli.RunPaths(cli.ROOT / "data" / "runs" / "plan-only"), local.SITE
-    )
+    paths = cli.RunPaths(cli.ROOT / "data" / "runs" / "plan-only")
+    a_study = dataclasses.replace(RunConfig(), study=StudyConfig(rank_counts=(1, 4)))
+    steps = cli.dag_steps(config, paths, local.SITE) + cli.study_steps(a_study, paths, local.SITE)
     for step in steps:
         app = step.app.rpartition(".")[2]
         assert STAGE_OF_APP.get(app) == step.task.stage, step.task.name
