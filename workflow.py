@@ -1267,7 +1267,10 @@ def status(args: argparse.Namespace) -> int:
         )
     runs = sorted((paths.root / "runinfo").glob("[0-9][0-9][0-9]"))
     latest = runs[-1] if runs else paths.root / "runinfo"
-    print(f"logs: {paths.train_log}, {latest / 'parsl.log'}, {latest / 'submit_scripts'}/")
+    train_logs = (
+        paths.study_cells / "*" / "train.log" if config.study.rank_counts else paths.train_log
+    )
+    print(f"logs: {train_logs}, {latest / 'parsl.log'}, {latest / 'submit_scripts'}/")
     return 0
 
 

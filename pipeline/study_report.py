@@ -44,6 +44,7 @@ def plot_learning_rates(summary: dict, png: Path) -> str:
     ax_norm.set(xscale="log", xlabel="learning rate (after scaling)", ylabel="score / best at N",
                 title="normalized accuracy")  # fmt: skip
     ax_norm.legend(fontsize=8)
+    ax_norm.xaxis.set_minor_formatter(_pyplot().NullFormatter())
     ns = sorted(summary["best_rate"])
     per_seed_rates = summary["scores"]
     for n in ns:  # every rate tried, faint, so the grid shows
@@ -51,7 +52,8 @@ def plot_learning_rates(summary: dict, png: Path) -> str:
     ax_best.plot(ns, [summary["best_rate"][n] for n in ns], "o-", color="black", label="best rate")
     for rule, style in (("linear", "--"), ("sqrt", ":")):
         ax_best.plot(ns, [summary["rules"][rule][n] for n in ns], style, label=f"{rule} rule")
-    ax_best.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="learning rate",
+    _rank_axis(ax_best, ns)
+    ax_best.set(yscale="log", xlabel="ranks N", ylabel="learning rate",
                 title=f"best rate: a = {summary['exponent']:.2f} in lr* ~ N^a")  # fmt: skip
     ax_best.legend(fontsize=8)
     for ax in (ax_norm, ax_best):
@@ -72,7 +74,8 @@ def plot_time_to_f1(summary: dict, threshold: float, png: Path) -> str:
         first = rows[ns[0]]["steps"] * ns[0]
         ax.plot(ns, [first / n for n in ns], "--", color="0.5", label="ideal (steps / N)")
         ax.legend()
-    ax.set(xscale="log", yscale="log", xlabel="ranks N", ylabel=f"steps to F1 >= {threshold}",
+        _rank_axis(ax, ns)
+    ax.set(yscale="log", xlabel="ranks N", ylabel=f"steps to F1 >= {threshold}",
            title=summary["setting"])  # fmt: skip
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
@@ -107,6 +110,8 @@ def plot_strong_scaling(scaling: dict, png: Path) -> str:
     ax_speed.plot(ns, [scaling[n]["fov_per_s"] for n in ns], "o-", label="measured")
     ax_speed.plot(ns, [scaling[ns[0]]["fov_per_s"] * n / ns[0] for n in ns], "--", color="0.5",
                   label="ideal")  # fmt: skip
+    for ax in (ax_speed, ax_eff):
+        _rank_axis(ax, ns)
     ax_speed.set(xlabel="ranks N", ylabel="FOV/s", title="training throughput")
     ax_speed.legend()
     ax_eff.plot(ns, [scaling[n]["efficiency"] for n in ns], "o-")
@@ -115,6 +120,15 @@ def plot_strong_scaling(scaling: dict, png: Path) -> str:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return _save(fig, png)
+
+
+def _rank_axis(ax, ns: list[int]) -> None:
+    """A log axis of rank counts labelled with the counts themselves."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _rate(value: float) -> str:
