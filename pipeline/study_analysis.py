@@ -130,16 +130,23 @@ def answer(rules: dict[int, str]) -> str:
     linear_up_to = max((n for n in decided if decided[n] == "linear"), default=None)
     sqrt_from = min((n for n in decided if decided[n] == "sqrt"), default=None)
     if sqrt_from is None:
-        return f"Scale the learning rate linearly (with warm-up) up to {linear_up_to} ranks, the largest studied."
+        return (
+            f"Scale the learning rate linearly (with warm-up) up to {linear_up_to} ranks: the "
+            "paper's shift to the square root does not appear up to there."
+        )
     if linear_up_to is None:
-        return f"Scale the learning rate by the square root of the rank count from {sqrt_from} ranks on."
+        return (
+            f"Scale the learning rate by the square root of the rank count from {sqrt_from} ranks "
+            "on: linear scaling is better at no rank count studied, so the paper's shift (linear "
+            "up to about 16 ranks) does not appear."
+        )
     if linear_up_to < sqrt_from:
         return (
             f"Scale the learning rate linearly up to {linear_up_to} ranks and by the square "
             f"root beyond (from {sqrt_from} ranks on): the paper's shift."
         )
     return (
-        "Neither rule holds throughout: "
+        "Neither rule holds throughout, no clear shift: "
         + ", ".join(f"{n} ranks: {decided[n]}" for n in sorted(decided))
         + "."
     )
