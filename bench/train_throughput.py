@@ -73,10 +73,11 @@ def bare_step_rate(precision: str, threads: int, batch_size: int, steps: int) ->
     shape = (batch_size, *ModelConfig().fov_shape_zyx, 1)
     x = tf.random.normal(shape)
     labels = tf.cast(x > 0, tf.float32)
-    train_step(x, x, labels)[1].numpy()  # trace and warm up
+    batches = [(x, x, labels)]  # one rank's batch: make_train_step takes one per virtual rank
+    bool(train_step(batches)[2])  # trace and warm up
     start = time.perf_counter()
     for _ in range(steps):
-        train_step(x, x, labels)[1].numpy()
+        bool(train_step(batches)[2])
     return steps * batch_size / (time.perf_counter() - start)
 
 
