@@ -347,6 +347,37 @@ def task_identity(settings: dict, input_tokens: Sequence[str]) -> str:
     return digest({"settings": settings, "inputs": list(input_tokens)})
 
 
+# Settings added to a section after runs were stamped, oldest first, each at the value that does
+# what those runs did: a stamp made before a setting existed stays up to date while the setting
+# is at that value, so a new version of the workflow does not make every earlier run's training
+# stale (its checkpoints' lineage keeps them alike: pipeline.train.BOOKKEEPING).
+ADDED_SETTINGS: tuple[dict[tuple[str, str], object], ...] = (
+    {("train", "virtual_ranks"): 1},
+    {("train", "optimizer"): "adam", ("train", "momentum"): 0.9},
+)
+
+
+def _as_stamped_before(settings: dict, since: int) -> dict | None:
+    """`settings` as a version without the settings added from ADDED_SETTINGS[since] on stamped
+    them; None where one of those is not at its old value (no such version did this)."""
+    older = {k: dict(v) if isinstance(v, dict) else v for k, v in settings.items()}
+    for added in ADDED_SETTINGS[since:]:
+        for (section, name), value in added.items():
+            part = older.get(section)
+            if isinstance(part, dict) and name in part:
+                if part.pop(name) != value:
+                    return None
+    return older
+
+
+def _identities(settings: dict, input_tokens: Sequence[str]) -> set[str]:
+    """The task's identity now, and as each version before settings were added stamped it."""
+    olders = (_as_stamped_before(settings, since) for since in range(len(ADDED_SETTINGS)))
+    return {task_identity(settings, input_tokens)} | {
+        task_identity(older, input_tokens) for older in olders if older is not None
+    }
+
+
 def _plain(settings: dict) -> dict:
     """As the settings read back from a stamp (tuples become lists)."""
     return json.loads(json.dumps(settings, default=str))
@@ -384,7 +415,7 @@ def why_stale(
             return "not run yet"
         return "outputs not stamped (interrupted, or made by an older version)"
     tokens = input_tokens(inputs, regions)
-    if stamp["identity"] != task_identity(settings, tokens):
+    if stamp["identity"] not in _identities(settings, tokens):
         changes = _changed_settings(stamp.get("settings"), settings)
         if changes:
             return "settings changed: " + "; ".join(changes)

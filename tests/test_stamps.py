@@ -49,6 +49,26 @@ def test_a_changed_setting_is_named(tmp_path, source):
     )
 
 
+def test_a_setting_added_since_a_run_was_stamped_keeps_it_up_to_date_at_its_old_value(
+    tmp_path, source
+):
+    """A run trained before virtual_ranks, and one before optimizer, stay up to date while those
+    settings do what the runs did; another optimizer is a change."""
+    now = {"train": {"max_steps": 30, "virtual_ranks": 1, "optimizer": "adam", "momentum": 0.9}}
+    stamped_by = {
+        "before virtual ranks": {"train": {"max_steps": 30}},
+        "before optimizers": {"train": {"max_steps": 30, "virtual_ranks": 1}},
+    }
+    for name, settings in stamped_by.items():
+        output = tmp_path / f"{name}.txt"
+        run_once(settings, [source], [output], make("a")[0](output))
+        assert why_stale(now, [source], [output]) is None, name
+        sgd = {"train": now["train"] | {"optimizer": "sgd_momentum"}}
+        assert why_stale(sgd, [source], [output]).startswith("settings changed: train.momentum")
+        virtual = {"train": now["train"] | {"virtual_ranks": 2}}
+        assert why_stale(virtual, [source], [output]).startswith("settings changed:")
+
+
 def test_a_rewritten_source_file_is_noticed_even_with_its_old_size_and_mtime(tmp_path, source):
     output = tmp_path / "out.txt"
     run_once({}, [source], [output], make("a")[0](output))
