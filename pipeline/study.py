@@ -122,8 +122,9 @@ def real_ranks_for(ranks: int, capacity: int | None) -> int:
 
 
 def study_cells(study: StudyConfig, train: TrainConfig, capacity: int | None) -> list[StudyCell]:
-    """Every cell, smallest world first. `capacity`: most real ranks a cell may have (None: no
-    limit); `study.max_real_ranks` lowers it."""
+    """Every cell, the largest world first: the longest cells start first, so the last to end
+    is a short one, and the first to end says what the study will cost. `capacity`: most real
+    ranks a cell may have (None: no limit); `study.max_real_ranks` lowers it."""
     if not study.rank_counts:
         raise ConfigError("[study] rank_counts is empty: the study has no cells")
     if True in study.warmup and study.steps <= train.warmup_steps:
@@ -135,7 +136,7 @@ def study_cells(study: StudyConfig, train: TrainConfig, capacity: int | None) ->
         capacity = min(capacity or study.max_real_ranks, study.max_real_ranks)
     return [
         StudyCell(n, rate, optimizer, warmup, train.seed + repeat, real_ranks_for(n, capacity))
-        for n in sorted(study.rank_counts)
+        for n in sorted(study.rank_counts, reverse=True)
         for rate in rates_for(study, train.learning_rate, n)
         for optimizer in study.optimizers
         for warmup in study.warmup
