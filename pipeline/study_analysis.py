@@ -25,9 +25,16 @@ class CellMetrics:
         late[-1] = True
         return float(np.mean(self.metrics[name][late]))
 
-    def first_reaching(self, threshold: float, name: str = "f1") -> tuple[float, float] | None:
-        """(step, wall seconds) of the first logged row with `name` >= threshold; None if none."""
-        reached = np.flatnonzero(self.metrics[name] >= threshold)
+    def first_reaching(
+        self, threshold: float, name: str = "f1", window: int = 3
+    ) -> tuple[float, float] | None:
+        """(step, wall seconds) of the first logged row where the mean of `name` over it and the
+        `window` - 1 rows before reaches `threshold` (one training batch's F1 is noisy: a single
+        row crosses a threshold long before the training holds it); None if none does."""
+        values = self.metrics[name]
+        window = min(window, values.size)
+        means = np.convolve(values, np.ones(window) / window, mode="valid")
+        reached = np.flatnonzero(means >= threshold) + window - 1
         if not reached.size:
             return None
         row = reached[0]
@@ -119,36 +126,43 @@ def grid_spacing(rates: list[float]) -> float:
     return max((b / a for a, b in zip(rates, rates[1:], strict=False)), default=1.0)
 
 
-def answer(rules: dict[int, str]) -> str:
-    """One sentence: which rule to use up to which rank count."""
+def answer(rules: dict[int, str], exponent: float, spread: float) -> str:
+    """Which rule to use up to which rank count, after the fitted exponent of the best rate."""
+    fitted = f"The best rate grows as N^{exponent:.2f}" + (
+        f" (+- {spread:.2f} over seeds)" if not math.isnan(spread) else ""
+    )
     decided = {n: r for n, r in rules.items() if r in ("linear", "sqrt")}
     if not decided:
         return (
-            "The grid cannot tell the linear and square-root rules apart at these rank counts: "
-            "both predict rates within half a grid step of the best; use a finer grid."
+            f"{fitted}; rank count by rank count the grid cannot tell the linear and square-root "
+            "rules apart (both land within half a grid step of the best rate): use a finer grid."
         )
+    undecided_beyond = [n for n in rules if rules[n] == "either" and n > max(decided)]
+    beyond = (
+        f"; beyond {max(decided)} ranks the grid cannot tell them apart" if undecided_beyond else ""
+    )
     linear_up_to = max((n for n in decided if decided[n] == "linear"), default=None)
     sqrt_from = min((n for n in decided if decided[n] == "sqrt"), default=None)
     if sqrt_from is None:
         return (
-            f"Scale the learning rate linearly (with warm-up) up to {linear_up_to} ranks: the "
-            "paper's shift to the square root does not appear up to there."
+            f"{fitted}. Scale the learning rate linearly (with warm-up) up to {linear_up_to} "
+            f"ranks: the paper's shift to the square root does not appear up to there{beyond}."
         )
     if linear_up_to is None:
         return (
-            f"Scale the learning rate by the square root of the rank count from {sqrt_from} ranks "
-            "on: linear scaling is better at no rank count studied, so the paper's shift (linear "
-            "up to about 16 ranks) does not appear."
+            f"{fitted}. Scale the learning rate by the square root of the rank count from "
+            f"{sqrt_from} ranks on: linear scaling is better at no rank count studied, so the "
+            f"paper's shift (linear up to about 16 ranks) does not appear{beyond}."
         )
     if linear_up_to < sqrt_from:
         return (
-            f"Scale the learning rate linearly up to {linear_up_to} ranks and by the square "
-            f"root beyond (from {sqrt_from} ranks on): the paper's shift."
+            f"{fitted}. Scale the learning rate linearly up to {linear_up_to} ranks and by the "
+            f"square root beyond (from {sqrt_from} ranks on): the paper's shift{beyond}."
         )
     return (
-        "Neither rule holds throughout, no clear shift: "
+        f"{fitted}. Neither rule holds throughout, no clear shift: "
         + ", ".join(f"{n} ranks: {decided[n]}" for n in sorted(decided))
-        + "."
+        + f"{beyond}."
     )
 
 
@@ -159,6 +173,7 @@ def setting_summary(cells: list[CellMetrics], study: StudyConfig, setting) -> di
     best = best_rates(table)
     seeds = min(len(s) for by_rate in table.values() for s in by_rate.values())
     per_seed = [fit_exponent(best_rates(table, seed)) for seed in range(seeds)]
+    spread = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan
     rules = rule_rates(best)
     closer = step_rules(best, table)
     return {
@@ -177,10 +192,10 @@ def setting_summary(cells: list[CellMetrics], study: StudyConfig, setting) -> di
         "best_rate": dict(sorted(best.items())),
         "exponent": fit_exponent(best),
         "exponent_per_seed": per_seed,
-        "exponent_sd": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan,
+        "exponent_sd": spread,
         "rules": rules,
         "closer_rule": closer,
-        "answer": answer(closer),
+        "answer": answer(closer, fit_exponent(best), spread),
         "time_to_f1": time_to_f1(cells, best, study.f1_threshold),
     }
 
