@@ -437,7 +437,7 @@ def describe_study(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
     lines += [
         f"  report     -> {paths.study_report}",
         f"  jobs: {site.nodes_per_block} node(s) x {site.walltime} each ({hours:,.1f} node-hours), up to "
-        f"{site.max_blocks} at once, {site.mpi_tasks_per_block} cell(s) side by side in a job; another "
+        f"{site.max_blocks} at once, up to {site.mpi_tasks_per_block} cell(s) at once in a job as their nodes fit; another "
         f"job is asked for while cells wait; the cells need {node_steps:,} node-steps in all",
         describe(site, paths.root),
     ]  # fmt: skip
