@@ -55,7 +55,7 @@ def setting_name(setting: tuple[str, bool]) -> str:
     return f"{optimizer}, {'linear warm-up' if warmup else 'no warm-up'}"
 
 
-def _of_setting(cells: list[CellMetrics], setting: tuple[str, bool]) -> list[CellMetrics]:
+def of_setting(cells: list[CellMetrics], setting: tuple[str, bool]) -> list[CellMetrics]:
     return [c for c in cells if (c.cell.optimizer, c.cell.warmup) == setting]
 
 
@@ -168,7 +168,7 @@ def answer(rules: dict[int, str], exponent: float, spread: float) -> str:
 
 def setting_summary(cells: list[CellMetrics], study: StudyConfig, setting) -> dict:
     """Fig. 4 and 5 of one setting: normalized scores, best rates, the exponent, the rules."""
-    cells = _of_setting(cells, setting)
+    cells = of_setting(cells, setting)
     table = rate_table(cells, study)
     best = best_rates(table)
     seeds = min(len(s) for by_rate in table.values() for s in by_rate.values())

@@ -180,7 +180,7 @@ def write_study_report(study_dir: Path, study: StudyConfig, cells: list[StudyCel
     summaries, lines = [], []
     for i, setting in enumerate(analysis.settings_of(loaded)):
         summary = analysis.setting_summary(loaded, study, setting)
-        mine = [c for c in loaded if (c.cell.optimizer, c.cell.warmup) == setting]
+        mine = analysis.of_setting(loaded, setting)
         figures = {
             "rates": plot_learning_rates(summary, study_dir / f"fig4_rates_{i}.png"),
             "f1": plot_time_to_f1(summary, study.f1_threshold, study_dir / f"fig5_time_to_f1_{i}.png"),
