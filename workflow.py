@@ -1108,12 +1108,21 @@ def resolve_run(args: argparse.Namespace) -> ResolvedRun:
         spec = study_site(recorded or site.SITE, config, allocation)
     else:  # one job = the nodes training uses
         spec = for_run(recorded or site.SITE, train_nodes=config.train_nodes, **allocation)
+    config = checkpoints_within(config, spec)
     settings = args.config or (
         f"the run's own {paths.config.name}" if args.resume else "the demo's defaults"
     )
     site_from = "as the run recorded it" if recorded is not None else f"from {site.__file__}"
     origin = f"site {spec.name} ({site_from}), settings: {settings}"
     return ResolvedRun(config, paths, site, _site_source(source), spec, origin)
+
+
+def checkpoints_within(config: RunConfig, site: SiteSpec) -> RunConfig:
+    """The training's checkpoint interval, at most the site's (`SiteSpec.checkpoint_every_seconds`)."""
+    limit = site.checkpoint_every_seconds
+    if limit is None or config.train.checkpoint_every_seconds <= limit:
+        return config
+    return replace(config, train=replace(config.train, checkpoint_every_seconds=float(limit)))
 
 
 def steps_of(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:

@@ -8,11 +8,16 @@ lr = base * N for N <= 16, and base * 16 * sqrt(N / 16) beyond, reached after a 
 
 On top of the scaling, an optional staircase decay as google-research/ffn's
 `learning_rate_decay_factor`: the rate is multiplied by `decay_factor` every `decay_every_steps`.
+
+A run that goes on at another world size (pipeline.train) follows the rule for its new size from
+there (`world_learning_rate`), ramping up again when the new size's rate is higher.
 """
 
 import math
+from collections.abc import Sequence
 
 LR_POLICIES = ("none", "linear", "sqrt", "linear_warmup", "auto")
+WARMUP_POLICIES = ("linear_warmup", "auto")
 LINEAR_LIMIT = 16
 
 
@@ -46,11 +51,41 @@ def scaled_learning_rate(
     over `warmup_steps` steps; the others use the target from the first step. With
     `decay_every_steps` > 0 the result is multiplied by `decay_factor ** (step // decay_every_steps)`.
     """
-    target = target_learning_rate(base, workers, policy)
-    if policy in ("linear_warmup", "auto") and 0 < warmup_steps and step < warmup_steps:
-        rate = base + (target - base) * step / warmup_steps
-    else:
-        rate = target
+    return world_learning_rate(
+        base, [(0, workers)], policy, step, warmup_steps, decay_factor, decay_every_steps
+    )
+
+
+def world_learning_rate(
+    base: float,
+    worlds: Sequence[tuple[int, int]],
+    policy: str,
+    step: int,
+    warmup_steps: int,
+    decay_factor: float = 1.0,
+    decay_every_steps: int = 0,
+) -> float:
+    """The rate at `step` of a run whose world size changed: `worlds` holds (first step, world
+    size) of each stretch, in order, the first at step 0. Each stretch ramps (policies with
+    warm-up) from the rate the run had when it began (`base` for the first) up to its world's
+    target over `warmup_steps` steps: a re-warm-up after a larger world took over. A smaller world
+    takes its lower target at once. Decay as `scaled_learning_rate`."""
+    if not worlds or worlds[0][0] != 0:
+        raise ValueError(f"worlds must begin at step 0, got {list(worlds)}")
+    rate = base  # the rate the current stretch starts from
+    for i, (start, workers) in enumerate(worlds):
+        end = worlds[i + 1][0] if i + 1 < len(worlds) else None
+        at = step if end is None or step < end else end  # where this stretch's rate is read
+        rate = _stretch_rate(rate, target_learning_rate(base, workers, policy), policy,
+                             at - start, warmup_steps)  # fmt: skip
+        if end is None or step < end:
+            break
     if decay_every_steps > 0:
         rate *= decay_factor ** (step // decay_every_steps)
     return rate
+
+
+def _stretch_rate(start_rate: float, target: float, policy: str, steps_in: int, warmup: int):
+    """The undecayed rate `steps_in` steps into a stretch that begins at `start_rate`."""
+    ramps = policy in WARMUP_POLICIES and 0 < warmup and steps_in < warmup and target > start_rate
+    return start_rate + (target - start_rate) * steps_in / warmup if ramps else target

@@ -144,7 +144,12 @@ def _world(train: dict) -> str:
     """The world a training ran as: its ranks, and how many of them were virtual."""
     virtual = train.get("virtual_ranks", 1)
     split = f" ({train['real_ranks']} real x {virtual} virtual)" if virtual > 1 else ""
-    return f"{train['world_size']} rank(s){split}"
+    stretches = train.get("worlds", [])
+    changes = "".join(
+        f", {size} from step {start}" for start, size in stretches[1:]
+    )  # a run that went on at another world size
+    was = f" ({stretches[0][1]} rank(s) at first{changes})" if changes else ""
+    return f"{train['world_size']} rank(s){split}{was}"
 
 
 def _study_lines(run_dir: Path) -> list[str]:

@@ -343,8 +343,15 @@ def input_tokens(inputs: Sequence[Path], regions: Sequence[Roi | None] = ()) -> 
     return [input_token(p, r) for p, r in zip(inputs, parts, strict=True)]
 
 
+# Top-level task settings recorded in the stamp but not part of the task's identity: a training's
+# "ranks" (pipeline.train goes on from its checkpoints at another world size, so a finished
+# training is not run again for another node count; an unfinished one goes on at it).
+NOT_IN_IDENTITY = ("ranks",)
+
+
 def task_identity(settings: dict, input_tokens: Sequence[str]) -> str:
-    return digest({"settings": settings, "inputs": list(input_tokens)})
+    kept = {k: v for k, v in settings.items() if k not in NOT_IN_IDENTITY}
+    return digest({"settings": kept, "inputs": list(input_tokens)})
 
 
 # Settings added to a section after runs were stamped, oldest first, each at the value that does
@@ -370,12 +377,21 @@ def _as_stamped_before(settings: dict, since: int) -> dict | None:
     return older
 
 
-def _identities(settings: dict, input_tokens: Sequence[str]) -> set[str]:
-    """The task's identity now, and as each version before settings were added stamped it."""
-    olders = (_as_stamped_before(settings, since) for since in range(len(ADDED_SETTINGS)))
-    return {task_identity(settings, input_tokens)} | {
+def _identities(settings: dict, input_tokens: Sequence[str], stamped: dict) -> set[str]:
+    """The task's identity now, and as each version before settings were added stamped it;
+    versions that put NOT_IN_IDENTITY in the identity did so with the values `stamped` holds."""
+    olders = [_as_stamped_before(settings, since) for since in range(len(ADDED_SETTINGS))]
+    identities = {task_identity(settings, input_tokens)} | {
         task_identity(older, input_tokens) for older in olders if older is not None
     }
+    then = {k: stamped[k] for k in NOT_IN_IDENTITY if k in stamped}
+    if then:
+        identities |= {
+            digest({"settings": older | then, "inputs": list(input_tokens)})
+            for older in [settings, *olders]
+            if older is not None
+        }
+    return identities
 
 
 def _plain(settings: dict) -> dict:
@@ -415,8 +431,9 @@ def why_stale(
             return "not run yet"
         return "outputs not stamped (interrupted, or made by an older version)"
     tokens = input_tokens(inputs, regions)
-    if stamp["identity"] not in _identities(settings, tokens):
-        changes = _changed_settings(stamp.get("settings"), settings)
+    stamped = stamp.get("settings") or {}
+    if stamp["identity"] not in _identities(settings, tokens, stamped):
+        changes = _changed_settings(stamped, settings)
         if changes:
             return "settings changed: " + "; ".join(changes)
         before = dict(stamp.get("inputs", []))

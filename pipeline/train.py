@@ -13,10 +13,14 @@ after every step. With `virtual_ranks` V each process stands for V ranks of a wo
 (processes x V): it computes the gradients of each of its ranks' batches in turn and averages them
 before Horovod averages over the processes, the update as many real ranks make. Rank 0 writes
 checkpoints, metrics and the config; a restart with the same `--train-dir` resumes from the latest
-checkpoint (step, weights, optimizer state and each rank's position in its data).
+checkpoint (step, weights, optimizer state and each rank's position in its data), also at another
+world size: the weights and the optimizer's state do not depend on it; the learning rate follows
+the rule for the new size (ramping up again where it rises), the coordinates are sharded anew, and
+the step where the size changed is kept (`worlds.json` per checkpoint, metrics.csv, the curves).
 """
 
 import json
+import math
 import os
 import shutil
 import time
@@ -28,8 +32,8 @@ import numpy as np
 
 from pipeline import config as config_io
 from pipeline.atomic import atomic_path
-from pipeline.errors import CheckpointError, TrainingDiverged
-from pipeline.lr_scaling import scaled_learning_rate
+from pipeline.errors import CheckpointError, ConfigError, TrainingDiverged
+from pipeline.lr_scaling import target_learning_rate, world_learning_rate
 from pipeline.train_config import TrainConfig
 from pipeline.train_metrics import (
     COUNT_NAMES,
@@ -156,8 +160,8 @@ BOOKKEEPING = (
     "intra_op_threads",
     "inter_op_threads",
     "horovod_cycle_time_ms",
-    # The world size is in the lineage; how it splits into processes and virtual ranks changes
-    # no update (tests/test_virtual_ranks.py), and runs made before the setting keep theirs.
+    # How the world splits into processes and virtual ranks changes no update
+    # (tests/test_virtual_ranks.py); the world size itself is not a setting (see `run_training`).
     "virtual_ranks",
 )
 # What an earlier run wrote into the train dir; set aside together when a run cannot go on from it.
@@ -171,25 +175,39 @@ RUN_OUTPUTS = (
 )
 
 
-def _lineage_settings(config: TrainConfig, world_size: int, init_from: str) -> dict:
+def _lineage_settings(config: TrainConfig, init_from: str) -> dict:
     settings = {k: v for k, v in config_io.to_dict(config).items() if k not in BOOKKEEPING}
     if config.optimizer == "adam":  # as runs made before the setting: their checkpoints go on
         del settings["optimizer"], settings["momentum"]
-    return settings | {"world_size": world_size, "init_from": init_from}
+    return settings | {"init_from": init_from}
 
 
-def training_lineage(
-    config: TrainConfig, world_size: int, volume, coordinates: str | Path, init_from: str = ""
-) -> str:
-    """Digest of what the checkpoints of a run depend on: the settings that are not bookkeeping,
-    the world size, the training voxels and coordinates, the starting weights."""
-    from pipeline.stamps import digest, digest_arrays, digest_files
+@dataclass(frozen=True)
+class Lineage:
+    """What the checkpoints of a run depend on: the settings that are not bookkeeping, the
+    training voxels and coordinates, the starting weights. Not the world size: a run goes on at
+    another one."""
 
-    data = [
-        digest_arrays({"raw": volume.raw, "labels": volume.labels}),
-        digest_files([coordinates]),
-    ]
-    return digest([_lineage_settings(config, world_size, init_from), data])
+    settings: dict
+    data: list  # digests of the training voxels and the coordinates file
+
+    @classmethod
+    def of(cls, config: TrainConfig, volume, coordinates: str | Path, init_from: str = ""):
+        from pipeline.stamps import digest_arrays, digest_files
+
+        data = [
+            digest_arrays({"raw": volume.raw, "labels": volume.labels}),
+            digest_files([coordinates]),
+        ]
+        return cls(_lineage_settings(config, init_from), data)
+
+    def digest(self, world_size: int | None = None) -> str:
+        """The lineage's digest; with `world_size`, as versions that kept the world size in it
+        made it (their runs go on too)."""
+        from pipeline.stamps import digest
+
+        extra = {} if world_size is None else {"world_size": world_size}
+        return digest([self.settings | extra, self.data])
 
 
 def _checkpoint_steps(train_dir: Path) -> list[int]:
@@ -200,7 +218,7 @@ def _checkpoint_steps(train_dir: Path) -> list[int]:
     )
 
 
-def _why_not_go_on(train_dir: Path, lineage: str, settings: dict, max_steps: int) -> str | None:
+def _why_not_go_on(train_dir: Path, lineage: Lineage, max_steps: int) -> str | None:
     """None when the train dir's checkpoints (if any) can be gone on from, else why not."""
     steps = _checkpoint_steps(train_dir)
     if not steps:
@@ -209,8 +227,10 @@ def _why_not_go_on(train_dir: Path, lineage: str, settings: dict, max_steps: int
         earlier = json.loads((train_dir / "config.json").read_text())
     except (OSError, ValueError):
         earlier = {}
-    if earlier.get("lineage") != lineage:
-        before = earlier.get("lineage_settings", {})
+    made_as = {lineage.digest(), lineage.digest(earlier.get("world_size"))}
+    if earlier.get("lineage") not in made_as:
+        before = {k: v for k, v in earlier.get("lineage_settings", {}).items() if k != "world_size"}
+        settings = lineage.settings
         changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
         what = f"settings changed: {', '.join(changed)}" if changed else "training data changed"
         return (
@@ -236,14 +256,14 @@ def set_aside_earlier_run(train_dir: Path, reason: str) -> Path:
 
 
 def _save_run_config(
-    train_dir: Path, inputs: TrainInputs, config: TrainConfig, world_size: int, lineage: str
+    train_dir: Path, inputs: TrainInputs, config: TrainConfig, world_size: int, lineage: Lineage
 ) -> None:
     record = {
         "inputs": config_io.to_dict(inputs),
         "config": config_io.to_dict(config),
         "world_size": world_size,
-        "lineage": lineage,
-        "lineage_settings": _lineage_settings(config, world_size, inputs.init_from),
+        "lineage": lineage.digest(),
+        "lineage_settings": lineage.settings,
     }
     with atomic_path(train_dir / "config.json") as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
@@ -283,6 +303,58 @@ def prune_stream_states(checkpoint_dir: Path, kept: list[str]) -> None:
     for streams in folder.iterdir() if folder.is_dir() else ():
         if streams.name not in names:
             shutil.rmtree(streams, ignore_errors=True)
+
+
+# Per checkpoint, rank 0 also writes the world sizes that led to it: (first step, size) of each
+# stretch, from which every rank computes the learning rate after a change (`world_learning_rate`).
+WORLDS_FILE = "worlds.json"
+
+
+def write_worlds(checkpoint_dir: Path, name: str, worlds: list[tuple[int, int]]) -> None:
+    path = checkpoint_dir / STREAMS_DIR / name / WORLDS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps([list(w) for w in worlds]) + "\n")
+
+
+def read_worlds(
+    checkpoint_dir: Path, restored: str | None, saved_size: int
+) -> list[tuple[int, int]]:
+    """The stretches that led to checkpoint `restored` ([] without one); a checkpoint made before
+    they were kept ran at one size throughout, `saved_size` (the number of its ranks' cursors)."""
+    if not restored:
+        return []
+    path = checkpoint_dir / STREAMS_DIR / Path(restored).name / WORLDS_FILE
+    if not path.is_file():
+        return [(0, saved_size)]
+    return [(int(start), int(size)) for start, size in json.loads(path.read_text())]
+
+
+def worlds_going_on(recorded: list[tuple[int, int]], step: int, size: int) -> list[tuple[int, int]]:
+    """The stretches of a run that goes on from `step` at world size `size`."""
+    kept = [w for w in recorded if w[0] < step]
+    if not kept or kept[-1][1] != size:
+        kept.append((step, size))
+    return kept
+
+
+def starting_cursors(saved: np.ndarray, size: int) -> list[int]:
+    """Examples each rank has started: the saved ones at the same world size; at another, the
+    examples per rank so far, where every rank begins in its new shard (so the epochs go on)."""
+    if len(saved) == size:
+        return [int(c) for c in saved]
+    return [int(saved.sum()) // size] * size
+
+
+def check_world(config: TrainConfig, size: int) -> None:
+    """A world the run's rule gives no usable rate for stops before anything is written."""
+    rate = target_learning_rate(config.learning_rate, size, config.lr_policy)
+    if not math.isfinite(rate) or rate <= 0:
+        raise ConfigError(
+            f"lr_policy {config.lr_policy!r} gives a learning rate of {rate} at {size} ranks "
+            f"(learning_rate {config.learning_rate:g}); lower learning_rate or use fewer ranks "
+            "(nothing written, the checkpoints untouched)"
+        )
 
 
 def _restore_newest_readable(
@@ -382,14 +454,14 @@ def run_training(
     train_dir = Path(inputs.train_dir)
     lead = rank == 0
 
+    check_world(config, size)
     volume = read_volume_pair(inputs.raw, inputs.labels, min_shape_zyx=config.model.fov_shape_zyx)
     coordinates = load_coordinates(inputs.coordinates)
     shards = [coordinates.shard(r, size, inputs.coordinates) for r in ranks]
-    lineage = training_lineage(config, size, volume, inputs.coordinates, inputs.init_from)
+    lineage = Lineage.of(config, volume, inputs.coordinates, inputs.init_from)
     if lead:
         train_dir.mkdir(parents=True, exist_ok=True)
-        settings = _lineage_settings(config, size, inputs.init_from)
-        if reason := _why_not_go_on(train_dir, lineage, settings, config.max_steps):
+        if reason := _why_not_go_on(train_dir, lineage, config.max_steps):
             set_aside_earlier_run(train_dir, reason)
         _save_run_config(train_dir, inputs, config, size, lineage)
     broadcast_object(None, root_rank=0)  # the other ranks look at checkpoints only after this
@@ -430,9 +502,19 @@ def run_training(
             checkpoint, str(checkpoint_dir), config.keep_checkpoints
         )
     resumed_from = int(step.numpy())
-    cursors = examples_started.numpy()
+    saved_cursors = examples_started.numpy()
+    worlds = worlds_going_on(
+        read_worlds(checkpoint_dir, restored, len(saved_cursors)), resumed_from, size
+    )
+    cursors = starting_cursors(saved_cursors, size)
     if lead and resumed_from:
         print(f"[train] resuming from {restored} at step {resumed_from}", flush=True)
+        if worlds[-1][0] == resumed_from and len(worlds) > 1:
+            print(
+                f"[train] going on at {size} rank(s) (was {worlds[-2][1]}): the coordinates "
+                f"sharded anew, the learning rate for {size} from step {resumed_from}",
+                flush=True,
+            )
 
     streams = [
         BatchStream(
@@ -443,7 +525,7 @@ def run_training(
             config.batch_size,
             config.seed,
             r,
-            int(cursors[r]) if len(cursors) == size else 0,
+            cursors[r],
             read_stream_state(checkpoint_dir, restored, r, size),
         )
         for r, shard in zip(ranks, shards, strict=True)
@@ -476,14 +558,15 @@ def run_training(
         gathered = hvd.allgather(tf.constant(started, tf.int64)).numpy()
         examples_started.assign(gathered)
         if lead:
+            write_worlds(checkpoint_dir, name, worlds)
             manager.save(checkpoint_number=int(step.numpy()))
             prune_stream_states(checkpoint_dir, manager.checkpoints)
 
     while int(step.numpy()) < config.max_steps:
         current = int(step.numpy())
-        lr = scaled_learning_rate(
+        lr = world_learning_rate(
             config.learning_rate,
-            size,
+            worlds,
             config.lr_policy,
             current,
             config.warmup_steps,
@@ -533,6 +616,7 @@ def run_training(
             summary |= {
                 "learning_rate": lr,
                 "fov_per_s": totals[COUNT_NAMES.index("fovs")] / elapsed,
+                "world_size": size,
             }
             if lead:
                 log.write(summary)
@@ -553,6 +637,7 @@ def run_training(
             "resumed_from_step": resumed_from,
             "optimizer_iterations": int(optimizer.iterations.numpy()),
             "world_size": size,
+            "worlds": [list(w) for w in worlds],
             "real_ranks": hvd.size(),
             "virtual_ranks": config.virtual_ranks,
             "checkpoint": manager.latest_checkpoint,

@@ -22,6 +22,7 @@ CSV_COLUMNS = (
     "object_fraction",
     "learning_rate",
     "fov_per_s",
+    "world_size",  # ranks (real x virtual) that made the step: a run may go on at another size
 )
 
 
@@ -64,19 +65,22 @@ class MetricsLog:
     """Appends rows to `metrics.csv` and mirrors them to TensorBoard.
 
     On resume from a checkpoint at `resumed_step`, rows logged after it by the interrupted run are
-    dropped, so the curve continues from the checkpoint instead of repeating steps.
+    dropped, so the curve continues from the checkpoint instead of repeating steps. Rows of a log
+    written with fewer columns keep theirs, the others left empty.
     """
 
     def __init__(self, train_dir: Path, resumed_step: int = 0):
         import tensorflow as tf
 
         self.path = train_dir / "metrics.csv"
-        kept = [",".join(CSV_COLUMNS)]
+        kept = []
         if self.path.exists() and resumed_step > 0:
-            lines = self.path.read_text().splitlines()[1:]
-            kept += [line for line in lines if int(float(line.split(",")[0])) <= resumed_step]
-        with atomic_path(self.path) as tmp:
-            tmp.write_text("\n".join(kept) + "\n")
+            with self.path.open(newline="") as f:
+                kept = [row for row in csv.DictReader(f) if float(row["step"]) <= resumed_step]
+        with atomic_path(self.path) as tmp, tmp.open("w", newline="") as out:
+            writer = csv.DictWriter(out, CSV_COLUMNS, restval="", extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(kept)
         self._writer = tf.summary.create_file_writer(str(train_dir / "tensorboard"))
 
     def write(self, row: dict[str, float]) -> None:
@@ -93,9 +97,21 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> dict[str, np.ndarray]:
+    """Each column as floats; NaN where a row has no value (a column added after it was written)."""
     with Path(path).open() as f:
         rows = list(csv.DictReader(f))
-    return {c: np.array([float(r[c]) for r in rows]) for c in CSV_COLUMNS}
+    return {c: np.array([float(r.get(c) or "nan") for r in rows]) for c in CSV_COLUMNS}
+
+
+def world_changes(metrics: dict[str, np.ndarray]) -> list[tuple[float, int, int]]:
+    """(step, old size, new size) of each change in the log: the step is the last logged at the old
+    size, where the run went on from (a checkpoint on a log step)."""
+    sizes, steps = metrics["world_size"], metrics["step"]
+    return [
+        (float(steps[i - 1]), int(sizes[i - 1]), int(sizes[i]))
+        for i in range(1, len(sizes))
+        if np.isfinite(sizes[i - 1]) and np.isfinite(sizes[i]) and sizes[i] != sizes[i - 1]
+    ]
 
 
 def plot_curves(metrics_csv: Path, png: Path) -> Path:
@@ -114,6 +130,11 @@ def plot_curves(metrics_csv: Path, png: Path) -> Path:
     ax_acc.set(
         xlabel="step", ylabel="voxel metric", ylim=(0, 1.02), title="object-mask metrics (p >= 0.5)"
     )
+    for step, old, new in world_changes(m):
+        for ax in (ax_loss, ax_acc):
+            ax.axvline(step, color="grey", linestyle="--", linewidth=1)
+        ax_acc.annotate(f"{old} -> {new} ranks", (step, 0.02), rotation=90, fontsize=8,
+                        color="grey", ha="right", va="bottom")  # fmt: skip
     ax_acc.legend(loc="lower right")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)

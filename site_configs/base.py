@@ -217,6 +217,9 @@ class SiteSpec:
     # (training resumes from its checkpoint, a block from its inference state). A pipeline error
     # (bad input or settings, a diverged training) is not retried: it would fail the same way.
     retries: int = 2
+    # Most seconds between a training's checkpoints (caps [train] checkpoint_every_seconds; None:
+    # the run's own): a lost rank or node costs every rank the steps since the last checkpoint.
+    checkpoint_every_seconds: float | None = None
     max_idletime: float = 120.0  # seconds a block may sit idle before it is given back
     # Seconds between Parsl's scaling decisions: a task that finds no block waits up to this
     # long for one to be asked for. Each decision asks the interchange how many tasks wait.
@@ -294,6 +297,13 @@ class SiteSpec:
             raise ConfigError(
                 f"{where}: gpu_order {self.gpu_order!r} is not one of {', '.join(GPU_ORDERS)}"
             )
+        interval = self.checkpoint_every_seconds
+        if interval is not None and (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not 0 < interval < float("inf")
+        ):
+            raise ConfigError(f"{where}: checkpoint_every_seconds must be > 0 seconds or None")
         if self.max_idletime < 0 or self.resource_monitoring_interval < 0:
             raise ConfigError(
                 f"{where}: max_idletime and resource_monitoring_interval must be >= 0"

@@ -55,6 +55,7 @@ SITE = SiteSpec(
     worker_init="",
     venv=None,  # the venv running the workflow (on a file system the compute nodes mount)
     retries=1,  # a training killed at walltime resumes from its checkpoint on the retry
+    checkpoint_every_seconds=300.0,  # a lost node costs every node at most 5 minutes of steps
     max_idletime=120.0,  # give idle nodes back after 2 minutes
     monitoring=True,  # <run_dir>/monitoring.db on the login node
     resource_monitoring_interval=0.0,  # per-task sampling off: it costs a process per task

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pipeline.lr_scaling import scaled_learning_rate, target_learning_rate
+from pipeline.lr_scaling import scaled_learning_rate, target_learning_rate, world_learning_rate
 
 BASE = 0.001
 
@@ -48,3 +48,39 @@ def test_staircase_decay_multiplies_the_scaled_rate_every_interval():
     ]
     assert rates == pytest.approx([0.002, 0.002, 0.0002, 0.0002, 0.00002])
     assert scaled_learning_rate(BASE, 2, "linear", 10**6, 0, 0.1, 0) == pytest.approx(0.002)
+
+
+class TestAnotherWorldSize:
+    """A run that goes on at another world size (pipeline.train) follows the new size's rule."""
+
+    def test_a_larger_world_ramps_up_again_from_the_rate_it_had(self):
+        # 2 ranks warmed up to 0.002 by step 4; 8 ranks from step 10 ramp 0.002 -> 0.008 over 4.
+        worlds = [(0, 2), (10, 8)]
+        rates = [
+            world_learning_rate(BASE, worlds, "linear_warmup", s, warmup_steps=4)
+            for s in (9, 10, 11, 13, 14, 20)
+        ]
+        assert rates == pytest.approx([0.002, 0.002, 0.0035, 0.0065, 0.008, 0.008])
+
+    def test_a_smaller_world_takes_its_lower_rate_at_once(self):
+        worlds = [(0, 8), (10, 2)]
+        assert world_learning_rate(BASE, worlds, "auto", 10, 4) == pytest.approx(0.002)
+        assert world_learning_rate(BASE, worlds, "auto", 9, 4) == pytest.approx(0.008)
+
+    def test_a_change_during_the_first_warm_up_ramps_on_from_where_it_was(self):
+        # 8 ranks reach 0.00275 at step 1 of 4; 16 ranks ramp from there to 0.016 over 4 steps.
+        worlds = [(0, 8), (1, 16)]
+        rate = world_learning_rate(BASE, worlds, "linear_warmup", 3, warmup_steps=4)
+        assert rate == pytest.approx(0.00275 + (0.016 - 0.00275) * 2 / 4)
+
+    def test_one_world_is_the_unchanged_rule_and_decay_applies_on_top(self):
+        for step in (0, 3, 50, 250):
+            assert world_learning_rate(BASE, [(0, 4)], "auto", step, 100, 0.5, 100) == (
+                scaled_learning_rate(BASE, 4, "auto", step, 100, 0.5, 100)
+            )
+        decayed = world_learning_rate(BASE, [(0, 2), (10, 1)], "linear", 25, 0, 0.1, 20)
+        assert decayed == pytest.approx(0.0001)
+
+    def test_the_first_stretch_must_begin_at_step_0(self):
+        with pytest.raises(ValueError, match="worlds must begin at step 0"):
+            world_learning_rate(BASE, [(5, 2)], "linear", 6, 0)

@@ -8,7 +8,7 @@ import time
 import pytest
 from faults import zero_bytes
 
-from pipeline.stamps import Task, plan, run_once, stamp_path, why_stale
+from pipeline.stamps import Task, digest, plan, run_once, stamp_path, why_stale
 
 
 def make(text: str):
@@ -67,6 +67,22 @@ def test_a_setting_added_since_a_run_was_stamped_keeps_it_up_to_date_at_its_old_
         assert why_stale(sgd, [source], [output]).startswith("settings changed: train.momentum")
         virtual = {"train": now["train"] | {"virtual_ranks": 2}}
         assert why_stale(virtual, [source], [output]).startswith("settings changed:")
+
+
+def test_a_trainings_rank_count_does_not_make_it_stale_and_older_stamps_agree(tmp_path, source):
+    """A finished training is not run again at another node count (it would go on from its
+    checkpoints), also where a version that kept the ranks in the identity stamped it."""
+    output = tmp_path / "train_summary.json"
+    run_once({"train": {"max_steps": 30}, "ranks": 2}, [source], [output], make("a")[0](output))
+    assert why_stale({"train": {"max_steps": 30}, "ranks": 1}, [source], [output]) is None
+
+    stamp = json.loads(stamp_path(output).read_text())
+    tokens = [token for _, token in stamp["inputs"]]
+    stamp["identity"] = digest({"settings": stamp["settings"], "inputs": tokens})  # as then
+    stamp_path(output).write_text(json.dumps(stamp))
+    assert why_stale({"train": {"max_steps": 30}, "ranks": 1}, [source], [output]) is None
+    more = why_stale({"train": {"max_steps": 40}, "ranks": 1}, [source], [output])
+    assert more.startswith("settings changed:") and "train.max_steps 30 -> 40" in more
 
 
 def test_a_rewritten_source_file_is_noticed_even_with_its_old_size_and_mtime(tmp_path, source):

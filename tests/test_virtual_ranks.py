@@ -74,7 +74,9 @@ def ranks_of(train_dir: Path) -> tuple[int, int, int]:
 
 
 def streams_at(train_dir: Path, checkpoint: str) -> list[str]:
-    return sorted(p.name for p in (train_dir / "checkpoints" / "streams" / checkpoint).iterdir())
+    return sorted(
+        p.name for p in (train_dir / "checkpoints" / "streams" / checkpoint).glob("rank-*")
+    )
 
 
 @pytest.mark.mpi
@@ -182,13 +184,16 @@ class TestResume:
         train(training_data, run, "--max-steps", "12", "--virtual-ranks", "2", *RUN)
         assert not np.allclose(weights(run), weights(uninterrupted), **SAME)
 
-    def test_another_virtual_rank_count_is_another_world_and_starts_again(
+    def test_another_virtual_rank_count_goes_on_in_another_world(
         self, training_data, stopped, tmp_path
     ):
         run = Path(shutil.copytree(stopped, tmp_path / "run"))
-        done = train(training_data, run, "--max-steps", "1", "--virtual-ranks", "3", *RUN)
-        assert "(settings changed: world_size)" in done.stdout
-        assert ranks_of(run) == (3, 1, 3) and summary_of(run)["resumed_from_step"] == 0
+        done = train(training_data, run, "--max-steps", "6", "--virtual-ranks", "3", *RUN)
+        assert "going on at 3 rank(s) (was 2)" in done.stdout, done.stdout
+        assert ranks_of(run) == (3, 1, 3) and summary_of(run)["resumed_from_step"] == 4
+        assert summary_of(run)["worlds"] == [[0, 2], [4, 3]]
+        # Each of the 3 ranks wrote its stream at step 6 (none of the 2-rank world's is kept).
+        assert streams_at(run, "ckpt-6") == [f"rank-{r}-of-3.npz" for r in range(3)]
 
 
 class TestBadSettings:
