@@ -5,6 +5,7 @@ the model shape of a checkpoint, needs neither.
 """
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,8 +87,10 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0 or self.grad_clip <= 0 or self.horovod_cycle_time_ms <= 0:
-            raise ConfigError("learning_rate, grad_clip and horovod_cycle_time_ms must be > 0")
+        if not 0 < self.learning_rate < math.inf:
+            raise ConfigError(f"learning_rate must be a finite number > 0, got {self.learning_rate}")
+        if self.grad_clip <= 0 or self.horovod_cycle_time_ms <= 0:
+            raise ConfigError("grad_clip and horovod_cycle_time_ms must be > 0")
         if min(self.warmup_steps, self.intra_op_threads, self.inter_op_threads) < 0:
             raise ConfigError("warmup_steps and thread counts must be >= 0")
         if self.lr_decay_every_steps < 0 or not 0 < self.lr_decay_factor <= 1:
