@@ -88,7 +88,9 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.learning_rate < math.inf:
-            raise ConfigError(f"learning_rate must be a finite number > 0, got {self.learning_rate}")
+            raise ConfigError(
+                f"learning_rate must be a finite number > 0, got {self.learning_rate}"
+            )
         if self.grad_clip <= 0 or self.horovod_cycle_time_ms <= 0:
             raise ConfigError("grad_clip and horovod_cycle_time_ms must be > 0")
         if min(self.warmup_steps, self.intra_op_threads, self.inter_op_threads) < 0:
