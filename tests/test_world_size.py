@@ -139,7 +139,8 @@ def training_ranks(train_dir: Path) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         line = process.info["cmdline"] or []
-        if "pipeline.cli.train" in line and str(train_dir) in line:
+        # The ranks themselves, not the mpiexec that started them (its line names them too).
+        if line[1:3] == ["-m", "pipeline.cli.train"] and str(train_dir) in line:
             found.append(process)
     return found
 
@@ -179,6 +180,7 @@ def test_a_rank_killed_at_a_random_step_costs_at_most_one_checkpoint_interval(ti
 
     log = (train_dir / "train.log").read_text()
     assert log.count("[train] 2 rank(s)") == 2, log[-3000:]  # the launch, and the retry's
+    assert log.count("[train] done") == 1 and killed_after < 30  # the first did not finish
     summary = summary_of(train_dir)
     resumed = summary["resumed_from_step"]
     assert f"resuming from {train_dir}/checkpoints/ckpt-{resumed} at step {resumed}" in log
