@@ -58,6 +58,16 @@ def test_the_report_says_how_many_of_a_trainings_ranks_were_virtual(tmp_path):
     assert "20 steps from scratch on 8 rank(s) (2 real x 4 virtual)" in report
 
 
+def test_the_report_says_where_a_training_went_on_at_another_world_size(tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    summary = {"step": 300, "world_size": 2, "real_ranks": 2, "virtual_ranks": 1, "fov_per_s": 3.0,
+               "loss": 0.5, "f1": 0.7, "accuracy": 0.8, "worlds": [[0, 1], [150, 2]]}  # fmt: skip
+    (train / "train_summary.json").write_text(json.dumps(summary))
+    report = write_report(tmp_path).read_text()
+    assert "300 steps from scratch on 2 rank(s) (1 rank(s) at first, 2 from step 150)" in report
+
+
 def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     """A task whose app has no stage would be left out of the report's stage times."""
     import dataclasses

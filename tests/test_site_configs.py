@@ -125,6 +125,32 @@ def test_every_site_shares_run_dir_retries_and_monitoring(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_hpc_sites_cap_the_checkpoint_interval_a_lost_node_costs(name):
+    """At scale a lost interval costs every node: the batch sites cap the training's seconds
+    between checkpoints; a run that asks for less keeps its own; here the run decides."""
+    import workflow as cli
+    from pipeline.run_config import RunConfig
+
+    site = load_site(name).SITE
+    config = RunConfig()
+    asked = config.train.checkpoint_every_seconds
+    capped = cli.checkpoints_within(config, site).train.checkpoint_every_seconds
+    if site.scheduler == "local":
+        assert site.checkpoint_every_seconds is None and capped == asked
+    else:
+        assert capped == site.checkpoint_every_seconds == 300.0 < asked
+        sooner = dataclasses.replace(config.train, checkpoint_every_seconds=120.0)
+        kept = cli.checkpoints_within(dataclasses.replace(config, train=sooner), site)
+        assert kept.train.checkpoint_every_seconds == 120.0
+
+
+@pytest.mark.parametrize("value", [0, -5.0, float("inf"), float("nan"), True, "300"])
+def test_a_checkpoint_interval_cap_must_be_positive_seconds(value):
+    with pytest.raises(ConfigError, match="checkpoint_every_seconds must be > 0 seconds or None"):
+        dataclasses.replace(load_site("local").SITE, checkpoint_every_seconds=value)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_a_run_that_does_not_train_gets_only_the_cpu_pool(name, tmp_path):
     module = load_site(name)
     config = module.make_config(tmp_path / "run", submittable(module.SITE))
