@@ -284,6 +284,30 @@ def test_only_bookkeeping_changes_go_on_from_the_checkpoints(training_data, eigh
 
 
 @pytest.mark.slow
+def test_a_run_from_when_the_world_size_was_in_the_lineage_goes_on(
+    training_data, eight_steps, tmp_path
+):
+    """Runs recorded the world size among their lineage's settings (their checkpoints' digest);
+    they go on, as runs recorded now."""
+    from pipeline.stamps import digest, digest_arrays, digest_files
+    from pipeline.volumes import read_volume_pair
+
+    run = copy_of(eight_steps, tmp_path / "run")
+    record = json.loads((run / "config.json").read_text())
+    volume = read_volume_pair(training_data["raw"], training_data["labels"])
+    data = [
+        digest_arrays({"raw": volume.raw, "labels": volume.labels}),
+        digest_files([training_data["coordinates"]]),
+    ]
+    then = record["lineage_settings"] | {"world_size": 1}
+    record |= {"lineage": digest([then, data]), "lineage_settings": then}
+    (run / "config.json").write_text(json.dumps(record))
+
+    more = train(training_data, run, "--max-steps", "10", *SHORT)
+    assert "ckpt-8 at step 8" in more.stdout and not (run / "set_aside").exists()
+
+
+@pytest.mark.slow
 def test_sgd_with_momentum_trains_anew_with_one_slot_per_weight(
     training_data, eight_steps, tmp_path
 ):
