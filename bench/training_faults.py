@@ -7,7 +7,8 @@ Run by hand (not a test), from the repository root, with nothing else running:
 Every run is `workflow.py --stages stage preprocess train select` on configs/tiny.toml with a
 longer training (`STEPS` steps, a checkpoint every `INTERVAL`, a log row every step so a fault can
 land on any step). Runs:
-- undisturbed, seeds 0, 1, 2 on 2 ranks: the spread a fault's result is judged against;
+- undisturbed, seeds 0, 1, 2 on 2 ranks: the spread a fault's result is judged against; and on
+  1 rank, since a run that changed its world size trained part of the way as either;
 - `kill`: seed 0 on 2 ranks; one rank killed (SIGKILL) at a random step; the workflow's retry goes
   on from the last checkpoint;
 - `2->1` and `1->2`: seed 0 stopped (SIGTERM of workflow.py) at a random step, then `--resume
@@ -64,10 +65,11 @@ def bench_config(folder: Path, seed: int) -> Path:
 
 
 def logged_step(train_dir: Path) -> int:
-    lines = (train_dir / "metrics.csv").read_text().splitlines() if train_dir.is_dir() else []
+    """The last step in the training's metrics.csv; 0 before its first row."""
     try:
+        lines = (train_dir / "metrics.csv").read_text().splitlines()
         return int(float(lines[-1].split(",")[0])) if len(lines) > 1 else 0
-    except (IndexError, ValueError, FileNotFoundError):
+    except (OSError, IndexError, ValueError):  # not written yet, or a row half-written
         return 0
 
 
@@ -159,9 +161,13 @@ def main() -> int:
         print(f"[bench] {json.dumps(record)}", flush=True)
         results.append(record)
 
-    def undisturbed(run_dir: Path, config: Path) -> dict:
-        wall, _ = workflow(["--config", str(config), "--run-dir", str(run_dir), *STAGES])
-        return {"fault": "none", "wall_s": round(wall, 1)}
+    def undisturbed(site: str, label: str):
+        def plan(run_dir: Path, config: Path) -> dict:
+            command = ["--site", site, "--config", str(config), "--run-dir", str(run_dir)]
+            wall, _ = workflow([*command, *STAGES])
+            return {"fault": label, "wall_s": round(wall, 1)}
+
+        return plan
 
     def killed(run_dir: Path, config: Path) -> dict:
         step = chooser.randint(INTERVAL + 1, STEPS - 1)
@@ -186,7 +192,9 @@ def main() -> int:
         return plan
 
     for seed in (0, 1, 2):
-        run(f"undisturbed-seed{seed}", seed, undisturbed)
+        run(f"undisturbed-seed{seed}", seed, undisturbed("local", "none"))
+    for seed in (0, 1, 2):  # what a world-size change is a mixture of
+        run(f"undisturbed-1rank-seed{seed}", seed, undisturbed(str(one_rank_site), "none, 1 rank"))
     run("kill", 0, killed)
     run("2to1", 0, resized("local", str(one_rank_site), "stopped at 2 ranks, went on at 1"))
     run("1to2", 0, resized(str(one_rank_site), "local", "stopped at 1 rank, went on at 2"))

@@ -132,9 +132,10 @@ def plot_curves(metrics_csv: Path, png: Path) -> Path:
     )
     for step, old, new in world_changes(m):
         for ax in (ax_loss, ax_acc):
-            ax.axvline(step, color="grey", linestyle="--", linewidth=1)
-        ax_acc.annotate(f"{old} -> {new} ranks", (step, 0.02), rotation=90, fontsize=8,
-                        color="grey", ha="right", va="bottom")  # fmt: skip
+            ax.axvline(step, color="dimgrey", linestyle="--", linewidth=1)
+            ax.annotate(f"{old} -> {new} ranks", xy=(step, 1), xycoords=("data", "axes fraction"),
+                        xytext=(3, -11), textcoords="offset points", fontsize=8, color="dimgrey",
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # fmt: skip
     ax_acc.legend(loc="lower right")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
