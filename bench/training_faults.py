@@ -28,13 +28,14 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 from machine import cpu_name  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.atomic import atomic_path  # noqa: E402
+from pipeline.train import local_ranks  # noqa: E402
+from pipeline.train_metrics import last_metrics  # noqa: E402
 
 STEPS, INTERVAL = 300, 50
 STAGES = ["--stages", "stage", "preprocess", "train", "select"]
@@ -67,19 +68,9 @@ def bench_config(folder: Path, seed: int) -> Path:
 def logged_step(train_dir: Path) -> int:
     """The last step in the training's metrics.csv; 0 before its first row."""
     try:
-        lines = (train_dir / "metrics.csv").read_text().splitlines()
-        return int(float(lines[-1].split(",")[0])) if len(lines) > 1 else 0
-    except (OSError, IndexError, ValueError):  # not written yet, or a row half-written
+        return int((last_metrics(train_dir / "metrics.csv") or {}).get("step", 0))
+    except ValueError:  # a row half-written
         return 0
-
-
-def training_ranks(train_dir: Path) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        line = process.info["cmdline"] or []
-        if line[1:3] == ["-m", "pipeline.cli.train"] and str(train_dir) in line:
-            found.append(process)
-    return found
 
 
 def workflow(args: list[str], fault=None) -> tuple[float, int | None]:
@@ -101,7 +92,7 @@ def workflow(args: list[str], fault=None) -> tuple[float, int | None]:
 
 def kill_one_rank_at(step: int, train_dir: Path):
     def fault(_process) -> int | None:
-        ranks = training_ranks(train_dir)
+        ranks = local_ranks(train_dir)
         if logged_step(train_dir) >= step and len(ranks) == 2:
             random.choice(ranks).kill()
             return logged_step(train_dir)

@@ -38,24 +38,6 @@ def target_learning_rate(base: float, workers: int, policy: str) -> float:
     raise ValueError(f"lr_policy must be one of {LR_POLICIES}, got {policy!r}")
 
 
-def scaled_learning_rate(
-    base: float,
-    workers: int,
-    policy: str,
-    step: int,
-    warmup_steps: int,
-    decay_factor: float = 1.0,
-    decay_every_steps: int = 0,
-) -> float:
-    """The rate at `step` (0-based): policies with warm-up ramp linearly from `base` to the target
-    over `warmup_steps` steps; the others use the target from the first step. With
-    `decay_every_steps` > 0 the result is multiplied by `decay_factor ** (step // decay_every_steps)`.
-    """
-    return world_learning_rate(
-        base, [(0, workers)], policy, step, warmup_steps, decay_factor, decay_every_steps
-    )
-
-
 def world_learning_rate(
     base: float,
     worlds: Sequence[tuple[int, int]],
@@ -65,11 +47,13 @@ def world_learning_rate(
     decay_factor: float = 1.0,
     decay_every_steps: int = 0,
 ) -> float:
-    """The rate at `step` of a run whose world size changed: `worlds` holds (first step, world
-    size) of each stretch, in order, the first at step 0. Each stretch ramps (policies with
-    warm-up) from the rate the run had when it began (`base` for the first) up to its world's
-    target over `warmup_steps` steps: a re-warm-up after a larger world took over. A smaller world
-    takes its lower target at once. Decay as `scaled_learning_rate`."""
+    """The rate at `step` (0-based) of a run whose world size was `worlds`: (first step, world
+    size) of each stretch, in order, the first at step 0 (`[(0, N)]`: N ranks throughout).
+    Policies with warm-up ramp each stretch linearly from the rate the run had when it began
+    (`base` for the first) up to its world's target over `warmup_steps` steps: the warm-up, and a
+    re-warm-up after a larger world took over; a smaller world takes its lower target at once.
+    The others use the target from the stretch's first step. With `decay_every_steps` > 0 the
+    result is multiplied by `decay_factor ** (step // decay_every_steps)`."""
     if not worlds or worlds[0][0] != 0:
         raise ValueError(f"worlds must begin at step 0, got {list(worlds)}")
     rate = base  # the rate the current stretch starts from

@@ -57,6 +57,19 @@ class TrainInputs:
     init_from: str = ""  # start from these weights (pipeline.pretrained folder, ckpt-N, or TF1)
 
 
+def local_ranks(train_dir: str | Path) -> list:
+    """The processes on this machine that train into `train_dir`: its ranks, not the launcher
+    whose command line names them too (what a fault test or benchmark kills)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = process.info["cmdline"] or []
+        if line[1:3] == ["-m", "pipeline.cli.train"] and str(train_dir) in line:
+            found.append(process)
+    return found
+
+
 def training_complete(train_dir: str | Path, max_steps: int) -> bool:
     """True when a finished run left its summary at `max_steps` or beyond (the stage's check)."""
     path = Path(train_dir) / SUMMARY_FILE

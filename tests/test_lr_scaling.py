@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pipeline.lr_scaling import scaled_learning_rate, target_learning_rate, world_learning_rate
+from pipeline.lr_scaling import target_learning_rate, world_learning_rate
 
 BASE = 0.001
 
@@ -25,13 +25,17 @@ def test_auto_is_linear_up_to_16_then_square_root():
 
 
 def test_warmup_ramps_linearly_from_base_to_target():
-    rates = [scaled_learning_rate(BASE, 8, "linear_warmup", s, warmup_steps=4) for s in range(6)]
+    rates = [
+        world_learning_rate(BASE, [(0, 8)], "linear_warmup", s, warmup_steps=4) for s in range(6)
+    ]
     assert rates == pytest.approx([0.001, 0.00275, 0.0045, 0.00625, 0.008, 0.008])
-    assert scaled_learning_rate(BASE, 8, "auto", 2, warmup_steps=4) == pytest.approx(0.0045)
+    assert world_learning_rate(BASE, [(0, 8)], "auto", 2, warmup_steps=4) == pytest.approx(0.0045)
 
 
 def test_policies_without_warmup_start_at_the_target():
-    assert scaled_learning_rate(BASE, 8, "linear", 0, warmup_steps=100) == pytest.approx(0.008)
+    assert world_learning_rate(BASE, [(0, 8)], "linear", 0, warmup_steps=100) == pytest.approx(
+        0.008
+    )
 
 
 def test_unknown_policy_and_bad_worker_count():
@@ -43,11 +47,11 @@ def test_unknown_policy_and_bad_worker_count():
 
 def test_staircase_decay_multiplies_the_scaled_rate_every_interval():
     rates = [
-        scaled_learning_rate(BASE, 2, "linear", s, 0, decay_factor=0.1, decay_every_steps=10)
+        world_learning_rate(BASE, [(0, 2)], "linear", s, 0, decay_factor=0.1, decay_every_steps=10)
         for s in (0, 9, 10, 19, 20)
     ]
     assert rates == pytest.approx([0.002, 0.002, 0.0002, 0.0002, 0.00002])
-    assert scaled_learning_rate(BASE, 2, "linear", 10**6, 0, 0.1, 0) == pytest.approx(0.002)
+    assert world_learning_rate(BASE, [(0, 2)], "linear", 10**6, 0, 0.1, 0) == pytest.approx(0.002)
 
 
 class TestAnotherWorldSize:
@@ -73,11 +77,10 @@ class TestAnotherWorldSize:
         rate = world_learning_rate(BASE, worlds, "linear_warmup", 3, warmup_steps=4)
         assert rate == pytest.approx(0.00275 + (0.016 - 0.00275) * 2 / 4)
 
-    def test_one_world_is_the_unchanged_rule_and_decay_applies_on_top(self):
-        for step in (0, 3, 50, 250):
-            assert world_learning_rate(BASE, [(0, 4)], "auto", step, 100, 0.5, 100) == (
-                scaled_learning_rate(BASE, 4, "auto", step, 100, 0.5, 100)
-            )
+    def test_decay_applies_on_top_of_the_ramps(self):
+        # 4 ranks: a ramp 0.001 -> 0.004 over 100 steps, halved every 100 steps.
+        rates = [world_learning_rate(BASE, [(0, 4)], "auto", s, 100, 0.5, 100) for s in (50, 250)]
+        assert rates == pytest.approx([0.0025, 0.004 * 0.25])
         decayed = world_learning_rate(BASE, [(0, 2), (10, 1)], "linear", 25, 0, 0.1, 20)
         assert decayed == pytest.approx(0.0001)
 

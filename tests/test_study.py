@@ -13,7 +13,7 @@ from workflow_runs import ROOT, tiny_variant, tries, workflow
 
 from pipeline import study_analysis as analysis
 from pipeline.errors import ConfigError
-from pipeline.lr_scaling import scaled_learning_rate
+from pipeline.lr_scaling import world_learning_rate
 from pipeline.study import StudyCell, StudyConfig, rates_for, study_cells
 from pipeline.train_config import TrainConfig
 from pipeline.train_metrics import CSV_COLUMNS
@@ -60,15 +60,15 @@ class TestGrid:
         )
 
         def rate(step: int, config: TrainConfig = config) -> float:
-            return scaled_learning_rate(
-                config.learning_rate, 8, config.lr_policy, step, config.warmup_steps
+            return world_learning_rate(
+                config.learning_rate, [(0, 8)], config.lr_policy, step, config.warmup_steps
             )
 
         assert rate(0) == pytest.approx(0.004 / 8)
         assert rate(20) == pytest.approx(0.004) and rate(99) == pytest.approx(0.004)
         constant = replace(cell, warmup=False).train_config(TRAIN, steps=100)
-        assert scaled_learning_rate(
-            constant.learning_rate, 8, constant.lr_policy, 0, 20
+        assert world_learning_rate(
+            constant.learning_rate, [(0, 8)], constant.lr_policy, 0, 20
         ) == pytest.approx(0.004)
 
     @pytest.mark.parametrize(

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import processes
-import psutil
 import pytest
 from test_distributed import mpiexec
 from test_train import run_cli, train, train_command
 from workflow_runs import ROOT, tiny_variant
 
-from pipeline.train_metrics import read_metrics
+from pipeline.train import local_ranks
+from pipeline.train_metrics import last_metrics, read_metrics
 
 BASE = 0.001
 # A ramp short enough to see in 8 steps; a checkpoint at step 4, where the world changes.
@@ -134,20 +134,11 @@ class TestWorldsThatCannotGoOn:
         assert files_of(run) == before and not (run / "set_aside").exists()
 
 
-def training_ranks(train_dir: Path) -> list[psutil.Process]:
-    """The running ranks of the training into `train_dir`."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        line = process.info["cmdline"] or []
-        # The ranks themselves, not the mpiexec that started them (its line names them too).
-        if line[1:3] == ["-m", "pipeline.cli.train"] and str(train_dir) in line:
-            found.append(process)
-    return found
-
-
-def last_logged_step(metrics_csv: Path) -> int:
-    lines = metrics_csv.read_text().splitlines() if metrics_csv.is_file() else []
-    return int(float(lines[-1].split(",")[0])) if len(lines) > 1 else 0
+def last_logged_step(train_dir: Path) -> int:
+    try:
+        return int((last_metrics(train_dir / "metrics.csv") or {}).get("step", 0))
+    except ValueError:  # a row half-written
+        return 0
 
 
 @pytest.mark.mpi
@@ -166,12 +157,12 @@ def test_a_rank_killed_at_a_random_step_costs_at_most_one_checkpoint_interval(ti
         killed, killed_after = None, None
         deadline = time.monotonic() + 900
         while killed is None and run.poll() is None and time.monotonic() < deadline:
-            if last_logged_step(train_dir / "metrics.csv") >= kill_at:
-                ranks = training_ranks(train_dir)
+            if last_logged_step(train_dir) >= kill_at:
+                ranks = local_ranks(train_dir)
                 if len(ranks) == 2:
                     killed = random.choice(ranks)
                     killed.kill()
-                    killed_after = last_logged_step(train_dir / "metrics.csv")
+                    killed_after = last_logged_step(train_dir)
             time.sleep(0.02)
         assert killed is not None, f"no rank to kill at step {kill_at} (the run ended first?)"
         killed.wait(timeout=30)  # the fault happened: the rank is gone, mid-training
