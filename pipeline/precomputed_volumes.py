@@ -6,7 +6,8 @@ adapter here shows the project's convention instead, a (z, y, x) array from 0 wi
 (z, y, x) in nm as the attribute `voxel_size_nm`, so `pipeline.volumes` validates and slices it as
 it does HDF5 and zarr. A chunk that is missing is an error naming it, never zeros, unless the
 run's `[data] fill_missing` asks for zeros (cloud-volume's `fill_missing`); a chunk that cannot
-be decoded is named too.
+be decoded is named too. A sharded layer (`neuroglancer_uint64_sharded_v1`, many chunks to a
+file) is read the same way; its errors name the shard file that holds the chunk.
 """
 
 import hashlib
@@ -92,13 +93,11 @@ class PrecomputedArray:
 
         try:
             cutout = self._volume[ox + x0 : ox + x1, oy + y0 : oy + y1, oz + z0 : oz + z1]
-        except (
-            EmptyVolumeException
-        ) as exc:  # its message is the chunk's name: KEY/x0-x1_y0-y1_z0-z1
+        except EmptyVolumeException as exc:
             from pipeline.zarr_volumes import FILL_MISSING_HINT
 
             raise MissingChunkError(
-                f"{self._where}: chunk {first_line(exc)} is missing ({FILL_MISSING_HINT})"
+                f"{self._where}: {self._missing(exc)} is missing ({FILL_MISSING_HINT})"
             ) from None
         except Exception as exc:  # a corrupt or truncated chunk file (deflate, raw size)
             raise self._unreadable(bounds, exc) from None
@@ -117,10 +116,37 @@ class PrecomputedArray:
                 self._volume[x0:x1, y0:y1, z0:z1]
             except Exception as chunk_exc:
                 return ChunkReadError(
-                    f"{self._where}: chunk {self._volume.key}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1} "
+                    f"{self._where}: {self._file_of((x0, y0, z0), (x1, y1, z1))} "
                     f"cannot be read ({first_line(chunk_exc)})"
                 )
         return VolumeReadError(f"{self._where}: cannot read its data ({first_line(exc)})")
+
+    def _missing(self, exc: Exception) -> str:
+        """What an EmptyVolumeException says is missing: an unsharded chunk's file name (its
+        message), or the box of a sharded layer's chunk, whose shard file is named here."""
+        from cloudvolume import Bbox
+
+        box = exc.args[0] if exc.args else None
+        if not isinstance(box, Bbox):
+            return f"chunk {first_line(exc)}"
+        return self._file_of(tuple(box.minpt), tuple(box.maxpt))
+
+    def _file_of(self, start_xyz: Sequence[int], stop_xyz: Sequence[int]) -> str:
+        """The file holding the chunk from `start_xyz` to `stop_xyz` (layer coordinates): its own,
+        or in a sharded layer the shard its compressed Morton code falls in."""
+        start, stop = (tuple(int(v) for v in point) for point in (start_xyz, stop_xyz))
+        chunk = "_".join(f"{a}-{b}" for a, b in zip(start, stop, strict=True))
+        if not self._volume.image.is_sharded(0):
+            return f"chunk {self._volume.key}/{chunk}"
+        from cloudvolume.datasource.precomputed.common import compressed_morton_code
+        from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
+
+        size = np.asarray(self._volume.chunk_size, int)
+        grid = -(-np.asarray(self._volume.volume_size, int) // size)
+        point = (np.asarray(start) - np.asarray(self._offset_xyz)) // size
+        spec = ShardingSpecification.from_dict(self._volume.scale["sharding"])
+        shard = spec.compute_shard_location(compressed_morton_code(point, grid)).shard_number
+        return f"shard {self._volume.key}/{shard}.shard (chunk {chunk})"
 
     def chunk_state(self, bounds: Sequence[tuple[int, int]], brick: int = 0) -> dict:
         """What scale 0's chunk files are now, without reading them: their number, bytes and a

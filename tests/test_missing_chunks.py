@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 from test_in_place import CONTEXT, EVAL_ROI, as_zarr, cut_arrays
-from test_volumes import VOXEL, small_pair, write_precomputed
+from test_volumes import VOXEL, small_pair, write_precomputed, write_sharded_precomputed
 
 from pipeline.errors import (
     ChunkReadError,
@@ -226,3 +226,13 @@ def test_a_resume_reruns_what_reads_a_rewritten_chunk_and_a_lost_one_fails_namin
     text = done.stdout + done.stderr
     assert f"{source['raw_chunks']}: chunk 1.1.1 is missing" in text, text[-3000:]
     assert tries(run_dir)["stage_volume"] == 1  # named at staging and not retried
+
+
+def test_a_corrupt_shard_is_named(tmp_path):
+    raw, _ = small_pair(shape=(8, 12, 16))
+    spec = write_sharded_precomputed(tmp_path / "raw", raw, VOXEL)
+    shard = tmp_path / "raw" / "10.0_10.0_20.0" / "1.shard"
+    shard.write_bytes(shard.read_bytes()[:-40])  # its last chunks cut off, as by a full disk
+    with pytest.raises(ChunkReadError) as caught:
+        read_raw(spec)
+    assert str(caught.value).startswith(f"{spec}: shard 10.0_10.0_20.0/1.shard (chunk ")

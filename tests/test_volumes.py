@@ -1,5 +1,6 @@
 """Reading and writing volumes: the round trip, one test per validation error, atomic writes."""
 
+import itertools
 import json
 
 import h5py
@@ -393,6 +394,46 @@ def write_precomputed(
     return f"precomputed://file://{folder}"
 
 
+def write_sharded_precomputed(folder, array: np.ndarray, voxel_size_zyx, layer_type="image"):
+    """A sharded precomputed layer (`neuroglancer_uint64_sharded_v1`) of a (z, y, x) array, as
+    igneous writes one: 8 chunks of 4 x 4 x 2 to a shard (preshift_bits 3), every shard made
+    whole by cloud-volume's `make_shard`; a segmentation in compressed_segmentation."""
+    from cloudvolume import Bbox, CloudVolume
+    from cloudvolume.datasource.precomputed.sharding import image_shard_shape_from_spec
+
+    segmentation = layer_type == "segmentation"
+    info = CloudVolume.create_new_info(
+        num_channels=1,
+        layer_type=layer_type,
+        data_type=str(array.dtype),
+        encoding="compressed_segmentation" if segmentation else "raw",
+        resolution=list(voxel_size_zyx[::-1]),
+        voxel_offset=[7, 5, 3],
+        volume_size=list(array.shape[::-1]),
+        chunk_size=[4, 4, 2],
+    )
+    spec = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 3, "hash": "identity",
+            "minishard_bits": 0, "shard_bits": 3, "minishard_index_encoding": "gzip",
+            "data_encoding": "gzip"}  # fmt: skip
+    info["scales"][0]["sharding"] = spec
+    volume = CloudVolume(f"file://{folder}", info=info, progress=False)
+    volume.commit_info()
+    data, offset, size = array.T, np.array([7, 5, 3]), np.array(array.shape[::-1])
+    shape = np.asarray(image_shard_shape_from_spec(spec, size, volume.chunk_size), int)
+    layer = folder / volume.key
+    layer.mkdir(exist_ok=True)
+    for start in itertools.product(
+        *(range(0, n, step) for n, step in zip(size, shape, strict=True))
+    ):
+        stop = np.minimum(np.array(start) + shape, size)
+        box = tuple(slice(a, b) for a, b in zip(start, stop, strict=True))
+        name, content = volume.image.make_shard(
+            data[box][..., None], Bbox(start + offset, stop + offset)
+        )
+        (layer / name).write_bytes(content)
+    return f"precomputed://file://{folder}"
+
+
 class TestPrecomputedInputs:
     """`precomputed://file:///layer`: a Neuroglancer precomputed volume read in place, part by
     part, in the project's (z, y, x) convention."""
@@ -453,6 +494,29 @@ class TestPrecomputedInputs:
         stage_files(tmp_path / "staged.h5", spec, roi="4:8, 0:12, 0:16")
         with h5py.File(tmp_path / "staged.h5") as f:
             np.testing.assert_array_equal(f["raw"][...], raw[4:8])
+
+    def test_a_sharded_layer_reads_as_an_unsharded_one(self, tmp_path):
+        raw, labels = small_pair(shape=(8, 12, 16))
+        raw_spec = write_sharded_precomputed(tmp_path / "raw", raw, VOXEL)
+        labels_spec = write_sharded_precomputed(tmp_path / "seg", labels, VOXEL, "segmentation")
+        assert len(list((tmp_path / "raw" / "10.0_10.0_20.0").glob("*.shard"))) > 1
+        volume = read_volume_pair(raw_spec, labels_spec)
+        np.testing.assert_array_equal(volume.raw, raw)
+        np.testing.assert_array_equal(volume.labels, labels)
+        with volumes.open_volume(labels_spec) as array:
+            np.testing.assert_array_equal(array[1:7, 3:11, 5:16], labels[1:7, 3:11, 5:16])
+
+    def test_a_missing_shard_is_an_error_naming_it_never_zeros(self, tmp_path):
+        raw, _ = small_pair(shape=(8, 12, 16))
+        spec = write_sharded_precomputed(tmp_path / "raw", raw, VOXEL)
+        (tmp_path / "raw" / "10.0_10.0_20.0" / "0.shard").unlink()
+        # Shard 0 holds the layer's first chunks (from x 7, y 5, z 3: 0, 0, 0 here).
+        with pytest.raises(MissingChunkError) as caught:
+            read_raw(spec)
+        assert str(caught.value).startswith(
+            f"{spec}: shard 10.0_10.0_20.0/0.shard (chunk 7-11_5-9_3-5) is missing ("
+        )
+        assert not read_raw(f"{spec}#fill_missing")[0][:2, :4, :4].any()
 
     def test_bad_specs_fail_with_one_line(self, tmp_path):
         with pytest.raises(VolumeFileMissing, match="no precomputed layer"):
