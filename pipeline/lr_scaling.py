@@ -59,10 +59,11 @@ def world_learning_rate(
     rate = base  # the rate the current stretch starts from
     for i, (start, workers) in enumerate(worlds):
         end = worlds[i + 1][0] if i + 1 < len(worlds) else None
-        at = step if end is None or step < end else end  # where this stretch's rate is read
+        holds_step = end is None or step < end
+        at = step if holds_step else end  # where this stretch's rate is read
         rate = _stretch_rate(rate, target_learning_rate(base, workers, policy), policy,
                              at - start, warmup_steps)  # fmt: skip
-        if end is None or step < end:
+        if holds_step:
             break
     if decay_every_steps > 0:
         rate *= decay_factor ** (step // decay_every_steps)
