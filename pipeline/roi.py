@@ -69,6 +69,12 @@ class Roi:
         stop = tuple(min(s, b + m) for b, m, s in zip(self.stop, margin, shape, strict=True))
         return Roi(start, stop)
 
+    def scaled_down(self, factor: Sequence[int], shape: Sequence[int]) -> "Roi":
+        """The voxels of a scale `factor` times coarser (of `shape`) that this ROI covers."""
+        start = tuple(a // f for a, f in zip(self.start, factor, strict=True))
+        stop = tuple(min(-(-b // f), n) for b, f, n in zip(self.stop, factor, shape, strict=True))
+        return Roi(start, stop)
+
     def relative_to(self, outer: "Roi") -> "Roi":
         return self._shifted(outer.start, -1)
 

@@ -1,63 +1,97 @@
-"""Shard geometry (pipeline.shards): shards a task can hold, every chunk in exactly one, and a
-layer written shard by shard that reads back through cloud-volume."""
+"""Shard plans (pipeline.shards): one region a task, a whole shard at every scale; regions a task
+can hold; a layer written shard by shard that reads back through cloud-volume."""
+
+import itertools
+import math
 
 import numpy as np
 import pytest
 
-from pipeline.shards import scale_sharding
+from pipeline.export import ExportConfig, _scale_factors, plan_scales
+from pipeline.shards import plan_shards
+
+
+def _plan(shape_zyx, voxel_size_nm, num_scales=3, task_voxels=256):
+    scales = plan_scales(shape_zyx, voxel_size_nm, ExportConfig(num_scales=num_scales))
+    factors = _scale_factors(scales)
+    plan = plan_shards(
+        [s.shape_zyx for s in scales], [s.chunk_zyx for s in scales], factors, task_voxels
+    )
+    return plan, scales, factors
+
+
+def _shard_of_chunks(spec: dict, shape_zyx, chunk_zyx, box_zyx) -> set[str]:
+    """The shard numbers of every chunk in `box_zyx` (a Roi of the scale), as cloud-volume
+    computes them to read."""
+    from cloudvolume.datasource.precomputed.common import compressed_morton_code
+    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
+
+    sharding = ShardingSpecification.from_dict(spec)
+    grid = [-(-n // c) for n, c in zip(shape_zyx, chunk_zyx, strict=True)]
+    ranges = [
+        range(a // c, -(-b // c)) for a, b, c in zip(box_zyx.start, box_zyx.stop, chunk_zyx, strict=True)
+    ]
+    return {
+        sharding.compute_shard_location(compressed_morton_code(zyx[::-1], grid[::-1])).shard_number
+        for zyx in itertools.product(*ranges)
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "shape_zyx, chunk_zyx, dtype, encoding, voxel_bytes",
+    "shape_zyx, voxel_size_nm",
     [
-        ((1024, 1024, 1024), (64, 64, 64), "uint8", "raw", 1),
-        ((1024, 1024, 1024), (64, 64, 64), "uint64", "compressed_segmentation", 8),
-        ((5000, 10000, 10000), (32, 64, 64), "uint8", "raw", 1),  # 2:1 serial sections
+        ((1024, 1024, 1024), (8, 8, 8)),
+        ((520, 1000, 1000), (16, 8, 8)),  # 2:1 serial sections, not whole chunks
+        ((64, 1024, 1024), (8, 8, 8)),  # one chunk deep
+        ((100, 120, 130), (8, 8, 8)),  # smaller than a region
     ],
 )
-def test_a_shard_holds_at_most_what_a_task_may_and_is_whole_chunks(
-    shape_zyx, chunk_zyx, dtype, encoding, voxel_bytes
-):
-    limit = 256**3 * voxel_bytes  # a 256^3 task's uncompressed voxels
-    geometry = scale_sharding(shape_zyx, chunk_zyx, dtype, encoding, limit)
-    assert np.prod(geometry.shard_zyx) * voxel_bytes <= limit
-    assert all(s % c == 0 for s, c in zip(geometry.shard_zyx, chunk_zyx, strict=True))
-    assert geometry.spec["@type"] == "neuroglancer_uint64_sharded_v1"
+def test_every_region_is_one_shard_at_every_scale_and_no_two_share_one(shape_zyx, voxel_size_nm):
+    plan, scales, factors = _plan(shape_zyx, voxel_size_nm)
+    assert math.prod(plan.region_zyx) <= 256**3  # what a task may hold
+    for scale, factor, spec in zip(scales, factors, plan.specs, strict=True):
+        seen = set()
+        for region in plan.regions(shape_zyx):
+            at_scale = region.scaled_down(factor, scale.shape_zyx)
+            shards = _shard_of_chunks(spec, scale.shape_zyx, scale.chunk_zyx, at_scale)
+            assert len(shards) == 1, (region, scale)
+            assert not shards & seen
+            seen |= shards
 
 
-def test_1024_cubed_is_64_shards_of_256_cubed_instead_of_4096_chunk_files():
-    geometry = scale_sharding((1024,) * 3, (64,) * 3, "uint8", "raw", 256**3)
-    assert geometry.shard_zyx == (256, 256, 256)
-    boxes = geometry.boxes((1024,) * 3)
-    assert len(boxes) == 64
-    covered = np.zeros((16, 16, 16), int)  # the chunk grid
-    for box in boxes:
-        covered[
-            tuple(slice(a // 64, b // 64) for a, b in zip(box.start, box.stop, strict=True))
-        ] += 1
-    assert (covered == 1).all()
+def test_1024_cubed_is_64_regions_of_256_cubed_instead_of_4096_chunks_a_scale():
+    plan, _, _ = _plan((1024,) * 3, (8, 8, 8))
+    assert plan.region_zyx == (256, 256, 256)
+    assert len(plan.regions((1024,) * 3)) == 64
+    assert [spec["shard_bits"] for spec in plan.specs] == [6, 6, 6]
+
+
+def test_more_scales_than_a_region_reaches_take_larger_regions():
+    """As the unsharded export's regions grow to whole chunks of its coarsest scale."""
+    plan, _, _ = _plan((1024,) * 3, (8, 8, 8), num_scales=5)
+    assert plan.region_zyx == (1024, 1024, 1024)
 
 
 def test_a_layer_written_shard_by_shard_reads_back(tmp_path):
-    """Every shard box written whole with cloud-volume's `make_shard` gives the volume back."""
+    """Every region written whole with cloud-volume's `make_shard` gives the volume back."""
     from cloudvolume import Bbox, CloudVolume
 
-    shape_zyx, chunk_zyx = (20, 48, 40), (4, 8, 8)  # not a whole number of shards
+    shape_zyx = (100, 120, 130)
+    plan, scales, _ = _plan(shape_zyx, (8, 8, 8), num_scales=1, task_voxels=64)
     labels = np.random.default_rng(0).integers(0, 9, shape_zyx).astype(np.uint64)
-    geometry = scale_sharding(shape_zyx, chunk_zyx, "uint64", "compressed_segmentation", 8 * 16**3)
     info = CloudVolume.create_new_info(
         1, "segmentation", "uint64", "compressed_segmentation", [8, 8, 8], [0, 0, 0],
-        list(shape_zyx)[::-1], chunk_size=list(chunk_zyx)[::-1],
+        list(shape_zyx)[::-1], chunk_size=list(scales[0].chunk_zyx)[::-1],
     )  # fmt: skip
-    info["scales"][0]["sharding"] = geometry.spec
+    info["scales"][0]["sharding"] = plan.specs[0]
     volume = CloudVolume(f"file://{tmp_path}", info=info, progress=False)
     volume.commit_info()
     (tmp_path / volume.key).mkdir()
-    boxes = geometry.boxes(shape_zyx)
-    for box in boxes:
-        data = labels[box.slices].T[..., None]
-        name, content = volume.image.make_shard(data, Bbox(box.start[::-1], box.stop[::-1]))
+    regions = plan.regions(shape_zyx)
+    for region in regions:
+        data = labels[region.slices].T[..., None]
+        name, content = volume.image.make_shard(data, Bbox(region.start[::-1], region.stop[::-1]))
         (tmp_path / volume.key / name).write_bytes(content)
-    assert len(list((tmp_path / volume.key).iterdir())) == len(boxes) > 1
+    assert len(list((tmp_path / volume.key).iterdir())) == len(regions) > 1
     back = CloudVolume(f"file://{tmp_path}", progress=False)[:, :, :][..., 0].T
     np.testing.assert_array_equal(back, labels)
