@@ -536,17 +536,39 @@ def _scored_segmentations(config: RunConfig, paths: RunPaths) -> dict[str, Path]
     return scored
 
 
+def _layout(config: RunConfig) -> dict:
+    """How the full resolution of every segmentation layer the run writes is stored (as the
+    export's settings say), a setting of every task that writes one."""
+    from pipeline.export import segmentation_layout
+
+    layout = segmentation_layout(
+        _eval_shape(config), _eval_voxel_size(config), config.export, config.blocks.chunks
+    )
+    return config_io.to_dict(layout)
+
+
+def _layer_parts(config: RunConfig, blocks: BlockGrid) -> list[tuple[slice, ...]]:
+    """The parts its writers write a segmentation layer in, a task each
+    (pipeline.stitching.layer_part)."""
+    from pipeline.export import SegmentationLayout
+    from pipeline.stitching import layer_parts
+
+    return layer_parts(blocks, config_io.from_dict(SegmentationLayout, _layout(config)))
+
+
 def stitch_steps(
     config: RunConfig, paths: RunPaths, blocks: BlockGrid, one: InferencePass
 ) -> list[Step]:
-    """A pairs task per block, one join, a relabel task per block writing its core into the
-    stitched volume, then the check that writes stitch.json (apps/stitch.py), for pass `one`."""
+    """A pairs task per block, one join, a relabel task per part of the layer (a block's core,
+    or a shard) writing it, then the check that writes stitch.json (apps/stitch.py), for pass
+    `one`."""
     from pipeline.blocks import block_path
-    from pipeline.stitching import core_neighbours, later_neighbours
+    from pipeline.stitching import later_neighbours, part_name, part_neighbours
 
     results = [block_path(one.blocks_dir, b) for b in blocks]
     pairs = [one.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
-    cores = [one.stitch_dir / "cores" / f"{b.name}.json" for b in blocks]
+    parts = _layer_parts(config, blocks)
+    cores = [one.stitch_dir / "parts" / f"{part_name(p)}.json" for p in parts]
     table = one.stitch_dir / "ids.npy"
     # The folder is an argument, not a setting: a run moved elsewhere stays up to date.
     folder = str(one.folder)
@@ -554,7 +576,7 @@ def stitch_steps(
     base = {
         "blocks": config_io.to_dict(config.blocks),
         "shape": list(_eval_shape(config)),
-        "gzip": config.export.gzip,
+        "layout": _layout(config),
     }
     steps = []
     for k in range(len(blocks)):
@@ -563,11 +585,10 @@ def stitch_steps(
                            [results[i] for i in reads], [pairs[k]], "stitch.pair_block"))  # fmt: skip
     steps.append(task_step(f"stitch[{name}join]", base, [paths.eval_volume, *pairs], [table],
                        "stitch.join_blocks", folder))  # fmt: skip
-    align = config.blocks.chunks
-    for k in range(len(blocks)):
-        reads = core_neighbours(k, blocks, align)
-        steps.append(task_step(f"stitch[{name}relabel {k}]", {**base, "block": k, "reads": reads},
-                           [table, *(results[i] for i in reads)], [cores[k]], "stitch.relabel_block",
+    for k, part in enumerate(parts):
+        reads = part_neighbours(part, blocks)
+        steps.append(task_step(f"stitch[{name}relabel {k}]", {**base, "part": k, "reads": reads},
+                           [table, *(results[i] for i in reads)], [cores[k]], "stitch.relabel_part",
                            folder))  # fmt: skip
     every = {**base, "reads": list(range(len(blocks)))}
     steps.append(task_step(f"stitch[{name.strip()}]" if name else "stitch", every,
@@ -589,11 +610,14 @@ def consensus_steps(
     base = {
         "blocks": config_io.to_dict(config.blocks),
         "shape": list(_eval_shape(config)),
-        "gzip": config.export.gzip,
+        "layout": _layout(config),
     }
+    from pipeline.stitching import part_name
+
     cores = range(len(blocks))
+    parts = _layer_parts(config, blocks)
     pairs = [paths.consensus_dir / "pairs" / f"{b.name}.npz" for b in blocks]
-    records = [paths.consensus_dir / "cores" / f"{b.name}.json" for b in blocks]
+    records = [paths.consensus_dir / "parts" / f"{part_name(p)}.json" for p in parts]
     table = paths.consensus_dir / "ids.npy"
     steps = [task_step(f"consensus[pairs {k}]", {**base, "block": k}, layers, [pairs[k]],
                        "consensus.consensus_pairs", first, second) for k in cores]  # fmt: skip
@@ -601,8 +625,9 @@ def consensus_steps(
     join = {**base, "min_size": config.inference.min_segment_size}
     steps.append(task_step("consensus[join]", join, [paths.eval_volume, *pairs], [table],
                            "consensus.join_consensus_pairs", str(into)))  # fmt: skip
-    steps += [task_step(f"consensus[relabel {k}]", {**base, "block": k}, [table, *layers], [records[k]],
-                        "consensus.relabel_consensus_core", first, second, str(into)) for k in cores]  # fmt: skip
+    steps += [task_step(f"consensus[relabel {k}]", {**base, "part": k}, [table, *layers], [records[k]],
+                        "consensus.relabel_consensus_part", first, second, str(into))
+              for k in range(len(parts))]  # fmt: skip
     steps.append(task_step("consensus", base, [paths.eval_volume, table, *layers, *records],
                            [paths.consensus_summary, _full_resolution(config, into)],
                            "consensus.finish_consensus", first, second, str(into)))  # fmt: skip
@@ -623,16 +648,19 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     base = {
         "blocks": config_io.to_dict(config.blocks),
         "shape": list(_eval_shape(config)),
-        "gzip": config.export.gzip,
+        "layout": _layout(config),
     }
     # The fills' measures do not depend on the merge thresholds: new thresholds re-run only the
     # merge and what follows it.
     fills = {**base, "agglomeration": config.agglomeration.fill_settings()}
     thresholds = {**base, "agglomeration": config_io.to_dict(config.agglomeration)}
+    from pipeline.stitching import part_name
+
     cores = range(len(blocks))
+    parts = _layer_parts(config, blocks)
     contacts = [folder / "contacts" / f"{b.name}.npz" for b in blocks]
     decisions = [folder / "decisions" / f"{b.name}.npz" for b in blocks]
-    records = [folder / "cores" / f"{b.name}.json" for b in blocks]
+    records = [folder / "parts" / f"{part_name(p)}.json" for p in parts]
     pairs, merges = folder / "pairs.npz", folder / "merges.npz"
     decide = {**fills, "inference": config_io.to_dict(config.inference)}
     steps = [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k}, [stitched], [contacts[k]],
@@ -643,9 +671,11 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
                         "agglomerate.decide_core", first_pass) for k in cores]  # fmt: skip
     steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
                            "agglomerate.merge_pairs", export))  # fmt: skip
-    steps += [task_step(f"agglomerate[relabel {k}]", {**base, "block": k}, [merges, stitched],
-                        [records[k]], "agglomerate.relabel_merged_core", first_pass, export) for k in cores]  # fmt: skip
-    steps.append(task_step("agglomerate", thresholds, [paths.eval_volume, merges, stitched, *records, *decisions],
+    steps += [task_step(f"agglomerate[relabel {k}]", {**base, "part": k}, [merges, stitched],
+                        [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
+              for k in range(len(parts))]  # fmt: skip
+    finish = {**thresholds, "parts": len(parts)}
+    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *records, *decisions],
                            [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],
                            "agglomerate.finish_agglomeration", first_pass, export))  # fmt: skip
     return steps

@@ -1,12 +1,14 @@
 """FFN's second pass after stitching (pipeline.agglomeration): the stitched first pass's touching
 pairs found per block core, one table of them, a decision task per core (two flood fills per
-pair around its contact), one table of merges, a relabel task per core writing the export's
-segmentation layer, then a check that every chunk is what its task wrote.
+pair around its contact), one table of merges, a relabel task per part of the export's
+segmentation layer writing it, then a check that every file is what its task wrote.
 
-Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "gzip": whether chunk files
-are gzipped, "block": k (per-core tasks), "agglomeration": AgglomerationConfig (the tasks up to
-the decisions: only the settings the fills depend on)}; `first_pass` is the folder holding the
-stitched first pass's layer, `folder` the export's."""
+Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
+written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k
+(per-part relabel tasks, pipeline.stitching.layer_part), "parts": how many (the last task),
+"agglomeration": AgglomerationConfig (the tasks up to the decisions: only the settings the
+fills depend on)}; `first_pass` is the folder holding the stitched first pass's layer, `folder`
+the export's."""
 
 from contextlib import contextmanager
 
@@ -119,25 +121,25 @@ def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
-def relabel_merged_core(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
-    """inputs: the merge table, the first pass's full resolution; outputs[0]: core k's record
-    (.json). Writes core k, merged, into the export's segmentation layer."""
+def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
+    """inputs: the merge table, the first pass's full resolution; outputs[0]: part k's record
+    (.json). Writes part k of the layer (pipeline.stitching.layer_part), merged, into the
+    export's segmentation layer."""
+    from apps.stitch import writer_of
     from pipeline.agglomeration import load_merges, relabel
-    from pipeline.export import SegmentationWriter
     from pipeline.stamps import digest, run_once
-    from pipeline.stitching import save_core_record, write_core_labels
+    from pipeline.stitching import layer_part, save_core_record, write_part_labels
 
     merges = inputs[0].filepath
     output = outputs[0].filepath
     blocks, _ = grid_of(settings)
 
     def work() -> str:
-        layer = SegmentationWriter(folder, settings["gzip"])
+        layer, k = writer_of(settings, folder), settings["part"]
         merged = load_merges(merges)
         with layer_reader(first_pass) as read:
-            record = write_core_labels(
-                settings["block"], blocks, lambda core: relabel(read(core), *merged), layer
-            )
+            part = layer_part(k, blocks, layer.layout)
+            record = write_part_labels(k, part, lambda box: relabel(read(box), *merged), layer)
         save_core_record(output, record)
         return digest(record["chunks"])
 
@@ -147,21 +149,26 @@ def relabel_merged_core(settings: dict, first_pass: str, folder: str, inputs=(),
 @python_app(executors=[CPU_LABEL])
 def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, the merge table, the first pass's full resolution, every
-    core's record, then every core's decisions (plan order); outputs: agglomerate.json and the
-    folder of the export layer's full resolution. Rewrites any core whose chunks changed after
-    its task wrote them (the whole layer if it was lost)."""
+    part's record (settings["parts"] of them), then every core's decisions (plan order);
+    outputs: agglomerate.json and the folder of the export layer's full resolution. Rewrites
+    any part whose files changed after its task wrote them (the whole layer if it was lost)."""
     import json
     from pathlib import Path
 
-    from apps.stitch import new_layer
+    from apps.stitch import new_layer, writer_of
     from pipeline.agglomeration import load_decisions, load_merges, relabel
     from pipeline.atomic import atomic_path
-    from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
+    from pipeline.export import SEGMENTATION_LAYER
     from pipeline.stamps import run_once
-    from pipeline.stitching import check_written_cores, load_core_record, write_core_labels
+    from pipeline.stitching import (
+        check_written_parts,
+        layer_part,
+        load_core_record,
+        write_part_labels,
+    )
 
     paths = [f.filepath for f in inputs]
-    count = (len(paths) - 3) // 2
+    count = settings["parts"]
     records, decisions = paths[3 : 3 + count], paths[3 + count :]
     summary, full_resolution = (f.filepath for f in outputs)
     blocks, config = grid_of(settings)
@@ -169,15 +176,16 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     def work() -> str:
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
-        layer = SegmentationWriter(folder, settings["gzip"])
+        layer = writer_of(settings, folder)
         merges = load_merges(paths[1])
         with layer_reader(first_pass) as read:
-            repaired, token = check_written_cores(
-                (load_core_record(p) for p in records),
-                layer,
-                lambda k: write_core_labels(
-                    k, blocks, lambda core: relabel(read(core), *merges), layer
-                ),
+
+            def rewrite(k: int) -> dict:
+                part = layer_part(k, blocks, layer.layout)
+                return write_part_labels(k, part, lambda box: relabel(read(box), *merges), layer)
+
+            repaired, token = check_written_parts(
+                (load_core_record(p) for p in records), layer, rewrite
             )
         decided = [d for p in decisions for d in load_decisions(p)]
         record = {
@@ -187,7 +195,7 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
             "merged_segments": len(merges[0]),
             "merged_objects": len(set(merges[1].tolist())),  # what they became
             "fov_evaluations": sum(d.fov_evaluations for d in decided),
-            "repaired_blocks": repaired,
+            "repaired_parts": repaired,
         }
         with atomic_path(summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))

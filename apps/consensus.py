@@ -1,11 +1,12 @@
 """The split consensus of two stitched inference passes (pipeline.agglomeration): per block core
 the pairs of ids the two passes give its voxels, one table of them over the volume, a relabel
-task per core writing each voxel's pair's row as its label, then a check that every chunk is
-what its task wrote.
+task per part of the layer writing each voxel's pair's row as its label, then a check that
+every file is what its task wrote.
 
-Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "gzip": whether chunk files
-are gzipped, "block": k (per-core tasks)}; `first`, `second` are the folders holding the two
-passes' layers, `folder` the one written."""
+Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
+written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k
+(per-part relabel tasks, pipeline.stitching.layer_part)}; `first`, `second` are the folders
+holding the two passes' layers, `folder` the one written."""
 
 from parsl import python_app
 
@@ -66,11 +67,11 @@ def join_consensus_pairs(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
-def relabel_consensus_core(
+def relabel_consensus_part(
     settings: dict, first: str, second: str, folder: str, inputs=(), outputs=()
 ):
-    """inputs: the table, both passes' full resolutions; outputs[0]: core k's record (.json).
-    Writes core k's consensus labels into the layer in `folder`."""
+    """inputs: the table, both passes' full resolutions; outputs[0]: part k's record (.json).
+    Writes part k's consensus labels into the layer in `folder`."""
     import numpy as np
 
     from pipeline.stamps import digest, run_once
@@ -80,7 +81,7 @@ def relabel_consensus_core(
     output = outputs[0].filepath
 
     def work() -> str:
-        record = _write(settings["block"], settings, np.load(table), first, second, folder)
+        record = _write(settings["part"], settings, np.load(table), first, second, folder)
         save_core_record(output, record)
         return digest(record["chunks"])
 
@@ -90,19 +91,19 @@ def relabel_consensus_core(
 @python_app(executors=[CPU_LABEL])
 def finish_consensus(settings: dict, first: str, second: str, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, the table, both passes' full resolutions, then every core's
-    record (plan order); outputs: consensus.json and the folder of the layer's full resolution.
-    Rewrites any core whose chunks changed after its task wrote them (all if the layer was
-    lost)."""
+    part's record (in order); outputs: consensus.json and the folder of the layer's full
+    resolution. Rewrites any part whose files changed after its task wrote them (all if the
+    layer was lost)."""
     import json
     from pathlib import Path
 
     import numpy as np
 
-    from apps.stitch import new_layer
+    from apps.stitch import new_layer, writer_of
     from pipeline.atomic import atomic_path
-    from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
+    from pipeline.export import SEGMENTATION_LAYER
     from pipeline.stamps import run_once
-    from pipeline.stitching import check_written_cores, load_core_record
+    from pipeline.stitching import check_written_parts, load_core_record
 
     paths = [f.filepath for f in inputs]
     summary, full_resolution = (f.filepath for f in outputs)
@@ -111,12 +112,12 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         table = np.load(paths[1])
-        repaired, token = check_written_cores(
+        repaired, token = check_written_parts(
             (load_core_record(p) for p in paths[4:]),
-            SegmentationWriter(folder, settings["gzip"]),
+            writer_of(settings, folder),
             lambda k: _write(k, settings, table, first, second, folder),
         )
-        record = {"segments": len(table), "repaired_blocks": repaired}
+        record = {"segments": len(table), "repaired_parts": repaired}
         with atomic_path(summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
         return token
@@ -125,18 +126,18 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
 
 
 def _write(k: int, settings: dict, table, first: str, second: str, folder: str) -> dict:
-    """Core k's consensus labels written into the layer in `folder`; its record."""
+    """Part k's consensus labels written into the layer in `folder`; its record."""
     from apps.agglomerate import grid_of, layer_reader
+    from apps.stitch import writer_of
     from pipeline.agglomeration import consensus_labels
-    from pipeline.export import SegmentationWriter
-    from pipeline.stitching import write_core_labels
+    from pipeline.stitching import layer_part, write_part_labels
 
     blocks, _ = grid_of(settings)
-    layer = SegmentationWriter(folder, settings["gzip"])
+    layer = writer_of(settings, folder)
     with layer_reader(first) as read_first, layer_reader(second) as read_second:
-        return write_core_labels(
+        return write_part_labels(
             k,
-            blocks,
-            lambda core: consensus_labels(read_first(core), read_second(core), table),
+            layer_part(k, blocks, layer.layout),
+            lambda part: consensus_labels(read_first(part), read_second(part), table),
             layer,
         )

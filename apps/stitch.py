@@ -1,12 +1,14 @@
 """Join the block segmentations into one chunked volume with global ids, as small tasks
-(pipeline.stitching): pairs per block, one id table, a relabel task per block writing its own
-chunks, then a check that every chunk is what its task wrote. No task holds more than a block's
-neighbourhood, whatever the volume's size. The volume is the full resolution of the export's
-segmentation layer (pipeline.export.new_segmentation), which the export then completes.
+(pipeline.stitching): pairs per block, one id table, a relabel task per part of the layer
+writing its own files (a block's core, or a shard), then a check that every file is what its
+task wrote. No task holds more than a block's neighbourhood or a shard, whatever the volume's
+size. The volume is the full resolution of the export's segmentation layer
+(pipeline.export.new_segmentation), which the export then completes.
 
-Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "gzip": whether chunk files
-are gzipped (the export's setting), "block": k (per-block tasks), "reads": the indices of the
-block results among its inputs, in order}; `folder` is the export's folder."""
+Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer is
+stored (pipeline.export.SegmentationLayout), "block": k (per-block tasks), "part": k (per-part
+tasks), "reads": the indices of the block results among its inputs, in order}; `folder` is the
+export's folder."""
 
 from parsl import python_app
 
@@ -49,13 +51,19 @@ def join_blocks(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
-def relabel_block(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the id table, then the results of the blocks that overlap block k's core
-    (pipeline.stitching.core_neighbours); outputs[0]: the block's record (.json). Writes block
-    k's core into the segmentation layer."""
-    from pipeline.export import SegmentationWriter
+def relabel_part(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: the id table, then the results of the blocks that overlap part k of the layer
+    (pipeline.stitching.layer_part); outputs[0]: the part's record (.json), with the inference
+    stats of the blocks it owns (`owned_blocks`). Writes part k into the segmentation layer."""
+    from pipeline.inference import InferenceStats
     from pipeline.stamps import digest, run_once
-    from pipeline.stitching import load_id_table, save_core_record, write_core
+    from pipeline.stitching import (
+        layer_part,
+        load_id_table,
+        owned_blocks,
+        save_core_record,
+        write_part,
+    )
 
     table, results = inputs[0].filepath, [f.filepath for f in inputs[1:]]
     blocks, _, read = _grid(settings, results)
@@ -63,9 +71,11 @@ def relabel_block(settings: dict, folder: str, inputs=(), outputs=()):
 
     def work() -> str:
         offsets, lookup, _ = load_id_table(table)
-        layer = SegmentationWriter(folder, settings["gzip"])
-        record = write_core(settings["block"], blocks, read, offsets, lookup, layer)
-        record["stats"] = read.stats(settings["block"])
+        layer, k = writer_of(settings, folder), settings["part"]
+        part = layer_part(k, blocks, layer.layout)
+        record = write_part(k, part, blocks, read, offsets, lookup, layer)
+        owned = owned_blocks(k, part, blocks, layer.layout)
+        record["stats"] = sum((read.inference(i) for i in owned), InferenceStats()).to_dict()
         save_core_record(output, record)
         return digest(record["chunks"])
 
@@ -83,24 +93,24 @@ def finish_stitch(settings: dict, folder: str, inputs=(), outputs=()):
     from pathlib import Path
 
     from pipeline.atomic import atomic_path
-    from pipeline.export import SEGMENTATION_LAYER, SegmentationWriter
+    from pipeline.export import SEGMENTATION_LAYER
     from pipeline.stamps import run_once
     from pipeline.stitching import check_cores, load_core_record, load_id_table
 
     paths = [f.filepath for f in inputs]
-    count = (len(paths) - 2) // 2
+    count = len(paths) - 2 - len(settings["reads"])
     blocks, _, read = _grid(settings, paths[2 + count :])
     summary, full_resolution = (f.filepath for f in outputs)
 
     def work() -> str:
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
-        layer = SegmentationWriter(folder, settings["gzip"])
+        layer = writer_of(settings, folder)
         records = (load_core_record(p) for p in paths[2 : 2 + count])
         checked = check_cores(records, layer, blocks, read, load_id_table(paths[1]))
         record = {
             "stitch": dataclasses.asdict(checked.stitch),
-            "repaired_blocks": checked.repaired,
+            "repaired_parts": checked.repaired,
             "inference": checked.inference.to_dict(),  # the blocks' stats summed
         }
         with atomic_path(summary) as tmp:
@@ -123,12 +133,18 @@ def _grid(settings: dict, results: list[str]):
 
 
 def new_layer(settings: dict, folder: str, staged: str) -> None:
-    """The empty segmentation layer in `folder`: the staged volume's shape and voxel size, the
-    stitching's chunks."""
-    from pipeline.blocks import BlockConfig
+    """The empty segmentation layer in `folder`: the staged volume's shape and voxel size,
+    stored as `settings["layout"]` says."""
     from pipeline.config import from_dict
-    from pipeline.export import new_segmentation
+    from pipeline.export import SegmentationLayout, new_segmentation
     from pipeline.staging import read_staged
 
-    chunks = from_dict(BlockConfig, settings["blocks"]).chunks
-    new_segmentation(folder, settings["shape"], read_staged(staged).voxel_size_nm, chunks)
+    layout = from_dict(SegmentationLayout, settings["layout"])
+    new_segmentation(folder, settings["shape"], read_staged(staged).voxel_size_nm, layout)
+
+
+def writer_of(settings: dict, folder: str):
+    """The writer of the segmentation layer in `folder` (`new_layer`'s)."""
+    from pipeline.export import SegmentationWriter
+
+    return SegmentationWriter(folder, settings["layout"]["gzip"])

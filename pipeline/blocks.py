@@ -130,6 +130,11 @@ class BlockGrid(Sequence[Block]):
         start = tuple(s[i] for s, i in zip(self.starts_zyx, place, strict=True))
         return Block(start, tuple(a + b for a, b in zip(start, self.block_shape, strict=True)))
 
+    @property
+    def volume_shape(self) -> ZYX:
+        """The shape of the volume the grid covers (its last blocks end there)."""
+        return tuple(s[-1] + n for s, n in zip(self.starts_zyx, self.block_shape, strict=True))
+
     def axis_intervals(self, axis: int) -> list[tuple[int, int]]:
         """The blocks' (start, stop) along `axis`, in order."""
         return [(s, s + self.block_shape[axis]) for s in self.starts_zyx[axis]]

@@ -58,6 +58,7 @@ from pipeline.errors import (
     VoxelSizeError,
 )
 from pipeline.roi import Roi, tiles
+from pipeline.shards import ShardPlan, plan_shards, shard_zyx
 from pipeline.stamps import files_under
 from pipeline.volumes import ZYX, VoxelSize
 
@@ -90,11 +91,17 @@ class ExportConfig:
     # Largest distance (nm) a simplified mesh may move from the voxel surface; 0: no simplifying.
     mesh_max_error_nm: float = 10.0
     # gzip chunks and mesh fragments (stored as `*.gz`): cloud-volume and `pipeline.viewer`
-    # serve them, a plain static web server does not, so the default keeps files plain.
+    # serve them, a plain static web server does not, so the default keeps files plain. Shards
+    # gzip the chunks inside them whatever this says.
     gzip: bool = False
     # Voxels per export and meshing task along each axis (an export task's region is rounded up
     # to whole chunks of the coarsest scale): bounds each task's memory, 256^3 uint64 = 128 MiB.
     task_voxels: int = 256
+    # Neuroglancer's sharded format (`neuroglancer_uint64_sharded_v1`): one file per task region
+    # and scale instead of one per chunk, what a parallel file system holds at 10^12 voxels
+    # (pipeline.shards says how the shards are cut). Served with HTTP Range requests
+    # (pipeline.viewer does); false: a file per chunk, which any static web server serves.
+    sharded: bool = True
 
     def __post_init__(self) -> None:
         if not (isinstance(self.task_voxels, int) and 16 <= self.task_voxels <= 4096):
@@ -116,8 +123,11 @@ class ExportConfig:
             raise ConfigError(
                 f"export config: mesh_max_error_nm must be a number >= 0, got {self.mesh_max_error_nm!r}"
             )
-        if not isinstance(self.gzip, bool):
-            raise ConfigError(f"export config: gzip must be true or false, got {self.gzip!r}")
+        for name in ("gzip", "sharded"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"export config: {name} must be true or false, got {getattr(self, name)!r}"
+                )
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,19 @@ class Scale:
     voxel_size_nm: VoxelSize
     shape_zyx: ZYX
     chunk_zyx: ZYX
+
+
+@dataclass(frozen=True)
+class SegmentationLayout:
+    """How the segmentation's full resolution is stored, which its writers (the stitching and
+    the second pass, before the export begins) must know: its chunks, and when sharded the
+    shard spec and the region (voxels from the origin) each shard file covers, which one task
+    writes whole. Unsharded, each writer's region is whole chunks of its own."""
+
+    chunk_zyx: ZYX
+    gzip: bool = False
+    sharding: dict | None = None
+    region_zyx: ZYX | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +200,30 @@ def plan_scales(shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig) 
         shape = tuple(-(-n // f) for n, f in zip(last.shape_zyx, factor, strict=True))
         scales.append(Scale(size, shape, _chunk_zyx(size, config.chunk_voxels)))
     return scales
+
+
+def shard_plan(shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig) -> ShardPlan:
+    """The export's shards: one region a task, a shard at every scale of both layers."""
+    scales = plan_scales(shape_zyx, voxel_size_nm, config)
+    return plan_shards(
+        [s.shape_zyx for s in scales],
+        [s.chunk_zyx for s in scales],
+        _scale_factors(scales),
+        config.task_voxels,
+    )
+
+
+def segmentation_layout(
+    shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig, stitch_chunk_zyx: ZYX
+) -> SegmentationLayout:
+    """The segmentation's full resolution: sharded, the image's chunks and shards (its writers
+    then write regions of the shard plan); unsharded, the stitching's chunks
+    (`[blocks] chunk_zyx`), on which the block cores are split."""
+    if not config.sharded:
+        return SegmentationLayout(tuple(stitch_chunk_zyx), config.gzip)
+    plan = shard_plan(shape_zyx, voxel_size_nm, config)
+    chunk = plan_scales(shape_zyx, voxel_size_nm, config)[0].chunk_zyx
+    return SegmentationLayout(chunk, config.gzip, plan.specs[0], plan.region_zyx)
 
 
 def segmentation_spec(folder: str | Path) -> str:
@@ -247,10 +294,13 @@ def export_regions(
     config: ExportConfig,
     segmentation_chunk_zyx: ZYX | None = None,
 ) -> list[Roi]:
-    """The regions that export tasks write, one each, at every scale: about `task_voxels` along
-    each axis, rounded up to whole chunks of every scale of both layers (the segmentation's
-    chunk: `segmentation_chunk_zyx`, else the image's), so that a region's downsamplings are its
-    own (tinybrain reduces whole 2 x 2 x 2 blocks) and no two tasks share a chunk file."""
+    """The regions that export tasks write, one each, at every scale. Sharded, the shard plan's:
+    a shard at every scale of both layers. Unsharded, about `task_voxels` along each axis,
+    rounded up to whole chunks of every scale of both layers (the segmentation's chunk:
+    `segmentation_chunk_zyx`, else the image's). Either way a region's downsamplings are its own
+    (tinybrain reduces whole 2 x 2 x 2 blocks) and no two tasks share a file."""
+    if config.sharded:
+        return shard_plan(shape_zyx, voxel_size_nm, config).regions(shape_zyx)
     scales = plan_scales(shape_zyx, voxel_size_nm, config)
     if segmentation_chunk_zyx is not None:
         full = Scale(scales[0].voxel_size_nm, shape_zyx, tuple(segmentation_chunk_zyx))
@@ -291,30 +341,39 @@ def _layer_info(layer: str, scale: Scale) -> dict:
     )
 
 
-def _add_scales(folder: Path, layer: str, info: dict, scales: Sequence[Scale]) -> None:
-    """Write `info` with `scales[1:]` added after its own full resolution."""
+def _add_scales(
+    folder: Path, layer: str, info: dict, scales: Sequence[Scale], shardings: Sequence = ()
+) -> None:
+    """Write `info` with `scales[1:]` added after its own full resolution, each scale sharded
+    as `shardings` says (a spec, or None: unsharded)."""
     from cloudvolume import CloudVolume
 
     volume = CloudVolume(_layer_url(folder, layer), info=info, progress=False)
     for scale, factor in zip(scales[1:], _scale_factors(scales)[1:], strict=True):
         volume.add_scale(_xyz(factor), chunk_size=_xyz(scale.chunk_zyx))
+    for entry, spec in zip(volume.info["scales"], shardings, strict=False):
+        entry.pop("sharding", None)
+        if spec is not None:
+            entry["sharding"] = spec
     volume.commit_info()
 
 
 def new_segmentation(
-    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, chunk_zyx: ZYX
+    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, layout: SegmentationLayout
 ) -> None:
-    """The export folder's segmentation layer, empty, with its full resolution only: what the
-    stitching's relabel tasks write into, each its own chunks (`SegmentationWriter`), before the
-    export begins. What was there before goes, and the record `export.json` first: the export is
-    complete again only once begun and finished over the new segmentation."""
+    """The export folder's segmentation layer, empty, with its full resolution only (stored as
+    `layout` says): what the stitching's relabel tasks write into, each its own chunks or
+    shards (`SegmentationWriter`), before the export begins. What was there before goes, and
+    the record `export.json` first: the export is complete again only once begun and finished
+    over the new segmentation."""
     folder = Path(folder)
     _check_replaceable(folder)
     (folder / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(folder / SEGMENTATION_LAYER, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
-    scale = Scale(tuple(map(float, voxel_size_nm)), tuple(shape_zyx), tuple(chunk_zyx))
-    _add_scales(folder, SEGMENTATION_LAYER, _layer_info(SEGMENTATION_LAYER, scale), [scale])
+    scale = Scale(tuple(map(float, voxel_size_nm)), tuple(shape_zyx), tuple(layout.chunk_zyx))
+    info = _layer_info(SEGMENTATION_LAYER, scale)
+    _add_scales(folder, SEGMENTATION_LAYER, info, [scale], [layout.sharding])
 
 
 def _layer_scales(info: dict) -> list[Scale]:
@@ -361,17 +420,32 @@ def begin_export(
             f"{folder / SEGMENTATION_LAYER}: its shape {full.shape_zyx} and voxel size "
             f"{full.voxel_size_nm} are not the exported volume's {shape_zyx}, {voxel_size_nm}"
         )
+    shardings = shard_plan(shape_zyx, voxel_size_nm, config).specs if config.sharded else ()
+    sharded_as_planned = info["scales"][0].get("sharding") == (shardings[0] if shardings else None)
+    if not sharded_as_planned or (shardings and full.chunk_zyx != scales[0].chunk_zyx):
+        raise PrecomputedError(
+            f"{folder / SEGMENTATION_LAYER}: its full resolution is "
+            f"{'' if shardings else 'not '}sharded as the export's settings say "
+            f"(sharded = {config.sharded}): stitch it again with these settings"
+        )
     shutil.rmtree(folder / IMAGE_LAYER, ignore_errors=True)
     # The segmentation's full resolution is the stitching's; everything after it the export's.
     for name in [MESH_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
         shutil.rmtree(folder / SEGMENTATION_LAYER / name, ignore_errors=True)
-    _add_scales(folder, IMAGE_LAYER, _layer_info(IMAGE_LAYER, scales[0]), scales)
+    image = _layer_info(IMAGE_LAYER, scales[0])
+    _add_scales(folder, IMAGE_LAYER, image, scales, shardings)
     info["scales"] = info["scales"][:1]
     # Named now: meshing and the properties then only add files.
     info["mesh"], info["segment_properties"] = MESH_DIR, PROPERTIES_DIR
-    _add_scales(folder, SEGMENTATION_LAYER, info, _segmentation_scales(scales, full))
+    # Sharded, the segmentation's chunks are the image's (a shard's region is the same).
+    segmentation = scales if shardings else _segmentation_scales(scales, full)
+    _add_scales(folder, SEGMENTATION_LAYER, info, segmentation, shardings)
     _begin_meshing(folder, config)
     return scales
+
+
+def _roi(region: tuple[slice, ...]) -> Roi:
+    return Roi(tuple(s.start for s in region), tuple(s.stop for s in region))
 
 
 def _chunk_files(region: Roi, scale: Scale, factor: ZYX, key: str, gzip: bool) -> list[str]:
@@ -388,11 +462,28 @@ def _chunk_files(region: Roi, scale: Scale, factor: ZYX, key: str, gzip: bool) -
     ]
 
 
+def _write_shard(layer_dir: Path, mip: int, box: Roi, data_xyz: np.ndarray) -> str:
+    """Write the shard of scale `mip` that covers `box` (its voxels, z, y, x; `data_xyz` them in
+    cloud-volume's order) whole, with cloud-volume's `make_shard`, atomically: a task killed
+    mid-write leaves no shard to be read as complete. Returns its name in the layer."""
+    from cloudvolume import Bbox, CloudVolume
+
+    volume = CloudVolume(f"file://{layer_dir.resolve()}", mip=mip, progress=False)
+    data = data_xyz if data_xyz.ndim == 4 else data_xyz[..., None]
+    name, content = volume.image.make_shard(data, Bbox(_xyz(box.start), _xyz(box.stop)), mip)
+    path = layer_dir / volume.key / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(content)
+    return f"{volume.key}/{name}"
+
+
 class SegmentationWriter:
     """The full resolution of an export's segmentation layer (`new_segmentation`), written by
-    tasks side by side, each a region on its chunk grid (whole chunks, or up to the volume's
-    end), so no two share a chunk file; a region's chunk files can be named and digested, so a
-    later check finds one lost or changed."""
+    tasks side by side, each a region of its own: unsharded, whole chunks (or up to the
+    volume's end); sharded, a region of the shard plan (`region_zyx`, one shard file). No two
+    share a file; a region's files can be named and digested, so a later check finds one lost
+    or changed."""
 
     def __init__(self, folder: str | Path, gzip: bool = False) -> None:
         from cloudvolume import CloudVolume
@@ -408,14 +499,29 @@ class SegmentationWriter:
             progress=False,
         )
         self.chunks, self.where = self._scale.chunk_zyx, str(self._layer)
+        spec = info["scales"][0].get("sharding")
+        # The box one shard covers: what a writer's region must be (None: unsharded).
+        self.region_zyx = spec and shard_zyx(spec, self._scale.shape_zyx, self.chunks)
+        self.layout = SegmentationLayout(self.chunks, gzip, spec, self.region_zyx)
 
     def write(self, region: tuple[slice, ...], ids: np.ndarray) -> None:
         """Store `ids` (uint64, the region's shape) as the region's voxels."""
         # (z, y, x) in C order is (x, y, z) in Fortran order: a view, no copy.
-        self._volume[tuple(region[::-1])] = np.asarray(ids, np.uint64).T
+        data = np.asarray(ids, np.uint64).T
+        if self.region_zyx:
+            _write_shard(self._layer, 0, _roi(region), data)
+        else:
+            self._volume[tuple(region[::-1])] = data
 
     def chunk_names(self, region: tuple[slice, ...]) -> list[str]:
-        roi = Roi(tuple(s.start for s in region), tuple(s.stop for s in region))
+        """The files (relative to the layer) that writing `region` makes."""
+        roi = _roi(region)
+        if self.region_zyx:
+            from cloudvolume import Bbox
+
+            return [
+                f"{self._key}/{self._volume.image.shard_filename(Bbox(_xyz(roi.start), _xyz(roi.stop)), 0)}"
+            ]
         return _chunk_files(roi, self._scale, (1, 1, 1), self._key, self._gzip)
 
     def digest(self, name: str) -> str | None:
@@ -460,11 +566,17 @@ def write_region(
                 data = downsample(data, _xyz(step))[0]
             if layer == SEGMENTATION_LAYER and not mip:
                 continue
-            lo = [a // f for a, f in zip(region.start, factor, strict=True)]
-            box = tuple(slice(a, a + n) for a, n in zip(_xyz(lo), data.shape[:3], strict=True))
-            CloudVolume(url, mip=mip, compress=compress, progress=False)[box] = data
-            key = volume.info["scales"][mip]["key"]
-            for name in _chunk_files(region, scale, factor, key, config.gzip):
+            box = region.scaled_down(factor, scale.shape_zyx)
+            if "sharding" in volume.info["scales"][mip]:
+                names = [_write_shard(folder / layer, mip, box, data)]
+            else:
+                cutout = tuple(
+                    slice(a, b) for a, b in zip(_xyz(box.start), _xyz(box.stop), strict=True)
+                )
+                CloudVolume(url, mip=mip, compress=compress, progress=False)[cutout] = data
+                key = volume.info["scales"][mip]["key"]
+                names = _chunk_files(region, scale, factor, key, config.gzip)
+            for name in names:
                 files[f"{layer}/{name}"] = file_record(folder / layer / name)
     ids, counts = fastremap.unique(segmentation, return_counts=True)
     keep = ids != 0
@@ -792,10 +904,13 @@ def export_precomputed(
             total=len(regions) + meshes + 1, desc="export", unit="task", disable=not progress
         ) as bar,
     ):
+        chunk = plan_scales(shape, voxel_size, config)[0].chunk_zyx
         new_segmentation(
-            tmp, shape, voxel_size, plan_scales(shape, voxel_size, config)[0].chunk_zyx
+            tmp, shape, voxel_size, segmentation_layout(shape, voxel_size, config, chunk)
         )
-        SegmentationWriter(tmp, config.gzip).write(Roi.whole(shape).slices, segmentation)
+        writer = SegmentationWriter(tmp, config.gzip)
+        for region in regions:  # the stitching's part: a region, a shard, at a time
+            writer.write(region.slices, segmentation[region.slices])
         scales = begin_export(tmp, shape, voxel_size, config)
         records = []
         for region in regions:

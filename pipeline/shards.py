@@ -47,7 +47,9 @@ def _spec(shape_zyx: ZYX, chunk_zyx: ZYX, bits: int) -> dict:
     igneous's encodings and minishard rule. Written here rather than taken from igneous's
     `create_sharded_image_info`, which gives a volume one chunk deep more bits than asked for
     (shards larger than a task may hold)."""
-    grid_bits = sum(math.ceil(math.log2(-(-n // c))) for n, c in zip(shape_zyx, chunk_zyx, strict=True))
+    grid_bits = sum(
+        math.ceil(math.log2(-(-n // c))) for n, c in zip(shape_zyx, chunk_zyx, strict=True)
+    )
     bits = min(bits, grid_bits)
     minishard = max(0, math.ceil(math.log2(2**bits / MAX_CHUNKS_PER_MINISHARD)))
     return {
@@ -61,7 +63,7 @@ def _spec(shape_zyx: ZYX, chunk_zyx: ZYX, bits: int) -> dict:
     }
 
 
-def _shard_zyx(spec: dict, shape_zyx: ZYX, chunk_zyx: ZYX) -> ZYX:
+def shard_zyx(spec: dict, shape_zyx: ZYX, chunk_zyx: ZYX) -> ZYX:
     """The box (voxels of the scale) one shard of `spec` covers."""
     from cloudvolume.datasource.precomputed.sharding import image_shard_shape_from_spec
 
@@ -79,7 +81,7 @@ def _scale_spec(region_zyx: ZYX, shape_zyx: ZYX, chunk_zyx: ZYX) -> dict | None:
     if any(n & (n - 1) for n in per_axis):  # a Morton box is a power of two of chunks an axis
         return None
     spec = _spec(shape_zyx, chunk_zyx, sum(n.bit_length() - 1 for n in per_axis))
-    covers = _shard_zyx(spec, shape_zyx, chunk_zyx)
+    covers = shard_zyx(spec, shape_zyx, chunk_zyx)
     clipped = [min(b, n) for b, n in zip(covers, shape_zyx, strict=True)]
     return spec if clipped == inside else None
 
@@ -100,7 +102,7 @@ def plan_shards(
     # Larger regions only where no smaller one nests (many scales), as the unsharded export's
     # regions grow to whole chunks of its coarsest scale.
     for bits in [*range(min(most, grid_bits), -1, -1), *range(most + 1, grid_bits + 1)]:
-        region = _shard_zyx(_spec(shape, chunk, bits), shape, chunk)
+        region = shard_zyx(_spec(shape, chunk, bits), shape, chunk)
         specs = [
             _scale_spec(tuple(r // f for r, f in zip(region, factor, strict=True)), shape, chunks)
             if all(r % f == 0 for r, f in zip(region, factor, strict=True))

@@ -17,13 +17,14 @@ size whatever the volume's (issue 15):
   2. `join_ids`: every block's pairs joined (connected components over ids, not voxels) into one
      table: block i's local id n is global id `offsets[i] + n`, `lookup[global id]` its stitched
      id (the component's number: unique per object, 1..C with gaps for objects left in no core);
-  3. `relabel_core(k)`: block k's core in stitched ids, filled where k found no object from the
-     blocks that did; reads block k and the blocks that overlap its core. `write_core` puts it
-     into the full resolution of the export's segmentation layer (precomputed,
-     `pipeline.export.SegmentationWriter`): with the overlaps split on the chunk grid
-     (`block_core(align=...)`), each core is whole chunks, so the tasks write side by side; its
-     record (a digest per chunk) lets `check_cores` find and rewrite chunks lost or damaged
-     later.
+  3. `relabel_region(part)`: a part of the volume in stitched ids, each voxel from the block
+     whose centre is nearest, filled where it found no object from the blocks that did; reads
+     the blocks that overlap the part. `write_part` puts it into the full resolution of the
+     export's segmentation layer (precomputed, `pipeline.export.SegmentationWriter`), a task per
+     part (`layer_parts`): unsharded, block k's core with the overlaps split on the chunk grid
+     (`block_core(align=...)`), whole chunks; sharded, a region of the shard plan, one shard
+     file. So the tasks write side by side; a part's record (a digest per file) lets
+     `check_cores` find and rewrite files lost or damaged later.
 
 `stitch` runs the three in one process and renumbers 1..N; `segment_blockwise` segments and
 stitches a volume in one process.
@@ -33,6 +34,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +61,7 @@ from pipeline.blocks import (
     write_block_result,
 )
 from pipeline.errors import BlockResultError
-from pipeline.export import SegmentationWriter
+from pipeline.export import SegmentationLayout, SegmentationWriter
 from pipeline.inference import InferenceConfig, InferenceStats, Predictor
 from pipeline.model import ModelConfig
 from pipeline.stamps import digest
@@ -233,7 +235,12 @@ def _box(region: tuple[slice, ...]) -> Block:
 
 def core_neighbours(k: int, blocks: BlockGrid, align: Sequence[int] = (1, 1, 1)) -> list[int]:
     """The blocks (k included, in index order) that overlap block k's core."""
-    return blocks.overlapping(_box(block_core(k, blocks, align)))
+    return part_neighbours(block_core(k, blocks, align), blocks)
+
+
+def part_neighbours(part: Box, blocks: BlockGrid) -> list[int]:
+    """The blocks (in index order) that overlap `part`: all that relabelling it reads."""
+    return blocks.overlapping(_box(part))
 
 
 def relabel_core(
@@ -244,19 +251,30 @@ def relabel_core(
     lookup: np.ndarray,
     align: Sequence[int] = (1, 1, 1),
 ) -> np.ndarray:
-    """Block k's core (on the `align` grid) in stitched ids. Each voxel's label comes from the
-    block whose centre is nearest (its middle-split core holds the voxel), whatever grid the cores
-    are cut on, so that a chunk-aligned core reaching its block's border does not take labels from
-    there; where that block found no object, the first block (in index order) that did fills in:
-    a sliver between a block's border and a membrane is too thin to seed there, but whole in the
-    neighbour. `labels_of(i)` gives block i's local labels; only the blocks of
-    `core_neighbours(k)` are asked for."""
+    """Block k's core (on the `align` grid) in stitched ids (`relabel_region`); only the blocks
+    of `core_neighbours(k)` are asked for."""
+    return relabel_region(block_core(k, blocks, align), blocks, labels_of, offsets, lookup)
 
-    def stitched(i: int, region: tuple[slice, ...]) -> np.ndarray:
-        return lookup[_global(labels_of(i)[_local(region, blocks[i])], offsets[i])]
 
-    core = _box(block_core(k, blocks, align))
-    neighbours = core_neighbours(k, blocks, align)
+def relabel_region(
+    region: Box,
+    blocks: BlockGrid,
+    labels_of: Callable[[int], np.ndarray],
+    offsets: np.ndarray,
+    lookup: np.ndarray,
+) -> np.ndarray:
+    """`region` in stitched ids. Each voxel's label comes from the block whose centre is nearest
+    (its middle-split core holds the voxel), whatever grid the region is cut on, so that a
+    region reaching a block's border does not take labels from there; where that block found
+    no object, the first block (in index order) that did fills in: a sliver between a block's
+    border and a membrane is too thin to seed there, but whole in the neighbour. `labels_of(i)`
+    gives block i's local labels; only the blocks that overlap `region` are asked for."""
+
+    def stitched(i: int, part: tuple[slice, ...]) -> np.ndarray:
+        return lookup[_global(labels_of(i)[_local(part, blocks[i])], offsets[i])]
+
+    core = _box(region)
+    neighbours = part_neighbours(region, blocks)
     out = np.zeros(core.shape, np.uint64)
     for owner in neighbours:
         part = _intersection(_box(block_core(owner, blocks)), core)
@@ -272,64 +290,112 @@ def relabel_core(
 
 
 # ---------------------------------------------------------------------------------------------
-# Into a chunked volume, a task per block
+# Into a chunked volume, a task per part
 
 
-def write_core_labels(
-    k: int, blocks: BlockGrid, labels_of: Callable[[Box], np.ndarray], layer: SegmentationWriter
+def layer_part_count(blocks: BlockGrid, layout: SegmentationLayout) -> int:
+    """How many parts (`layer_part`) a layer stored as `layout` is written in."""
+    if layout.region_zyx is None:
+        return len(blocks)
+    return math.prod(
+        -(-n // r) for n, r in zip(blocks.volume_shape, layout.region_zyx, strict=True)
+    )
+
+
+def layer_part(k: int, blocks: BlockGrid, layout: SegmentationLayout) -> Box:
+    """Part k of a segmentation layer stored as `layout` says, which one of its writers (the
+    stitching's and the second pass's relabel tasks) writes, no two sharing a file: unsharded,
+    block k's core on the layer's chunk grid; sharded, region k of the shard plan (z, y, x
+    order), a shard file. Found alone: a task does not list the volume's parts."""
+    if layout.region_zyx is None:
+        return block_core(k, blocks, layout.chunk_zyx)
+    shape, region = blocks.volume_shape, layout.region_zyx
+    grid = [-(-n // r) for n, r in zip(shape, region, strict=True)]
+    place = [int(i) for i in np.unravel_index(k, grid)]
+    return tuple(
+        slice(i * r, min((i + 1) * r, n)) for i, r, n in zip(place, region, shape, strict=True)
+    )
+
+
+def layer_parts(blocks: BlockGrid, layout: SegmentationLayout) -> list[Box]:
+    """Every part of a layer stored as `layout` says, in order (`layer_part`)."""
+    return [layer_part(k, blocks, layout) for k in range(layer_part_count(blocks, layout))]
+
+
+def part_name(part: Box) -> str:
+    """A part's record's file name, from its first voxel."""
+    return "part_{}_{}_{}".format(*(s.start for s in part))
+
+
+def owned_blocks(k: int, part: Box, blocks: BlockGrid, layout: SegmentationLayout) -> list[int]:
+    """The blocks whose inference stats part k's record carries, each block in one part's:
+    unsharded, block k (part k is its core); sharded, the blocks whose centre lies in it."""
+    if layout.region_zyx is None:
+        return [k]
+    return [
+        i
+        for i in blocks.overlapping(_box(part))
+        if all(
+            s.start <= a + n // 2 < s.stop
+            for s, a, n in zip(part, blocks[i].start, blocks.block_shape, strict=True)
+        )
+    ]
+
+
+def write_part_labels(
+    k: int, part: Box, labels_of: Callable[[Box], np.ndarray], layer: SegmentationWriter
 ) -> dict:
-    """Block k's core (on `layer`'s chunks), its labels `labels_of(core)`, written into `layer`:
-    whole chunks that no other task writes. Its record: the core and each chunk's digest, for
-    `check_written_cores` (every relabel task of the stitching and the second pass writes so)."""
-    core = block_core(k, blocks, layer.chunks)
-    layer.write(core, labels_of(core))
+    """Part k of `layer` (`layer_parts`), its labels `labels_of(part)`, written into `layer`:
+    files that no other task writes. Its record: the part and each file's digest, for
+    `check_written_parts` (every relabel task of the stitching and the second pass writes so)."""
+    layer.write(part, labels_of(part))
     return {
-        "block": k,
-        "core": [[s.start, s.stop] for s in core],
-        "chunks": {name: layer.digest(name) for name in layer.chunk_names(core)},
+        "part": k,
+        "core": [[s.start, s.stop] for s in part],
+        "chunks": {name: layer.digest(name) for name in layer.chunk_names(part)},
     }
 
 
-def core_changed(record: dict, layer: SegmentationWriter) -> bool:
-    """Whether a block's chunks in `layer` are not what it wrote (missing, truncated or
+def part_changed(record: dict, layer: SegmentationWriter) -> bool:
+    """Whether a part's files in `layer` are not what it wrote (missing, truncated or
     rewritten since)."""
     return any(layer.digest(name) != digest for name, digest in record["chunks"].items())
 
 
-def check_written_cores(
+def check_written_parts(
     records: Iterable[dict], layer: SegmentationWriter, rewrite: Callable[[int], dict]
 ) -> tuple[list[int], str]:
-    """Every `write_core_labels` record against `layer`, read once, a record at a time: a core
-    whose chunks changed after its task wrote them (lost, truncated, rewritten) is written again
-    with `rewrite(k)`. Returns the blocks rewritten and a digest of every record's chunk digests,
+    """Every `write_part_labels` record against `layer`, read once, a record at a time: a part
+    whose files changed after its task wrote them (lost, truncated, rewritten) is written again
+    with `rewrite(k)`. Returns the parts rewritten and a digest of every record's file digests,
     in order (the check's token). Raises BlockResultError if one cannot be written as recorded."""
     repaired, failed, token = [], [], hashlib.sha256()
     for record in records:
-        if core_changed(record, layer):
-            repaired.append(record["block"])
-            rewrite(record["block"])
-            if core_changed(record, layer):
-                failed.append(record["block"])
+        if part_changed(record, layer):
+            repaired.append(record["part"])
+            rewrite(record["part"])
+            if part_changed(record, layer):
+                failed.append(record["part"])
         token.update(digest(record["chunks"]).encode())
     if failed:
-        raise BlockResultError(f"{layer.where}: blocks {failed} cannot be written as recorded")
+        raise BlockResultError(f"{layer.where}: parts {failed} cannot be written as recorded")
     return repaired, token.hexdigest()
 
 
-def write_core(
+def write_part(
     k: int,
+    part: Box,
     blocks: BlockGrid,
     labels_of: Callable[[int], np.ndarray],
     offsets: np.ndarray,
     lookup: np.ndarray,
     layer: SegmentationWriter,
 ) -> dict:
-    """Step 3 for block k, written into `layer` (the volume's shape): its core lies on the
-    layer's chunk grid, so it writes whole chunks that no other block writes. Returns the
-    block's record (`write_core_labels`'s) with the stitched ids in the core, which `check_cores`
+    """Step 3 for part k of `layer` (`layer_parts`): files no other part writes. Returns the
+    part's record (`write_part_labels`'s) with the stitched ids in it, which `check_cores`
     checks later."""
-    ids = relabel_core(k, blocks, labels_of, offsets, lookup, layer.chunks)
-    record = write_core_labels(k, blocks, lambda core: ids, layer)
+    ids = relabel_region(part, blocks, labels_of, offsets, lookup)
+    record = write_part_labels(k, part, lambda _: ids, layer)
     return record | {"ids": [int(i) for i in np.unique(ids) if i]}
 
 
@@ -338,7 +404,7 @@ class CoresChecked:
     """The stitching's last step: what it found and did."""
 
     stitch: StitchStats
-    repaired: list[int]  # blocks whose cores were written again
+    repaired: list[int]  # parts (`layer_parts`) written again
     inference: InferenceStats  # the blocks' inference, summed
     token: str  # a digest of every block's chunk digests, in plan order
 
@@ -350,28 +416,29 @@ def check_cores(
     labels_of: Callable[[int], np.ndarray],
     id_table: tuple[np.ndarray, np.ndarray, int],
 ) -> CoresChecked:
-    """Every block's record (`write_core`'s, plan order) against `layer`: a core whose chunks
-    changed after its task wrote them is written again (`check_written_cores`). `records` is
-    read once, a record at a time (of a generator that loads them, one is held): the memory is
-    the id table's (`join_ids`'s offsets, lookup, merges), whatever the number of blocks. Raises
-    BlockResultError if a core cannot be written as recorded."""
+    """Every part's record (`write_part`'s, `layer_parts` order) against `layer`: a part whose
+    files changed after its task wrote them is written again (`check_written_parts`). `records`
+    is read once, a record at a time (of a generator that loads them, one is held): the memory
+    is the id table's (`join_ids`'s offsets, lookup, merges), whatever the number of blocks.
+    Raises BlockResultError if a part cannot be written as recorded."""
     offsets, lookup, merges = id_table
     present = np.zeros(len(lookup), bool)
-    totals = {"blocks": 0, "inference": InferenceStats()}
+    totals = {"inference": InferenceStats()}
     names = [f.name for f in dataclasses.fields(InferenceStats)]
 
     def counted(records: Iterable[dict]) -> Iterable[dict]:
         for record in records:
-            totals["blocks"] += 1
             present[record["ids"]] = True
             totals["inference"] += InferenceStats(**{n: record["stats"][n] for n in names})
             yield record
 
-    repaired, token = check_written_cores(
-        counted(records), layer, lambda k: write_core(k, blocks, labels_of, offsets, lookup, layer)
-    )
+    def rewrite(k: int) -> dict:
+        part = layer_part(k, blocks, layer.layout)
+        return write_part(k, part, blocks, labels_of, offsets, lookup, layer)
+
+    repaired, token = check_written_parts(counted(records), layer, rewrite)
     present[0] = False
-    stats = StitchStats(totals["blocks"], len(lookup) - 1, merges, int(present.sum()))
+    stats = StitchStats(len(blocks), len(lookup) - 1, merges, int(present.sum()))
     return CoresChecked(stats, repaired, totals["inference"], token)
 
 
@@ -392,8 +459,8 @@ class BlockReader:
     def __call__(self, i: int) -> np.ndarray:
         return self._read(i).labels
 
-    def stats(self, i: int) -> dict:
-        return self._read(i).stats.to_dict()
+    def inference(self, i: int) -> InferenceStats:
+        return self._read(i).stats
 
 
 def save_id_table(path: str | Path, offsets: np.ndarray, lookup: np.ndarray, merges: int) -> None:

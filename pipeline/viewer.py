@@ -4,7 +4,9 @@ Two servers, both on 127.0.0.1 only:
   * the data server, a small `http.server` subclass: the export folder, read-only, with CORS
     headers for the Neuroglancer client's origin only (no other web page open in the browser
     may read the volumes); a `*.gz` file written with `ExportConfig(gzip=True)` is served under
-    its plain name with `Content-Encoding: gzip`, as Neuroglancer asks for the plain name;
+    its plain name with `Content-Encoding: gzip`, as Neuroglancer asks for the plain name; a
+    single byte range (`Range: bytes=a-b`) is served as a 206 part, as Neuroglancer reads a
+    sharded layer's shard files in parts;
   * the `neuroglancer` package's server: the Neuroglancer client (bundled, so it works offline)
     and the viewer state.
 
@@ -15,14 +17,18 @@ the data server answers the viewer's origin, which includes its port), then open
 CLI: `python -m pipeline.cli.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]`.
 """
 
+import datetime
+import email.utils
 import http.server
 import json
 import os
+import re
 import threading
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from http import HTTPStatus
 from pathlib import Path
 from typing import BinaryIO
 
@@ -45,12 +51,48 @@ SLICE_FIT_PIXELS = 400
 PROJECTION_FIT = 2.5
 # The 3-D panel looks at the volume obliquely (a unit quaternion), so depth shows.
 PROJECTION_ORIENTATION = (0.3, -0.25, -0.05, 0.92)
+# One byte range, `first-last`, `first-` or the suffix `-length` (RFC 9110 14.1.2).
+BYTE_RANGE = re.compile(r"bytes=(\d*)-(\d*)", re.IGNORECASE)
+
+
+def requested_bytes(header: str | None, size: int) -> range | None:
+    """The bytes of a `size`-byte file that a `Range` header asks for, clipped to the file: empty
+    when none of them exist (416). None to send the whole file: no header, or one this server
+    ignores, as RFC 9110 lets it: malformed, another unit, several ranges."""
+    match = BYTE_RANGE.fullmatch(header.strip()) if header else None
+    if match is None:
+        return None
+    first, last = match.groups()
+    if not first:  # the last `last` bytes
+        return range(max(size - int(last), 0), size) if last else None
+    if last and int(last) < int(first):
+        return None  # an invalid range, ignored
+    stop = min(int(last) + 1, size) if last else size
+    return range(min(int(first), size), stop)
+
+
+class _FilePart:
+    """The bytes `part` of an open file, for `do_GET` to copy in pieces (`shutil.copyfileobj`
+    reads 64 KiB at a time), so a part of a multi-GB shard is never held in memory whole."""
+
+    def __init__(self, file: BinaryIO, part: range) -> None:
+        file.seek(part.start)
+        self._file, self._left = file, len(part)
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._file.read(self._left if size < 0 else min(size, self._left))
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files; `name` falls back to `name.gz` sent gzip-encoded. Cross-origin reads are
-    allowed only to the origins in `server.allowed_origins` (the viewer's): any other web page
-    open in the user's browser must not read the volumes."""
+    """Static files, whole or one byte range of them; `name` falls back to `name.gz` sent
+    gzip-encoded, a range then being of the gzip bytes (RFC 9110: of the encoded representation).
+    Cross-origin reads are allowed only to the origins in `server.allowed_origins` (the
+    viewer's): any other web page open in the user's browser must not read the volumes."""
 
     def _allowed_origin(self) -> str | None:
         origin = self.headers.get("Origin")
@@ -59,6 +101,10 @@ class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
     def end_headers(self) -> None:
         if origin := self._allowed_origin():
             self.send_header("Access-Control-Allow-Origin", origin)
+            # How a part of a shard is placed and sized: a page sees these only if exposed.
+            self.send_header(
+                "Access-Control-Expose-Headers", "Content-Range, Content-Length, Accept-Ranges"
+            )
         self.send_header("Vary", "Origin")
         super().end_headers()
 
@@ -68,21 +114,93 @@ class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
             return
         self.send_response(204)
         self.send_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
-        self.send_header("Access-Control-Allow-Headers", "*")
+        # Range is not safelisted for every value (a suffix range is not): named for browsers
+        # that predate the wildcard, kept for any other header a client sends.
+        self.send_header("Access-Control-Allow-Headers", "Range, *")
         self.end_headers()
 
-    def send_head(self) -> BinaryIO | None:
-        path = Path(self.translate_path(self.path))
-        gzipped = path.with_name(path.name + ".gz")
-        if path.exists() or not gzipped.is_file():
-            return super().send_head()
-        file = gzipped.open("rb")
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(os.fstat(file.fileno()).st_size))
+    def send_head(self) -> BinaryIO | _FilePart | None:
+        path = self.translate_path(self.path)
+        if os.path.isfile(path):
+            return self._send_file(path, self.guess_type(path))
+        gzipped = path + ".gz"
+        if not os.path.exists(path) and os.path.isfile(gzipped):
+            return self._send_file(gzipped, "application/octet-stream", encoding="gzip")
+        return super().send_head()  # a folder's listing, a redirect to it, or 404
+
+    def _send_file(
+        self, path: str, content_type: str, encoding: str | None = None
+    ) -> _FilePart | None:
+        """Send the head of a response with the file at `path`; the body to copy, if any."""
+        file = open(path, "rb")
+        try:
+            part = self._send_file_head(os.fstat(file.fileno()), content_type, encoding)
+        except BaseException:
+            file.close()
+            raise
+        if not part:
+            file.close()
+            return None
+        return _FilePart(file, part)
+
+    def _send_file_head(
+        self, stat: os.stat_result, content_type: str, encoding: str | None
+    ) -> range:
+        """The status and headers for a file of `stat`: 304 if the client's copy is current, the
+        whole file (200), the part a `Range` asks (206), or 416 when none of it exists. Returns
+        the bytes of the file the body holds."""
+        if self._not_modified(stat.st_mtime):
+            self.send_response(HTTPStatus.NOT_MODIFIED)
+            self.end_headers()
+            return range(0)
+        size = stat.st_size
+        part = self._requested_part(size)
+        if part is None:
+            self.send_response(HTTPStatus.OK)
+            part = range(size)
+        elif part:
+            self.send_response(HTTPStatus.PARTIAL_CONTENT)
+            self.send_header("Content-Range", f"bytes {part.start}-{part.stop - 1}/{size}")
+        else:
+            self._send_unsatisfiable(size)
+            return part
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(part)))
+        self.send_header("Last-Modified", self.date_time_string(stat.st_mtime))
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
         self.end_headers()
-        return file
+        return part
+
+    def _send_unsatisfiable(self, size: int) -> None:
+        """416, with the file's size for the client to ask again within it."""
+        self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
+        self.send_header("Content-Range", f"bytes */{size}")
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _requested_part(self, size: int) -> range | None:
+        """The part of a `size`-byte file the request's `Range` asks for (see `requested_bytes`)."""
+        # A conditional range (If-Range) gets the whole file: with no ETag and modification
+        # times to the second, this server cannot prove the client's part current.
+        if "If-Range" in self.headers:
+            return None
+        return requested_bytes(self.headers.get("Range"), size)
+
+    def _not_modified(self, mtime: float) -> bool:
+        """Whether If-Modified-Since dates the client's copy at or after `mtime`, as the standard
+        handler checks it (ignored beside If-None-Match, as no ETag here can match it)."""
+        if "If-None-Match" in self.headers or "If-Modified-Since" not in self.headers:
+            return False
+        try:
+            since = email.utils.parsedate_to_datetime(self.headers["If-Modified-Since"])
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return False  # a malformed date is ignored
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=datetime.UTC)
+        return int(mtime) <= since.timestamp()
 
     def log_message(self, format: str, *args: object) -> None:
         """Silent: a viewer fetches hundreds of chunks, one log line each would bury the URL."""

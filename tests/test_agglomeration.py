@@ -34,10 +34,15 @@ from pipeline.agglomeration import (
 )
 from pipeline.blocks import BlockConfig, plan_blocks
 from pipeline.errors import ConfigError, VolumeShapeError
-from pipeline.export import SegmentationWriter, new_segmentation, segmentation_spec
+from pipeline.export import (
+    SegmentationLayout,
+    SegmentationWriter,
+    new_segmentation,
+    segmentation_spec,
+)
 from pipeline.inference import InferenceConfig, checkpoint_model_config, predictor_from_checkpoint
 from pipeline.run_config import load_run_config
-from pipeline.stitching import block_core, check_written_cores, write_core_labels
+from pipeline.stitching import block_core, check_written_parts, write_part_labels
 from pipeline.synthetic import SyntheticConfig, generate
 from pipeline.volumes import open_volume
 
@@ -322,19 +327,23 @@ class TestAsTasks:
         first = tissue[1][CROP].astype(np.uint64)
         blocks = plan_blocks(self.SHAPE, self.GRID)
         merges = merge_lookup(np.array([[int(first[0, 0, 0]), int(first[-1, -1, -1])]]))
-        new_segmentation(tmp_path, self.SHAPE, (20.0, 10.0, 10.0), self.CHUNKS)
+        layout = SegmentationLayout(self.CHUNKS)
+        new_segmentation(tmp_path, self.SHAPE, (20.0, 10.0, 10.0), layout)
         layer = SegmentationWriter(tmp_path)
         merged = lambda core: relabel(first[core], *merges)  # noqa: E731
-        records = [write_core_labels(k, blocks, merged, layer) for k in range(len(blocks))]
+
+        def write(k: int) -> dict:
+            return write_part_labels(k, block_core(k, blocks, self.CHUNKS), merged, layer)
+
+        records = [write(k) for k in range(len(blocks))]
         expected = relabel(first.copy(), *merges)
         assert (read_layer(tmp_path) == expected).all()
         name = next(iter(records[2]["chunks"]))
         chunk = layer.where + "/" + name
         zero_bytes(chunk, 0, 100)  # its size kept
-        rewrite = lambda k: write_core_labels(k, blocks, merged, layer)  # noqa: E731
-        assert check_written_cores(records, layer, rewrite)[0] == [2]
+        assert check_written_parts(records, layer, write)[0] == [2]
         assert (read_layer(tmp_path) == expected).all()
-        assert check_written_cores(records, layer, rewrite)[0] == []
+        assert check_written_parts(records, layer, write)[0] == []
 
     def test_consensus_core_by_core_is_that_of_the_whole_volume(self, tissue):
         """Each core's pairs of ids, their union, then each core's labels from it: the

@@ -115,12 +115,13 @@ def test_every_segment_has_a_mesh_inside_the_volume_where_its_voxels_are(volume,
         assert np.allclose(vertices.max(0), high, atol=tolerance)
 
 
-def test_an_export_cut_into_many_tasks_writes_the_same_chunks_as_one(volume, tmp_path):
+@pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
+def test_an_export_cut_into_many_tasks_writes_what_one_does(volume, tmp_path, sharded):
     raw, segmentation = volume
-    one = ExportConfig(chunk_voxels=8)  # every region of 16 voxels is whole chunks of all scales
+    one = ExportConfig(chunk_voxels=8, sharded=sharded)
     small = dataclasses.replace(one, task_voxels=16)
     regions = export.export_regions(SHAPE, VOXEL, small)
-    assert len(regions) == 8 and export.mesh_task_count(SHAPE, small) == 2 * 3 * 4
+    assert len(regions) > 1 and export.mesh_task_count(SHAPE, small) == 2 * 3 * 4
     assert sum(np.prod(r.shape) for r in regions) == np.prod(SHAPE)
     assert len(export.export_regions(SHAPE, VOXEL, one)) == 1
     folder = tmp_path / "one"
@@ -128,11 +129,20 @@ def test_an_export_cut_into_many_tasks_writes_the_same_chunks_as_one(volume, tmp
     cut = export_precomputed(raw, segmentation, VOXEL, tmp_path / "cut", small)
     assert cut.segment_count == whole.segment_count
     for layer in ("image", "segmentation"):
-        chunks = sorted(p.relative_to(folder) for p in (folder / layer).glob("*_*_*/*"))
-        assert chunks and chunks == sorted(
+        files = sorted(p.relative_to(folder) for p in (folder / layer).glob("*_*_*/*"))
+        cut_files = sorted(
             p.relative_to(tmp_path / "cut") for p in (tmp_path / "cut" / layer).glob("*_*_*/*")
         )
-        for chunk in chunks:
+        if sharded:  # a shard a region and scale: the same voxels, cut otherwise
+            assert len(files) == len(whole.scales)
+            assert len(cut_files) == len(regions) * len(cut.scales)
+            for mip in range(len(whole.scales)):
+                np.testing.assert_array_equal(
+                    read_layer(folder, layer, mip), read_layer(tmp_path / "cut", layer, mip)
+                )
+            continue
+        assert files and files == cut_files  # unsharded, the same chunk files, byte for byte
+        for chunk in files:
             assert (folder / chunk).read_bytes() == (tmp_path / "cut" / chunk).read_bytes()
     properties = "segmentation/segment_properties/info"
     assert (folder / properties).read_text() == (tmp_path / "cut" / properties).read_text()
@@ -275,6 +285,18 @@ def test_failure_keeps_the_previous_export_and_success_replaces_it(volume, tmp_p
     assert os.listdir(tmp_path) == ["out"]
 
 
+def write_stitched(out, segmentation, config=CONFIG):
+    """The segmentation's full resolution as the stitching writes it: the layer, then a region
+    (a shard, sharded) at a time."""
+    chunk = plan_scales(SHAPE, VOXEL, config)[0].chunk_zyx
+    export.new_segmentation(
+        out, SHAPE, VOXEL, export.segmentation_layout(SHAPE, VOXEL, config, chunk)
+    )
+    writer = export.SegmentationWriter(out)
+    for region in export.export_regions(SHAPE, VOXEL, config):
+        writer.write(region.slices, segmentation[region.slices])
+
+
 def test_refuses_to_replace_a_folder_that_is_not_an_export(volume, tmp_path):
     raw, segmentation = volume
     (tmp_path / "notes.txt").write_text("keep me")
@@ -286,9 +308,7 @@ def test_refuses_to_replace_a_folder_that_is_not_an_export(volume, tmp_path):
 def test_an_export_cut_short_is_begun_again_but_a_foreign_folder_is_not(volume, tmp_path):
     raw, segmentation = volume
     out = tmp_path / "out"
-    chunk = plan_scales(SHAPE, VOXEL, CONFIG)[0].chunk_zyx
-    export.new_segmentation(out, SHAPE, VOXEL, chunk)  # the stitching's part
-    export.SegmentationWriter(out).write(tuple(slice(0, n) for n in SHAPE), segmentation)
+    write_stitched(out, segmentation)  # the stitching's part
     export.begin_export(out, SHAPE, VOXEL, CONFIG)  # then the run stopped: no record
     region = export.export_regions(SHAPE, VOXEL, CONFIG)[0]
     export.write_region(out, region, raw[region.slices], segmentation[region.slices], CONFIG)
@@ -309,9 +329,7 @@ def test_a_file_rewritten_with_its_size_kept_is_repaired(volume, tmp_path):
     taken as intact and the repaired export still showed the damage."""
     raw, segmentation = volume
     out = tmp_path / "out"
-    chunk = plan_scales(SHAPE, VOXEL, CONFIG)[0].chunk_zyx
-    export.new_segmentation(out, SHAPE, VOXEL, chunk)
-    export.SegmentationWriter(out).write(tuple(slice(0, n) for n in SHAPE), segmentation)
+    write_stitched(out, segmentation)
     export.begin_export(out, SHAPE, VOXEL, CONFIG)
     regions = export.export_regions(SHAPE, VOXEL, CONFIG)
     records = [
@@ -347,7 +365,8 @@ def test_a_file_rewritten_with_its_size_kept_is_repaired(volume, tmp_path):
 def test_gzip_export_stores_gz_files_that_cloud_volume_reads(volume, tmp_path):
     raw, segmentation = volume
     out = tmp_path / "out"
-    export_precomputed(raw, segmentation, VOXEL, out, ExportConfig(num_scales=2, gzip=True))
+    unsharded = ExportConfig(num_scales=2, gzip=True, sharded=False)  # shards gzip inside
+    export_precomputed(raw, segmentation, VOXEL, out, unsharded)
     assert export_complete(out)
     chunks = list((out / "image" / "10_10_20").iterdir())
     assert chunks and all(c.suffix == ".gz" for c in chunks)

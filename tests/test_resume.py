@@ -227,7 +227,7 @@ def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny
     # Of the stitching, only its last task ran (and what reads the segmentation after it).
     assert set(tries(run_dir)) == {"finish_stitch", "count_region", "evaluate", *EXPORT_APPS}
     summary = json.loads((run_dir / "inference" / "stitch.json").read_text())
-    assert summary["repaired_blocks"] and lost.is_file()
+    assert summary["repaired_parts"] and lost.is_file()
     np.testing.assert_array_equal(segmentation(run_dir), segmentation(tiny_run))
 
 

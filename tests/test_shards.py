@@ -29,7 +29,8 @@ def _shard_of_chunks(spec: dict, shape_zyx, chunk_zyx, box_zyx) -> set[str]:
     sharding = ShardingSpecification.from_dict(spec)
     grid = [-(-n // c) for n, c in zip(shape_zyx, chunk_zyx, strict=True)]
     ranges = [
-        range(a // c, -(-b // c)) for a, b, c in zip(box_zyx.start, box_zyx.stop, chunk_zyx, strict=True)
+        range(a // c, -(-b // c))
+        for a, b, c in zip(box_zyx.start, box_zyx.stop, chunk_zyx, strict=True)
     ]
     return {
         sharding.compute_shard_location(compressed_morton_code(zyx[::-1], grid[::-1])).shard_number

@@ -15,8 +15,14 @@ from test_parts import CUT
 
 from pipeline.blocks import Block, BlockConfig, BlockResult, plan_blocks
 from pipeline.errors import ConfigError
-from pipeline.export import SegmentationWriter, new_segmentation, segmentation_spec
+from pipeline.export import (
+    SegmentationLayout,
+    SegmentationWriter,
+    new_segmentation,
+    segmentation_spec,
+)
 from pipeline.inference import InferenceStats
+from pipeline.shards import plan_shards
 from pipeline.stitching import (
     block_core,
     block_pairs,
@@ -24,13 +30,15 @@ from pipeline.stitching import (
     core_neighbours,
     join_ids,
     later_neighbours,
+    layer_parts,
     load_block_pairs,
     load_id_table,
+    owned_blocks,
     relabel_core,
     save_block_pairs,
     save_id_table,
     stitch,
-    write_core,
+    write_part,
 )
 from pipeline.volumes import open_volume
 
@@ -147,33 +155,51 @@ def test_cores_on_a_chunk_grid_keep_the_labels_of_the_blocks_nearest_each_voxel(
     assert_same_segmentation(by_tasks, in_memory)
 
 
-def test_cores_go_into_the_segmentation_layer_and_a_lost_or_cut_chunk_is_written_again(tmp_path):
+def _layout(shape_zyx, sharded: bool) -> SegmentationLayout:
+    """The unsharded layout on the stitching's chunks, or shards of 32^3 voxels in chunks of 8^3."""
+    if not sharded:
+        return SegmentationLayout((4, 8, 8))
+    plan = plan_shards([shape_zyx], [(8, 8, 8)], [(1, 1, 1)], task_voxels=32)
+    return SegmentationLayout((8, 8, 8), sharding=plan.specs[0], region_zyx=plan.region_zyx)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_parts_go_into_the_segmentation_layer_and_a_lost_or_cut_file_is_written_again(
+    tmp_path, sharded
+):
     truth = real_bodies()
     results = blocks_of(truth)
     blocks = plan_blocks(truth.shape, CONFIG)
     labels_of = lambda i: results[i].labels  # noqa: E731
     found = [block_pairs(k, blocks, labels_of, CONFIG) for k in range(len(blocks))]
     offsets, lookup, merges = join_ids(found)
-    new_segmentation(tmp_path, truth.shape, (10.0, 10.0, 10.0), (4, 8, 8))
+    layout = _layout(truth.shape, sharded)
+    new_segmentation(tmp_path, truth.shape, (10.0, 10.0, 10.0), layout)
     layer = SegmentationWriter(tmp_path)
-    records = [write_core(k, blocks, labels_of, offsets, lookup, layer) for k in range(len(blocks))]
+    parts = layer_parts(blocks, layer.layout)
+    assert len(parts) == len(blocks) if not sharded else 1 < len(parts) < len(blocks)
+    records = [
+        write_part(k, part, blocks, labels_of, offsets, lookup, layer)
+        for k, part in enumerate(parts)
+    ]
     with open_volume(segmentation_spec(tmp_path)) as array:
         assert_same_segmentation(array[...], truth)  # read back in place, as evaluation does
 
-    layer_dir = tmp_path / "segmentation"  # chunk names are relative to it: 10_10_10/x0-x1_...
-    chunks = [name for r in records for name in r["chunks"]]
-    assert sorted(chunks) == sorted(
-        f"10_10_10/{p.name}" for p in (layer_dir / "10_10_10").iterdir()
-    )
-    lost, cut = records[3]["chunks"], records[20]["chunks"]
+    layer_dir = tmp_path / "segmentation"  # file names are relative to it: 10_10_10/...
+    files = [name for r in records for name in r["chunks"]]
+    assert sorted(files) == sorted(f"10_10_10/{p.name}" for p in (layer_dir / "10_10_10").iterdir())
+    assert len(files) == len(parts) if sharded else len(files) > len(parts)  # a shard a part
+    lost, cut = records[3]["chunks"], records[-2]["chunks"]
     (layer_dir / next(iter(lost))).unlink()
     cut_file = layer_dir / next(iter(cut))
     cut_file.write_bytes(cut_file.read_bytes()[:-5])
-    for record in records:  # as the relabel task adds them: the block's inference stats
-        record["stats"] = InferenceStats(fov_evaluations=record["block"] + 1).to_dict()
+    for k, record in enumerate(records):  # as the relabel task adds them: its blocks' stats
+        owned = owned_blocks(k, parts[k], blocks, layout)
+        stats = sum((InferenceStats(fov_evaluations=i + 1) for i in owned), InferenceStats())
+        record["stats"] = stats.to_dict()
     table = (offsets, lookup, merges)
     checked = check_cores(iter(records), layer, blocks, labels_of, table)
-    assert checked.repaired == [3, 20]
+    assert checked.repaired == [3, len(parts) - 2]
     assert checked.stitch.objects == len(np.unique(truth[truth > 0]))
     assert checked.inference.fov_evaluations == sum(range(1, len(blocks) + 1))
     again = check_cores(iter(records), layer, blocks, labels_of, table)

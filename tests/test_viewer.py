@@ -1,5 +1,5 @@
-"""Viewing an export: the data server (CORS, gzip), the viewer's state, and, with headless
-Chromium, that Neuroglancer really draws the segmentation and its meshes."""
+"""Viewing an export: the data server (CORS, gzip, byte ranges), the viewer's state, and, with
+headless Chromium, that Neuroglancer really draws the segmentation and its meshes."""
 
 import gzip
 import io
@@ -12,6 +12,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from test_volumes import small_pair, write_sharded_precomputed
 
 from pipeline import viewer
 from pipeline.cli import viewer as viewer_cli
@@ -48,9 +49,10 @@ def data_server(precomputed):
     server.server_close()
 
 
-def fetch(url, method="GET", origin=VIEWER_ORIGIN):
+def fetch(url, method="GET", origin=VIEWER_ORIGIN, headers=None):
     """(status, headers, body) of one request; HTTP errors are answers too."""
-    request = urllib.request.Request(url, method=method, headers={"Origin": origin})
+    headers = {"Origin": origin, **(headers or {})}
+    request = urllib.request.Request(url, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.headers, response.read()
@@ -83,7 +85,9 @@ def test_data_server_lets_no_other_web_page_read_the_volumes(data_server):
 def test_data_server_sends_gz_files_under_their_plain_name(volume, tmp_path):
     raw, segmentation = volume
     out = tmp_path / "precomputed"
-    export_precomputed(raw, segmentation, VOXEL, out, ExportConfig(num_scales=1, gzip=True))
+    export_precomputed(
+        raw, segmentation, VOXEL, out, ExportConfig(num_scales=1, gzip=True, sharded=False)
+    )
     chunk = next((out / "image" / "10_10_20").iterdir())
     assert chunk.suffix == ".gz"
     server = viewer.start_data_server(out)
@@ -96,6 +100,136 @@ def test_data_server_sends_gz_files_under_their_plain_name(volume, tmp_path):
     assert status == 200
     assert headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(body) == gzip.decompress(chunk.read_bytes())
+
+
+# Over the 64 KiB a response is copied by: a part of it takes several pieces.
+SHARD_BYTES = 200_000
+
+
+@pytest.fixture
+def shard_server(tmp_path):
+    """A server of `0.shard`, random bytes as a shard file holds, and `chunk.gz`, their gzip."""
+    data = np.random.default_rng(0).bytes(SHARD_BYTES)
+    (tmp_path / "0.shard").write_bytes(data)
+    (tmp_path / "chunk.gz").write_bytes(gzip.compress(data))
+    server = viewer.start_data_server(tmp_path, allowed_origins=[VIEWER_ORIGIN])
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    "header, start, stop",
+    [
+        ("bytes=1000-70999", 1000, 71000),  # in the middle
+        ("bytes=150000-", 150000, SHARD_BYTES),  # to the end
+        ("bytes=-500", SHARD_BYTES - 500, SHARD_BYTES),  # the last 500
+        ("bytes=199990-999999", 199990, SHARD_BYTES),  # clipped at the end
+        ("bytes=-999999", 0, SHARD_BYTES),  # a suffix longer than the file: all of it
+        ("Bytes=0-0", 0, 1),  # the unit is case-insensitive
+    ],
+)
+def test_data_server_sends_the_part_a_range_asks_for(shard_server, tmp_path, header, start, stop):
+    status, headers, body = fetch(f"{shard_server}/0.shard", headers={"Range": header})
+    assert status == 206
+    assert headers["Content-Range"] == f"bytes {start}-{stop - 1}/{SHARD_BYTES}"
+    assert headers["Content-Length"] == str(stop - start) and headers["Accept-Ranges"] == "bytes"
+    assert body == (tmp_path / "0.shard").read_bytes()[start:stop]
+
+
+@pytest.mark.parametrize(
+    "header", [f"bytes={SHARD_BYTES}-", f"bytes={SHARD_BYTES}-{SHARD_BYTES + 9}", "bytes=-0"]
+)
+def test_data_server_answers_a_range_past_the_end_with_416(shard_server, header):
+    for method in ("GET", "HEAD"):
+        status, headers, body = fetch(f"{shard_server}/0.shard", method, headers={"Range": header})
+        assert status == 416 and body == b""
+        assert headers["Content-Range"] == f"bytes */{SHARD_BYTES}"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Range": "bytes=5-2"},  # last before first
+        {"Range": "bytes=abc-"},
+        {"Range": "bytes=-"},
+        {"Range": "bytes 0-9"},
+        {"Range": "items=0-9"},  # another unit
+        {"Range": "bytes=0-9, 20-29"},  # several ranges
+        # A conditional range: this server cannot prove the client's part current.
+        {"Range": "bytes=0-9", "If-Range": "Mon, 01 Jan 2024 00:00:00 GMT"},
+    ],
+)
+def test_data_server_sends_the_whole_file_for_a_range_it_ignores(shard_server, tmp_path, headers):
+    status, response, body = fetch(f"{shard_server}/0.shard", headers=headers)
+    assert status == 200 and "Content-Range" not in response
+    assert response["Accept-Ranges"] == "bytes"
+    assert body == (tmp_path / "0.shard").read_bytes()
+
+
+def test_data_server_answers_head_like_get_without_a_body(shard_server):
+    status, headers, body = fetch(f"{shard_server}/0.shard", "HEAD", headers={"Range": "bytes=-10"})
+    assert (status, body) == (206, b"")
+    assert headers["Content-Range"] == f"bytes {SHARD_BYTES - 10}-{SHARD_BYTES - 1}/{SHARD_BYTES}"
+    assert headers["Content-Length"] == "10"
+    status, headers, body = fetch(f"{shard_server}/0.shard", "HEAD")
+    assert (status, body) == (200, b"")
+    assert headers["Content-Length"] == str(SHARD_BYTES) and headers["Accept-Ranges"] == "bytes"
+
+
+def test_data_server_ranges_a_gz_file_over_its_gzip_bytes(shard_server, tmp_path):
+    """The response is the gzip stream (Content-Encoding), so a range is of its bytes."""
+    encoded = (tmp_path / "chunk.gz").read_bytes()
+    status, headers, body = fetch(f"{shard_server}/chunk", headers={"Range": "bytes=10-99"})
+    assert status == 206 and headers["Content-Encoding"] == "gzip"
+    assert headers["Content-Range"] == f"bytes 10-99/{len(encoded)}"
+    assert body == encoded[10:100]
+    status, headers, body = fetch(f"{shard_server}/chunk", headers={"Range": "bytes=-2000000"})
+    assert status == 206 and gzip.decompress(body) == (tmp_path / "0.shard").read_bytes()
+
+
+def test_data_server_answers_a_current_copy_with_304(shard_server):
+    _, headers, _ = fetch(f"{shard_server}/0.shard")
+    since = {"If-Modified-Since": headers["Last-Modified"], "Range": "bytes=0-9"}
+    status, _, body = fetch(f"{shard_server}/0.shard", headers=since)
+    assert (status, body) == (304, b"")
+    since["If-Modified-Since"] = "Mon, 01 Jan 2001 00:00:00 GMT"
+    assert fetch(f"{shard_server}/0.shard", headers=since)[0] == 206
+
+
+def test_data_server_lets_the_viewer_read_parts_across_origins(shard_server):
+    preflight = {"Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "range"}
+    status, headers, _ = fetch(f"{shard_server}/0.shard", "OPTIONS", headers=preflight)
+    assert status == 204
+    allowed = [h.strip().lower() for h in headers["Access-Control-Allow-Headers"].split(",")]
+    assert "range" in allowed
+    _, headers, _ = fetch(f"{shard_server}/0.shard", headers={"Range": "bytes=-10"})
+    exposed = {h.strip() for h in headers["Access-Control-Expose-Headers"].split(",")}
+    assert {"Content-Range", "Content-Length", "Accept-Ranges"} <= exposed
+    _, headers, _ = fetch(
+        f"{shard_server}/0.shard", origin="http://evil.example", headers={"Range": "bytes=-10"}
+    )
+    assert "Access-Control-Expose-Headers" not in headers
+
+
+def test_cloud_volume_reads_a_sharded_segmentation_over_http(tmp_path):
+    """Shard files are read in parts (the shard index, a minishard index, a chunk): a server
+    that sent whole files for them would give a reader garbage."""
+    from cloudvolume import CloudVolume
+
+    _, labels = small_pair(shape=(8, 12, 16))
+    write_sharded_precomputed(tmp_path / "segmentation", labels, VOXEL, "segmentation")
+    server = viewer.start_data_server(tmp_path)
+    try:
+        url = f"precomputed://http://127.0.0.1:{server.server_address[1]}/segmentation"
+        volume = CloudVolume(url, progress=False)
+        assert volume.image.is_sharded(0)
+        # (x, y, z, channel) from the voxel offset (7, 5, 3).
+        np.testing.assert_array_equal(volume[:, :, :][..., 0].T, labels)
+        np.testing.assert_array_equal(volume[12:20, 6:15, 4:9][..., 0].T, labels[1:6, 1:10, 5:13])
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_viewer_shows_both_layers_from_the_data_server(precomputed):

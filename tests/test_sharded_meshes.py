@@ -1,0 +1,269 @@
+"""Sharded multi-resolution meshes: igneous's tasks on a real small segmentation, read back with
+cloud-volume as Neuroglancer would; few files; shared files written once; a damaged shard
+rewritten."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from cloudvolume import CloudVolume
+from cloudvolume.exceptions import MeshMissingError
+
+from pipeline import export
+from pipeline import sharded_meshes as sharded
+from pipeline.errors import PrecomputedError
+from pipeline.export import ExportConfig, damaged, file_record
+
+SHAPE = (64, 96, 80)  # (z, y, x): every axis a different length
+VOXEL = (20.0, 10.0, 10.0)
+CONFIG = ExportConfig(task_voxels=32)  # 2 x 3 x 3 meshing tasks
+SPHERE, BOX, TUBE = 1, 2**40 + 3, 7  # one id beyond 32 bits
+CUBES = 1000  # the first of many small cubes: what makes legacy meshes many files
+MAX_LABELS = 64  # a few shards, so a few merge tasks
+ABSENT = 999
+
+
+def segmentation() -> np.ndarray:
+    """A sphere, a box and a tube that cross task borders (the tube the whole volume along x,
+    its ends on the volume's faces), and small cubes on a lattice where there is room, each in
+    one task."""
+    seg = np.zeros(SHAPE, np.uint64)
+    z, y, x = ((np.ogrid[: SHAPE[0], : SHAPE[1], : SHAPE[2]][a] + 0.5) * VOXEL[a] for a in range(3))
+    seg[(z - 600) ** 2 + (y - 500) ** 2 + (x - 420) ** 2 < 250**2] = SPHERE
+    seg[44:60, 70:94, 4:40] = BOX
+    seg[np.broadcast_to((z - 210) ** 2 + (y - 155) ** 2 < 60**2, SHAPE)] = TUBE
+    corners = np.stack(np.meshgrid(*(range(2, n, 12) for n in SHAPE), indexing="ij"), -1)
+    for k, corner in enumerate(corners.reshape(-1, 3)):
+        # Whole cubes only: igneous's merge drops a mesh under a voxel across (a sliver).
+        if not seg[tuple(slice(c - 1, c + 4) for c in corner)].any():
+            seg[tuple(slice(c, c + 3) for c in corner)] = CUBES + k
+    return seg
+
+
+def snapshot(folder, names):
+    return {name: ((folder / name).read_bytes(), file_record(folder / name)) for name in names}
+
+
+MESH = "segmentation/mesh"
+SHARED = ["segmentation/info", "segmentation/provenance", f"{MESH}/info"]
+
+
+@pytest.fixture(scope="module")
+def meshed(tmp_path_factory):
+    """A segmentation layer meshed by every task in turn, with the shared files seen between."""
+    seg = segmentation()
+    folder = tmp_path_factory.mktemp("sharded") / "export"
+    # As the stitching writes it for an export: its layout, a region (a shard) at a time.
+    chunk = export.plan_scales(SHAPE, VOXEL, CONFIG)[0].chunk_zyx
+    layout = export.segmentation_layout(SHAPE, VOXEL, CONFIG, chunk)
+    export.new_segmentation(folder, SHAPE, VOXEL, layout)
+    writer = export.SegmentationWriter(folder)
+    for region in export.export_regions(SHAPE, VOXEL, CONFIG):
+        writer.write(region.slices, seg[region.slices])
+    sharded.begin_sharded_meshing(folder, CONFIG)
+    begun = snapshot(folder, SHARED)
+    fragments = [
+        sharded.fragment_part(folder, CONFIG, i)
+        for i in range(export.mesh_task_count(SHAPE, CONFIG))
+    ]
+    fragmented = snapshot(folder, SHARED)
+    count = sharded.mesh_shard_plan(folder, np.unique(seg), MAX_LABELS)
+    labels = [p.relative_to(folder).as_posix() for p in (folder / MESH).glob("*.labels")]
+    planned = snapshot(folder, SHARED + labels)
+    shards = [sharded.merge_shard(folder, CONFIG, n) for n in range(count)]
+    merged = snapshot(folder, SHARED + labels)
+    return {
+        "folder": folder,
+        "seg": seg,
+        "fragments": fragments,
+        "shards": shards,
+        "snapshots": (begun, fragmented, planned, merged),
+    }
+
+
+def segment_ids(seg) -> list[int]:
+    return [int(i) for i in np.unique(seg) if i]
+
+
+def source(folder):
+    return CloudVolume(f"file://{folder / 'segmentation'}", progress=False).mesh
+
+
+def test_info_is_a_sharded_multires_mesh_for_neuroglancer(meshed):
+    folder = meshed["folder"]
+    assert json.loads((folder / "segmentation" / "info").read_text())["mesh"] == "mesh"
+    info = json.loads((folder / MESH / "info").read_text())
+    assert info["@type"] == "neuroglancer_multilod_draco"
+    assert info["vertex_quantization_bits"] == 16 and info["lod_scale_multiplier"] == 1.0
+    assert info["transform"] == [10, 0, 0, 0, 0, 10, 0, 0, 0, 0, 20, 0]  # x, y, z
+    spec = info["sharding"]
+    assert spec["@type"] == "neuroglancer_uint64_sharded_v1"
+    assert spec["hash"] == "murmurhash3_x86_128" and spec["data_encoding"] == "raw"
+    assert sharded.mesh_shard_count(folder) == 2 ** spec["shard_bits"] == len(meshed["shards"])
+    assert len(meshed["shards"]) == 4  # 303 segments, 64 a shard asked for: 2^round(log2 5)
+    assert source(folder).meta.is_sharded()
+
+
+def test_every_segment_has_a_mesh_spanning_its_voxels(meshed):
+    folder, seg = meshed["folder"], meshed["seg"]
+    ids = segment_ids(seg)
+    assert {SPHERE, BOX, TUBE} <= set(ids) and len(ids) == 303
+    meshes = source(folder).get(ids)
+    assert sorted(meshes) == ids
+    # Within a voxel plus the simplification's tolerance of the segment's voxels (nm, x y z).
+    tolerance = max(VOXEL) + CONFIG.mesh_max_error_nm
+    for segment in ids:
+        vertices = meshes[segment].vertices
+        where = np.argwhere(seg == segment)
+        low = (where.min(0) * VOXEL)[::-1]
+        high = ((where.max(0) + 1) * VOXEL)[::-1]
+        assert len(vertices)
+        assert np.all(vertices >= low - tolerance) and np.all(vertices <= high + tolerance)
+        assert np.allclose(vertices.min(0), low, atol=tolerance), segment
+        assert np.allclose(vertices.max(0), high, atol=tolerance), segment
+
+
+def test_a_segment_absent_from_the_volume_has_no_mesh(meshed):
+    mesh = source(meshed["folder"])
+    assert ABSENT not in segment_ids(meshed["seg"])
+    with pytest.raises(MeshMissingError):
+        mesh.get(ABSENT)
+    assert set(mesh.get([ABSENT, SPHERE], allow_missing=True)) == {SPHERE}
+
+
+def test_few_files_each_written_by_one_task_and_far_fewer_than_legacy(meshed, tmp_path):
+    folder, seg = meshed["folder"], meshed["seg"]
+    tasks = export.mesh_task_count(SHAPE, CONFIG)
+    shards = len(meshed["shards"])
+    recorded = {}
+    for files in meshed["fragments"] + meshed["shards"]:
+        assert not recorded.keys() & files.keys()  # no file written by two tasks
+        recorded |= files
+    assert not any(damaged(folder, files) for files in meshed["fragments"] + meshed["shards"])
+    written = {p.relative_to(folder).as_posix() for p in (folder / MESH).iterdir()}
+    # What the tasks wrote, the plan's labels (one a shard) and the info: all there is.
+    labels = {name for name in written if name.endswith(".labels")}
+    assert written == recorded.keys() | labels | {f"{MESH}/info"}
+    frags = [n for n in recorded if n.endswith(".frags")]
+    spatial = [n for n in recorded if n.endswith(".spatial")]
+    assert len(frags) == len(spatial) == tasks == 18  # every region holds a segment
+    assert len(labels) == shards and sum(n.endswith(".shard") for n in recorded) == shards
+    assert len(written) == 2 * tasks + 2 * shards + 1 == 45
+
+    # Legacy meshes of the same segmentation: a fragment per segment per task, a manifest each.
+    legacy = tmp_path / "legacy"
+    shutil.copytree(folder, legacy)
+    export.begin_export(legacy, SHAPE, VOXEL, CONFIG)
+    fragments = sum(len(export.mesh_part(legacy, CONFIG, i)) for i in range(tasks))
+    legacy_files = fragments + len(segment_ids(seg)) + 1  # + manifests + info
+    assert legacy_files > 10 * len(written)  # 707 files here, 45 sharded
+
+
+def test_tasks_write_no_shared_file_and_the_info_once_before_merging(meshed):
+    begun, fragmented, planned, merged = meshed["snapshots"]
+    assert fragmented == begun  # the fragment tasks only read the mesh info and provenance
+    assert merged == planned  # nor do the merge tasks rewrite the plan
+    info = json.loads(begun[f"{MESH}/info"][0])
+    assert info["@type"] == "neuroglancer_legacy_mesh" and "spatial_index" in info
+    assert planned["segmentation/info"] == begun["segmentation/info"]
+    processing = json.loads(planned["segmentation/provenance"][0])["processing"]
+    assert [p["method"]["task"] for p in processing] == ["MeshTask", "MultiResShardedMeshMergeTask"]
+    assert processing[0]["method"]["sharded"] and processing[0]["method"]["spatial_index"]
+
+
+def test_fragment_tasks_are_igneous_own(meshed, tmp_path):
+    from igneous.task_creation import create_meshing_tasks
+
+    folder = meshed["folder"]
+    copy = tmp_path / "copy"  # igneous's task maker rewrites the shared files
+    shutil.copytree(folder, copy)
+    theirs = list(
+        create_meshing_tasks(
+            f"file://{copy / 'segmentation'}",
+            shape=(CONFIG.task_voxels,) * 3,
+            sharded=True,
+            **sharded._fragment_options(CONFIG),
+        )
+    )
+    assert len(theirs) == export.mesh_task_count(SHAPE, CONFIG)
+    for index, igneous_task in enumerate(theirs):
+        expected = igneous_task.payload()
+        expected["layer_path"] = expected["layer_path"].replace(str(copy), str(folder))
+        mine = sharded._fragment_task(folder, CONFIG, index).payload()
+        assert mine | {"class": expected["class"]} == expected
+    with pytest.raises(ValueError, match="meshing task 18 of 18"):
+        sharded.fragment_part(folder, CONFIG, 18)
+
+
+def test_a_merge_rerun_rewrites_its_truncated_shard(meshed, tmp_path):
+    folder = tmp_path / "export"
+    shutil.copytree(meshed["folder"], folder)
+    number, files = next((n, f) for n, f in enumerate(meshed["shards"]) if f)
+    ((name, record),) = files.items()
+    original = (meshed["folder"] / name).read_bytes()
+    with open(folder / name, "r+b") as f:
+        f.truncate(len(original) // 2)
+    assert damaged(folder, files)
+    again = sharded.merge_shard(folder, CONFIG, number)
+    assert again.keys() == files.keys() and again[name][0] == record[0]
+    assert (folder / name).read_bytes() == original
+    ids = segment_ids(meshed["seg"])
+    mesh = source(folder)
+    assert sorted(mesh.get(ids)) == ids
+    with pytest.raises(ValueError, match="mesh shard 4 of 4"):
+        sharded.merge_shard(folder, CONFIG, 4)
+    (folder / MESH / "0.labels").unlink()
+    with pytest.raises(PrecomputedError, match="0.labels: missing"):
+        sharded.merge_shard(folder, CONFIG, 0)
+
+
+def test_a_large_mesh_gets_a_level_of_detail_per_scale(meshed, tmp_path, monkeypatch):
+    """igneous makes coarser levels only for meshes `MIN_CHUNK_VOXELS` across (none here): with
+    smaller boxes the sphere gets one per scale, each with fewer triangles."""
+    folder = tmp_path / "export"
+    shutil.copytree(meshed["folder"], folder)
+    monkeypatch.setattr(sharded, "MIN_CHUNK_VOXELS", (4, 4, 4))
+    assert source(folder).get_manifest(SPHERE).num_lods == 1
+    shard = source(folder).reader.get_filename(SPHERE)
+    sharded.merge_shard(folder, CONFIG, int(shard.removesuffix(".shard"), 16))
+    mesh = source(folder)
+    assert mesh.get_manifest(SPHERE).num_lods == CONFIG.num_scales
+    faces = [len(mesh.get(SPHERE, lod=lod)[SPHERE].faces) for lod in range(CONFIG.num_scales)]
+    assert faces == sorted(faces, reverse=True) and faces[-1] < faces[0] / 2
+
+
+def test_gzip_stores_the_spatial_index_gzipped_under_the_name_recorded(meshed, tmp_path):
+    folder = tmp_path / "export"  # planned: a fragment task runs on its sharded `info` too
+    shutil.copytree(meshed["folder"], folder)
+    config = ExportConfig(task_voxels=CONFIG.task_voxels, gzip=True)
+    files = sharded.fragment_part(folder, config, 0)
+    assert {name.split(".", 1)[1] for name in files} == {"frags", "spatial.gz"}
+    assert not damaged(folder, files)
+
+
+def test_a_shard_no_segment_hashes_to_has_no_file(meshed, tmp_path):
+    folder = tmp_path / "export"
+    shutil.copytree(meshed["folder"], folder)
+    ids = segment_ids(meshed["seg"])
+    count = sharded.mesh_shard_plan(folder, ids, max_labels_per_shard=1)
+    assert count == 256  # 2^round(log2(303)): shards no segment hashes to
+    assert not list((folder / MESH).glob("*.shard"))  # the earlier plan's shards went
+    spec = json.loads((folder / MESH / "info").read_text())["sharding"]
+    labels = {n: json.loads((folder / MESH / f"{n:02x}.labels").read_text()) for n in range(count)}
+    assert sorted(sum(labels.values(), [])) == ids
+    empty = next(n for n, segments in labels.items() if not segments)
+    assert sharded.merge_shard(folder, CONFIG, empty) == {}
+    full = next(n for n, segments in labels.items() if segments)
+    assert sharded.merge_shard(folder, CONFIG, full)
+    assert sorted(source(folder).get(labels[full])) == sorted(labels[full])
+    assert spec["shard_bits"] == 8
+
+
+def test_shard_count_follows_the_segment_count():
+    assert sharded.mesh_sharding(0)["shard_bits"] == 0
+    assert sharded.mesh_sharding(1500)["shard_bits"] == 1  # 2 shards asked for
+    assert sharded.mesh_sharding(10**6)["shard_bits"] == 10  # 1000 asked for: 977 a shard
+    assert sharded.mesh_sharding(123, max_labels_per_shard=32)["shard_bits"] == 2
+    with pytest.raises(ValueError, match="max_labels_per_shard"):
+        sharded.mesh_sharding(10, max_labels_per_shard=0)
