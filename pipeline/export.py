@@ -30,15 +30,12 @@ CLI: `python -m pipeline.cli.export --raw vol.h5:raw --segmentation seg.h5:segme
 
 import contextlib
 import hashlib
-import io
 import itertools
 import json
 import math
 import os
-import re
 import shutil
 import time
-from array import array as typed_array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,22 +47,36 @@ from tqdm import tqdm
 
 from pipeline.atomic import atomic_dir, atomic_path
 from pipeline.errors import (
-    ConfigError,
     EmptyLabelsError,
     PrecomputedError,
     VolumeDtypeError,
     VolumeShapeError,
     VoxelSizeError,
 )
+from pipeline.export_layout import (
+    IMAGE_LAYER,
+    MESH_DIR,
+    PROPERTIES_DIR,
+    SEGMENTATION_LAYER,
+    ExportConfig,
+    Scale,
+    _layer_scales,
+    _layer_url,
+    _read_info,
+    _xyz,
+    file_record,
+)
+from pipeline.export_meshes import (
+    _begin_meshing,
+    mesh_part,
+    mesh_task_count,
+    write_mesh_manifests,
+)
 from pipeline.roi import Roi, tiles
 from pipeline.shards import ShardPlan, plan_shards, shard_zyx
 from pipeline.stamps import files_under
 from pipeline.volumes import ZYX, VoxelSize
 
-IMAGE_LAYER = "image"
-SEGMENTATION_LAYER = "segmentation"
-MESH_DIR = "mesh"
-PROPERTIES_DIR = "segment_properties"
 MANIFEST = "export.json"
 MANIFEST_FORMAT = 1
 # What `begin_export` writes: the layers' and the meshes' info.
@@ -76,67 +87,6 @@ BEGUN_FILES = (
 )
 # Files without which Neuroglancer cannot open the layers or find their meshes.
 REQUIRED_FILES = (*BEGUN_FILES, f"{SEGMENTATION_LAYER}/{PROPERTIES_DIR}/info")
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    """How the precomputed layers are cut, downsampled, meshed and compressed."""
-
-    # Chunk edge in voxels along the finest axis; coarser axes get proportionally fewer voxels,
-    # so a chunk is about as long in nm along every axis (at every scale). The image's; in a
-    # workflow run the segmentation's is the stitching's (`[blocks] chunk_zyx`) at every scale.
-    chunk_voxels: int = 64
-    # Scales including full resolution; each halves the finest axes (see `plan_scales`).
-    num_scales: int = 3
-    # Largest distance (nm) a simplified mesh may move from the voxel surface; 0: no simplifying.
-    mesh_max_error_nm: float = 10.0
-    # gzip chunks and mesh fragments (stored as `*.gz`): cloud-volume and `pipeline.viewer`
-    # serve them, a plain static web server does not, so the default keeps files plain. Shards
-    # gzip the chunks inside them whatever this says.
-    gzip: bool = False
-    # Voxels per export and meshing task along each axis (an export task's region is rounded up
-    # to whole chunks of the coarsest scale): bounds each task's memory, 256^3 uint64 = 128 MiB.
-    task_voxels: int = 256
-    # Neuroglancer's sharded format (`neuroglancer_uint64_sharded_v1`): one file per task region
-    # and scale instead of one per chunk, what a parallel file system holds at 10^12 voxels
-    # (pipeline.shards says how the shards are cut). Served with HTTP Range requests
-    # (pipeline.viewer does); false: a file per chunk, which any static web server serves.
-    sharded: bool = True
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.task_voxels, int) and 16 <= self.task_voxels <= 4096):
-            raise ConfigError(
-                f"export config: task_voxels must be an integer in [16, 4096], got {self.task_voxels!r}"
-            )
-        if not (isinstance(self.chunk_voxels, int) and 8 <= self.chunk_voxels <= 1024):
-            raise ConfigError(
-                f"export config: chunk_voxels must be an integer in [8, 1024], got {self.chunk_voxels!r}"
-            )
-        if not (isinstance(self.num_scales, int) and 1 <= self.num_scales <= 16):
-            raise ConfigError(
-                f"export config: num_scales must be an integer in [1, 16], got {self.num_scales!r}"
-            )
-        if not (
-            isinstance(self.mesh_max_error_nm, int | float)
-            and 0 <= self.mesh_max_error_nm < math.inf
-        ):
-            raise ConfigError(
-                f"export config: mesh_max_error_nm must be a number >= 0, got {self.mesh_max_error_nm!r}"
-            )
-        for name in ("gzip", "sharded"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(
-                    f"export config: {name} must be true or false, got {getattr(self, name)!r}"
-                )
-
-
-@dataclass(frozen=True)
-class Scale:
-    """One resolution level: voxel size (nm), shape and chunk size, all (z, y, x)."""
-
-    voxel_size_nm: VoxelSize
-    shape_zyx: ZYX
-    chunk_zyx: ZYX
 
 
 @dataclass(frozen=True)
@@ -162,11 +112,6 @@ class ExportResult:
     segment_count: int
     file_count: int
     seconds: float
-
-
-def _xyz(zyx: Sequence) -> list:
-    """(z, y, x) sizes as cloud-volume's (x, y, z) list: the one place sizes change axis order."""
-    return list(zyx)[::-1]
 
 
 def _downsample_factor(voxel_size_nm: VoxelSize) -> ZYX:
@@ -275,10 +220,6 @@ def _check_replaceable(final: Path) -> None:
         raise PrecomputedError(f"{final}: exists and is not an export; refusing to replace it")
 
 
-def _layer_url(folder: Path, layer: str) -> str:
-    return f"file://{(folder / layer).resolve()}"
-
-
 def _scale_factors(scales: Sequence[Scale]) -> list[ZYX]:
     """Each scale's voxel size in full-resolution voxels (z, y, x)."""
     first = scales[0].voxel_size_nm
@@ -374,26 +315,6 @@ def new_segmentation(
     scale = Scale(tuple(map(float, voxel_size_nm)), tuple(shape_zyx), tuple(layout.chunk_zyx))
     info = _layer_info(SEGMENTATION_LAYER, scale)
     _add_scales(folder, SEGMENTATION_LAYER, info, [scale], [layout.sharding])
-
-
-def _layer_scales(info: dict) -> list[Scale]:
-    """The scales an `info` lists, (z, y, x)."""
-    return [
-        Scale(
-            tuple(float(v) for v in s["resolution"][::-1]),
-            tuple(s["size"][::-1]),
-            tuple(s["chunk_sizes"][0][::-1]),
-        )
-        for s in info["scales"]
-    ]
-
-
-def _read_info(folder: Path, layer: str) -> dict:
-    path = folder / layer / "info"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PrecomputedError(f"{path}: no precomputed layer there ({exc})") from None
 
 
 def _segmentation_scales(scales: Sequence[Scale], full: Scale) -> list[Scale]:
@@ -583,115 +504,6 @@ def write_region(
     return {"ids": ids[keep], "counts": counts[keep], "files": files}
 
 
-def _meshing_options(config: ExportConfig) -> dict:
-    """The options igneous's `create_meshing_tasks` takes and `_mesh_task` hands to each task."""
-    return {
-        "mip": 0,  # full resolution
-        "simplification": config.mesh_max_error_nm > 0,
-        "max_simplification_error": config.mesh_max_error_nm,
-        "mesh_dir": MESH_DIR,
-        # The spatial index serves cloud-volume's region queries; Neuroglancer ignores it.
-        "spatial_index": False,
-        "compress": "gzip" if config.gzip else False,
-    }
-
-
-def _begin_meshing(folder: Path, config: ExportConfig) -> None:
-    """igneous writes the mesh `info` and its provenance entry for the task set, once, before
-    any meshing task runs: its `create_meshing_tasks` rewrites both in place (not atomically),
-    so the meshing tasks, which run side by side and read them, must not call it."""
-    # igneous imports its skeletonising dependencies too (about 2 s): only exporting pays for it.
-    from igneous.task_creation import create_meshing_tasks
-
-    # Its tasks are made (and dropped) only for its provenance, written after the last one;
-    # it prints the task set's bounds to stdout.
-    with contextlib.redirect_stdout(io.StringIO()):
-        for _ in create_meshing_tasks(
-            _layer_url(folder, SEGMENTATION_LAYER),
-            shape=(config.task_voxels,) * 3,
-            **_meshing_options(config),
-        ):
-            pass
-
-
-def _mesh_task(folder: Path, config: ExportConfig, index: int):
-    """igneous's meshing task `index` of `create_meshing_tasks`'s set (a region of
-    `task_voxels` per axis, meshed at full resolution, in its order: x fastest), made here
-    without the shared files it writes (`_begin_meshing`) and without making the other tasks.
-    It remembers the ids it wrote fragments for (`fragment_ids`)."""
-    from igneous.tasks import MeshTask
-
-    shape_zyx = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
-    grid_zyx = _mesh_grid_zyx(shape_zyx, config)
-    count = math.prod(grid_zyx)
-    if not 0 <= index < count:
-        raise ValueError(f"meshing task {index} of {count}")
-    corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
-    options = _meshing_options(config)
-    task = MeshTask(
-        shape=(config.task_voxels,) * 3,
-        offset=_xyz(corner_zyx.tolist()),
-        layer_path=_layer_url(folder, SEGMENTATION_LAYER),
-        mip=options["mip"],
-        simplification_factor=100 if options["simplification"] else 0,
-        max_simplification_error=options["max_simplification_error"],
-        mesh_dir=options["mesh_dir"],
-        cache_control="no-cache",
-        dust_threshold=None,
-        dust_global=False,
-        progress=False,
-        object_ids=None,
-        exclude_object_ids=[],
-        fill_missing=False,
-        encoding="precomputed",
-        spatial_index=options["spatial_index"],
-        frag_path=None,
-        sharded=False,
-        compress=options["compress"],
-        closed_dataset_edges=True,
-        fill_holes=0,
-        dry_run=False,
-    )
-    task.fragment_ids, upload = [], task._upload_individuals
-
-    def recorded_upload(mesh_binaries: dict, generate_manifests: bool) -> None:
-        task.fragment_ids = list(mesh_binaries)
-        upload(mesh_binaries, generate_manifests)
-
-    task._upload_individuals = recorded_upload
-    return task
-
-
-def _mesh_grid_zyx(shape_zyx: ZYX, config: ExportConfig) -> list[int]:
-    """igneous's meshing tasks per axis: regions of `task_voxels`, the last one cut short."""
-    return [-(-n // config.task_voxels) for n in shape_zyx]
-
-
-def mesh_task_count(shape_zyx: ZYX, config: ExportConfig) -> int:
-    """How many meshing tasks igneous makes for a volume of this shape."""
-    return math.prod(_mesh_grid_zyx(shape_zyx, config))
-
-
-def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
-    """Run igneous's meshing task `index` (of `mesh_task_count`) on an export whose regions are
-    all written; returns the mesh fragments it wrote (`file_record`)."""
-    folder = Path(folder)
-    task = _mesh_task(folder, config, index)
-    task.execute()
-    # Fragments are named `<id>:0:<the task's bounds>` (igneous MeshTask), `.gz` if compressed.
-    mesh = folder / SEGMENTATION_LAYER / MESH_DIR
-    suffix = f":0:{task._bounds.to_filename()}" + (".gz" if config.gzip else "")
-    files = [mesh / f"{segment}{suffix}" for segment in task.fragment_ids]
-    return {path.relative_to(folder).as_posix(): file_record(path) for path in files}
-
-
-def file_record(path: Path) -> list[int]:
-    """What a task records of a file it wrote: its size and mtime. The mtime is what sees it
-    rewritten in place with its size kept (a chunk partly zeroed); `cp -a` keeps both."""
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
-
-
 def damaged(folder: str | Path, files: dict[str, list[int] | int]) -> bool:
     """Whether any of `files` (a task's record: name relative to `folder`, `file_record`) is
     missing or not as recorded. A record from before mtimes were kept has sizes only."""
@@ -778,7 +590,7 @@ def finish_export(
     Returns (segments, files)."""
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete again until written last
-    _write_mesh_manifests(folder / SEGMENTATION_LAYER / MESH_DIR)
+    write_mesh_manifests(folder / SEGMENTATION_LAYER / MESH_DIR)
     ids = np.concatenate([r["ids"] for r in regions]) if regions else np.zeros(0, np.uint64)
     counts = np.concatenate([r["counts"] for r in regions]) if regions else np.zeros(0, np.int64)
     if not ids.size:
@@ -795,30 +607,6 @@ def finish_export(
         "repaired": list(repaired),
     }
     return int(unique.size), _write_manifest(folder, summary)
-
-
-def _write_mesh_manifests(mesh_dir: Path) -> None:
-    """The legacy manifest `<id>:0` ({"fragments": [...]}) of every segment with fragments in
-    `mesh_dir` (igneous's `<id>:0:<task bounds>[.gz]`), as igneous's manifest task writes them.
-    Its task holds every fragment's name and a list per segment (about 2 KB a fragment); here a
-    fragment is 12 bytes, (id, which task), however many the meshing tasks wrote."""
-    fragment = re.compile(r"(\d+):0:([^.]+)(?:\.gz)?")
-    # Typed arrays, not lists of Python ints (about 36 bytes an entry).
-    segments, tasks, bounds = typed_array("Q"), typed_array("i"), {}
-    with os.scandir(mesh_dir) as listing:
-        for entry in listing:
-            if match := fragment.fullmatch(entry.name):
-                segments.append(int(match[1]))
-                tasks.append(bounds.setdefault(match[2], len(bounds)))
-    names = list(bounds)
-    segments, tasks = np.frombuffer(segments, np.uint64), np.frombuffer(tasks, np.int32)
-    order = np.argsort(segments, kind="stable")
-    starts = np.flatnonzero(np.diff(segments[order], prepend=np.uint64(0)) != 0)
-    for group in np.split(order, starts[1:]) if order.size else []:
-        segment = int(segments[group[0]])
-        fragments = [f"{segment}:0:{names[t]}" for t in tasks[group]]
-        with atomic_path(mesh_dir / f"{segment}:0") as tmp:
-            tmp.write_text(json.dumps({"fragments": fragments}))
 
 
 def _write_segment_properties(folder: Path, ids: np.ndarray, counts: np.ndarray) -> None:

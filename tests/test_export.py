@@ -14,7 +14,7 @@ from cloudvolume import CloudVolume
 from faults import zero_bytes
 from igneous.tasks.mesh.mesh import MeshManifestFilesystemTask
 
-from pipeline import export
+from pipeline import export, export_meshes
 from pipeline.cli import export as export_cli
 from pipeline.errors import (
     ConfigError,
@@ -180,7 +180,7 @@ def test_meshing_tasks_are_igneous_own_and_write_no_shared_file(volume, tmp_path
     assert [p["method"]["task"] for p in processing] == ["MeshTask"]
 
     count = export.mesh_task_count(SHAPE, config)
-    ours = [export._mesh_task(folder, config, j) for j in range(count)]
+    ours = [export_meshes._mesh_task(folder, config, j) for j in range(count)]
     recorded = {}
     for j in range(count):
         files = export.mesh_part(folder, config, j)
@@ -194,7 +194,7 @@ def test_meshing_tasks_are_igneous_own_and_write_no_shared_file(volume, tmp_path
     # The same tasks, in the same order, as igneous makes (on a copy: it rewrites those files).
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
-    options = export._meshing_options(config)
+    options = export_meshes._meshing_options(config)
     theirs = list(
         create_meshing_tasks(f"file://{copy / 'segmentation'}", shape=(16,) * 3, **options)
     )
@@ -204,7 +204,7 @@ def test_meshing_tasks_are_igneous_own_and_write_no_shared_file(volume, tmp_path
         expected["layer_path"] = expected["layer_path"].replace(str(copy), str(folder))
         assert mine.payload() | {"class": expected["class"]} == expected
     with pytest.raises(ValueError, match="meshing task 24 of 24"):
-        export._mesh_task(folder, config, count)
+        export_meshes._mesh_task(folder, config, count)
 
 
 def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):

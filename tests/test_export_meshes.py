@@ -11,7 +11,7 @@ from cloudvolume import CloudVolume
 from cloudvolume.exceptions import MeshMissingError
 
 from pipeline import export
-from pipeline import sharded_meshes as sharded
+from pipeline import export_meshes as sharded
 from pipeline.errors import PrecomputedError
 from pipeline.export import ExportConfig, damaged, file_record
 

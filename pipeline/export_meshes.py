@@ -1,19 +1,25 @@
-"""Sharded multi-resolution meshes of an export's segmentation: igneous's own tasks, run here.
+"""Meshes of an export's segmentation: igneous's own meshing tasks, run here, one task at a
+time in bounded memory.
 
-Neuroglancer's `neuroglancer_multilod_draco` meshes in `neuroglancer_uint64_sharded_v1` shards:
-a few large files instead of the legacy meshes' fragment per segment per task plus a manifest
-per segment. Made in three phases, each task holding a bounded part (pipeline.export's legacy
-meshing is `_begin_meshing` + `mesh_part` + `_write_mesh_manifests`):
+Legacy meshes (unsharded exports): `_begin_meshing` once, `mesh_part` per igneous meshing task
+(a region of `task_voxels` per axis) writing a fragment per segment, `write_mesh_manifests` at
+the end (a manifest per segment).
+
+Sharded multi-resolution meshes (sharded exports): Neuroglancer's `neuroglancer_multilod_draco`
+meshes in `neuroglancer_uint64_sharded_v1` shards, a few large files instead of a fragment per
+segment per task and a manifest per segment. Three phases, each task holding a bounded part:
 
 1. `begin_sharded_meshing`, once: the mesh `info` (with its spatial index) and igneous's
    provenance entry, which the fragment tasks then only read.
-2. `fragment_part`, one per igneous meshing task (regions of `task_voxels`, as `mesh_part`):
-   igneous's MeshTask with `sharded=True` meshes its region into one `.frags` file (a MapBuffer
-   of its segments' meshes) and the region's spatial index (`.spatial`: segment -> box, nm).
+2. `fragment_part`, one per igneous meshing task (the regions of `mesh_part`): igneous's
+   MeshTask with `sharded=True` meshes its region into one `.frags` file (a MapBuffer of its
+   segments' meshes) and the region's spatial index (`.spatial`: segment -> box, nm).
 3. `mesh_shard_plan`, once, with every segment id: the `sharding` spec and the segment ids of
-   each shard (`<shard>.labels`), written before `merge_shard`, one per shard (of
-   `mesh_shard_count`): igneous's MultiResShardedMeshMergeTask gathers its segments' fragments,
-   makes their levels of detail and writes the shard file `<shard>.shard`.
+   each shard (`<shard>.labels`), written before `merge_shards`, one task per meshing task,
+   each merging every shard whose number is its index modulo their count (`merge_shard`:
+   igneous's MultiResShardedMeshMergeTask gathers a shard's segments' fragments, makes their
+   levels of detail and writes the shard file `<shard>.shard`). A fixed number of merge tasks
+   however many shards the segments need: the workflow's tasks are known before it runs.
 
 Files under `segmentation/mesh/`: `info`, a `.frags` per task whose region holds a segment, a
 `.spatial` (`.spatial.gz` with `gzip`) per task, a `.labels` per shard and a `.shard` per shard
@@ -27,7 +33,10 @@ import contextlib
 import io
 import json
 import math
+import os
+import re
 import shutil
+from array import array as typed_array
 from collections.abc import Iterable
 from pathlib import Path
 from time import strftime
@@ -37,18 +46,146 @@ import numpy as np
 
 from pipeline.atomic import atomic_path
 from pipeline.errors import PrecomputedError
-from pipeline.export import (
+from pipeline.export_layout import (
     MESH_DIR,
     SEGMENTATION_LAYER,
     ExportConfig,
     _layer_scales,
     _layer_url,
-    _mesh_grid_zyx,
-    _meshing_options,
     _read_info,
     _xyz,
     file_record,
 )
+from pipeline.volumes import ZYX
+
+
+def _meshing_options(config: ExportConfig) -> dict:
+    """The options igneous's `create_meshing_tasks` takes and `_mesh_task` hands to each task."""
+    return {
+        "mip": 0,  # full resolution
+        "simplification": config.mesh_max_error_nm > 0,
+        "max_simplification_error": config.mesh_max_error_nm,
+        "mesh_dir": MESH_DIR,
+        # The spatial index serves cloud-volume's region queries; Neuroglancer ignores it.
+        "spatial_index": False,
+        "compress": "gzip" if config.gzip else False,
+    }
+
+
+def _begin_meshing(folder: Path, config: ExportConfig) -> None:
+    """igneous writes the mesh `info` and its provenance entry for the task set, once, before
+    any meshing task runs: its `create_meshing_tasks` rewrites both in place (not atomically),
+    so the meshing tasks, which run side by side and read them, must not call it."""
+    # igneous imports its skeletonising dependencies too (about 2 s): only exporting pays for it.
+    from igneous.task_creation import create_meshing_tasks
+
+    # Its tasks are made (and dropped) only for its provenance, written after the last one;
+    # it prints the task set's bounds to stdout.
+    with contextlib.redirect_stdout(io.StringIO()):
+        for _ in create_meshing_tasks(
+            _layer_url(folder, SEGMENTATION_LAYER),
+            shape=(config.task_voxels,) * 3,
+            **_meshing_options(config),
+        ):
+            pass
+
+
+def _mesh_task(folder: Path, config: ExportConfig, index: int):
+    """igneous's meshing task `index` of `create_meshing_tasks`'s set (a region of
+    `task_voxels` per axis, meshed at full resolution, in its order: x fastest), made here
+    without the shared files it writes (`_begin_meshing`) and without making the other tasks.
+    It remembers the ids it wrote fragments for (`fragment_ids`)."""
+    from igneous.tasks import MeshTask
+
+    shape_zyx = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
+    grid_zyx = _mesh_grid_zyx(shape_zyx, config)
+    count = math.prod(grid_zyx)
+    if not 0 <= index < count:
+        raise ValueError(f"meshing task {index} of {count}")
+    corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
+    options = _meshing_options(config)
+    task = MeshTask(
+        shape=(config.task_voxels,) * 3,
+        offset=_xyz(corner_zyx.tolist()),
+        layer_path=_layer_url(folder, SEGMENTATION_LAYER),
+        mip=options["mip"],
+        simplification_factor=100 if options["simplification"] else 0,
+        max_simplification_error=options["max_simplification_error"],
+        mesh_dir=options["mesh_dir"],
+        cache_control="no-cache",
+        dust_threshold=None,
+        dust_global=False,
+        progress=False,
+        object_ids=None,
+        exclude_object_ids=[],
+        fill_missing=False,
+        encoding="precomputed",
+        spatial_index=options["spatial_index"],
+        frag_path=None,
+        sharded=False,
+        compress=options["compress"],
+        closed_dataset_edges=True,
+        fill_holes=0,
+        dry_run=False,
+    )
+    task.fragment_ids, upload = [], task._upload_individuals
+
+    def recorded_upload(mesh_binaries: dict, generate_manifests: bool) -> None:
+        task.fragment_ids = list(mesh_binaries)
+        upload(mesh_binaries, generate_manifests)
+
+    task._upload_individuals = recorded_upload
+    return task
+
+
+def _mesh_grid_zyx(shape_zyx: ZYX, config: ExportConfig) -> list[int]:
+    """igneous's meshing tasks per axis: regions of `task_voxels`, the last one cut short."""
+    return [-(-n // config.task_voxels) for n in shape_zyx]
+
+
+def mesh_task_count(shape_zyx: ZYX, config: ExportConfig) -> int:
+    """How many meshing tasks igneous makes for a volume of this shape."""
+    return math.prod(_mesh_grid_zyx(shape_zyx, config))
+
+
+def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
+    """Run igneous's meshing task `index` (of `mesh_task_count`) on an export whose regions are
+    all written; returns the mesh fragments it wrote (`file_record`)."""
+    folder = Path(folder)
+    task = _mesh_task(folder, config, index)
+    task.execute()
+    # Fragments are named `<id>:0:<the task's bounds>` (igneous MeshTask), `.gz` if compressed.
+    mesh = folder / SEGMENTATION_LAYER / MESH_DIR
+    suffix = f":0:{task._bounds.to_filename()}" + (".gz" if config.gzip else "")
+    files = [mesh / f"{segment}{suffix}" for segment in task.fragment_ids]
+    return {path.relative_to(folder).as_posix(): file_record(path) for path in files}
+
+
+def write_mesh_manifests(mesh_dir: Path) -> None:
+    """The legacy manifest `<id>:0` ({"fragments": [...]}) of every segment with fragments in
+    `mesh_dir` (igneous's `<id>:0:<task bounds>[.gz]`), as igneous's manifest task writes them.
+    Its task holds every fragment's name and a list per segment (about 2 KB a fragment); here a
+    fragment is 12 bytes, (id, which task), however many the meshing tasks wrote."""
+    fragment = re.compile(r"(\d+):0:([^.]+)(?:\.gz)?")
+    # Typed arrays, not lists of Python ints (about 36 bytes an entry).
+    segments, tasks, bounds = typed_array("Q"), typed_array("i"), {}
+    with os.scandir(mesh_dir) as listing:
+        for entry in listing:
+            if match := fragment.fullmatch(entry.name):
+                segments.append(int(match[1]))
+                tasks.append(bounds.setdefault(match[2], len(bounds)))
+    names = list(bounds)
+    segments, tasks = np.frombuffer(segments, np.uint64), np.frombuffer(tasks, np.int32)
+    order = np.argsort(segments, kind="stable")
+    starts = np.flatnonzero(np.diff(segments[order], prepend=np.uint64(0)) != 0)
+    for group in np.split(order, starts[1:]) if order.size else []:
+        segment = int(segments[group[0]])
+        fragments = [f"{segment}:0:{names[t]}" for t in tasks[group]]
+        with atomic_path(mesh_dir / f"{segment}:0") as tmp:
+            tmp.write_text(json.dumps({"fragments": fragments}))
+
+
+# Sharded multi-resolution meshes
 
 if TYPE_CHECKING:  # imported where used: igneous takes about 2 s to import
     from cloudvolume.lib import Bbox
