@@ -683,29 +683,39 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
 
 def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     """One task begins the export, one per region writes every scale, one per igneous meshing
-    task meshes, the last checks and records (apps/export.py)."""
-    from pipeline.export import export_regions, mesh_task_count
+    task meshes (sharded: then one plans the mesh shards, as many merge them), the last checks
+    and sums up (apps/export.py). Each task's record is in the export's folder."""
+    from pipeline.export import export_regions, export_tasks, task_record_path
 
     shape = _eval_shape(config)
     base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
     segmented = [paths.eval_volume, _full_resolution(config, paths.precomputed)]
     begun = paths.export_dir / "begun.json"
     folder = str(paths.precomputed)  # an argument, not a setting: a moved run stays up to date
-    regions = export_regions(shape, _eval_voxel_size(config), config.export, config.blocks.chunks)
-    records = [paths.export_dir / "regions" / f"{k}.npz" for k in range(len(regions))]
-    meshes = [
-        paths.export_dir / "meshes" / f"{j}.json"
-        for j in range(mesh_task_count(shape, config.export))
-    ]
+    chunks, voxel_size = config.blocks.chunks, _eval_voxel_size(config)
+    regions = export_regions(shape, voxel_size, config.export, chunks)
+    tasks = export_tasks(shape, voxel_size, config.export, chunks)
+    records = {
+        kind: [task_record_path(paths.precomputed, kind, k) for k in range(count)]
+        for kind, count in tasks.items()
+    }
     steps = [task_step("export[begin]", base, segmented, [begun], "export.begin_export", folder)]
-    for k, (region, record) in enumerate(zip(regions, records, strict=True)):
+    for k, (region, record) in enumerate(zip(regions, records["region"], strict=True)):
         steps.append(task_step(f"export[region {k}]", {**base, "region": str(region)}, [begun, *segmented],
                            [record], "export.export_region", folder))  # fmt: skip
     # Meshing reads only the full resolution, so it need not wait for the regions' scales.
-    for j, mesh in enumerate(meshes):
+    for j, mesh in enumerate(records["mesh"]):
         steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, segmented[1]], [mesh],
                            "export.export_meshes", folder))  # fmt: skip
-    steps.append(task_step("export", {**base, "regions": len(records)}, [*segmented, *records, *meshes],
+    for planned in records["plan"]:  # the segments' ids are the regions'
+        steps.append(task_step("export[mesh plan]", base, records["region"], [planned],
+                               "export.plan_meshes", folder))  # fmt: skip
+    for j, merge in enumerate(records["merge"]):
+        merging = {**base, "merge": j, "merges": tasks["merge"]}
+        steps.append(task_step(f"export[mesh merge {j}]", merging, [*records["plan"], *records["mesh"]],
+                               [merge], "export.merge_meshes", folder))  # fmt: skip
+    every = [record for kind in records.values() for record in kind]
+    steps.append(task_step("export", {**base, "tasks": tasks}, [*segmented, *every],
                        [paths.precomputed], "export.finish_export", folder))  # fmt: skip
     return steps
 

@@ -1,11 +1,13 @@
 """Neuroglancer precomputed layers (image, segmentation with meshes) of the segmented volume, as
 small tasks (pipeline.export): one begins the export, one per region writes every scale of both
-layers, one per igneous meshing task meshes, and the last one checks what they wrote, adds the
-manifests and segment properties and writes the completeness record. No task holds more than
-a region (`ExportConfig.task_voxels` per axis), whatever the volume's size.
+layers, one per igneous meshing task meshes (for sharded meshes then one plans the shards and
+as many merge them), and the last one checks what they wrote, adds the segment properties and
+writes the summary. Each task records what it wrote in the export's folder. No task holds more
+than a region (`ExportConfig.task_voxels` per axis) or a mesh shard, whatever the volume's size.
 
 Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z0:z1, ..." or
-"mesh": index}; `folder` is the export's folder (an argument, so a moved run stays up to date)."""
+"mesh": index or "merge": index with "merges": count, or "tasks": {kind: count} (the last)};
+`folder` is the export's folder (an argument, so a moved run stays up to date)."""
 
 from parsl import python_app
 
@@ -62,53 +64,76 @@ def export_region(settings: dict, folder: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the begun export's record, then the segmentation's full resolution (all it
-    meshes); outputs[0]: the mesh fragments igneous's meshing task `settings["mesh"]` wrote
-    (.json)."""
-    import json
-
-    from pipeline.atomic import atomic_path
+    meshes); outputs[0]: the record (.json) of what igneous's meshing task `settings["mesh"]`
+    wrote (legacy fragments, or a sharded mesh's fragments and spatial index)."""
     from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, mesh_part
+    from pipeline.export import ExportConfig, mesh_step, save_files_record
     from pipeline.stamps import run_once
 
     output = outputs[0].filepath
 
     def work() -> None:
-        files = mesh_part(folder, from_dict(ExportConfig, settings["export"]), settings["mesh"])
-        with atomic_path(output) as tmp:
-            tmp.write_text(json.dumps(files))
+        config = from_dict(ExportConfig, settings["export"])
+        save_files_record(output, mesh_step(folder, config, settings["mesh"]))
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: every region's record (their segment ids); outputs[0]: the sharded meshes' plan's
+    record (.json): which segments each mesh shard holds."""
+    from pipeline.export import load_region_record, plan_meshes, save_files_record
+    from pipeline.stamps import run_once
+
+    paths = [f.filepath for f in inputs]
+    output = outputs[0].filepath
+
+    def work() -> None:
+        save_files_record(output, plan_meshes(folder, (load_region_record(p) for p in paths)))
+
+    return run_once(settings, paths, [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def merge_meshes(settings: dict, folder: str, inputs=(), outputs=()):
+    """inputs: the plan's record, then every meshing task's; outputs[0]: the record (.json) of
+    the mesh shards merge task `settings["merge"]` (of `settings["merges"]`) wrote."""
+    from pipeline.config import from_dict
+    from pipeline.export import ExportConfig, merge_part, save_files_record
+    from pipeline.stamps import run_once
+
+    output = outputs[0].filepath
+
+    def work() -> None:
+        config = from_dict(ExportConfig, settings["export"])
+        merged = merge_part(folder, config, settings["merge"], settings["merges"])
+        save_files_record(output, merged)
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
 
 
 @python_app(executors=[CPU_LABEL])
 def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: staged volume, the segmentation's full resolution, every region's record, then
-    every meshing task's record (settings["regions"] of them); outputs[0]: the export's folder.
-    Rewrites what was lost or damaged since its task wrote it, then the manifests, the segment
-    properties and the record `export.json`."""
-    import json
-    from pathlib import Path
-
+    """inputs: staged volume, the segmentation's full resolution, then every task's record;
+    outputs[0]: the export's folder. Rewrites what was lost or damaged since its task wrote it
+    (records in `folder`, `settings["tasks"]` of each kind), then the manifests, the segment
+    properties and the summary `export.json`."""
     from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, finish_export, load_region_record, repair_export
+    from pipeline.export import ExportConfig, finish_export, repair_export
     from pipeline.stamps import run_once
 
     paths = [f.filepath for f in inputs]
     volume = paths[0]
-    count = settings["regions"]
 
     def work() -> None:
         config, shape = from_dict(ExportConfig, settings["export"]), tuple(settings["shape"])
-        voxel_size = _voxel_size(volume)
-        # Records are read one at a time: their lists of files are not held together.
-        regions = (load_region_record(p) for p in paths[2 : 2 + count])
-        meshes = (json.loads(Path(p).read_text()) for p in paths[2 + count :])
+        voxel_size, tasks = _voxel_size(volume), settings["tasks"]
         repaired, counts = repair_export(
-            folder, regions, meshes, lambda roi: _read_region(volume, folder, roi),
-            shape, voxel_size, config,
+            folder, tasks, lambda roi: _read_region(volume, folder, roi), shape, voxel_size,
+            config,
         )  # fmt: skip
-        finish_export(folder, counts, shape, voxel_size, config, repaired)
+        finish_export(folder, counts, shape, voxel_size, config, tasks, repaired)
 
     return run_once(settings, paths, [outputs[0].filepath], work)
 

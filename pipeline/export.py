@@ -68,17 +68,24 @@ from pipeline.export_layout import (
 )
 from pipeline.export_meshes import (
     _begin_meshing,
+    begin_sharded_meshing,
+    fragment_part,
+    merge_part,
     mesh_part,
+    mesh_shard_plan,
     mesh_task_count,
     write_mesh_manifests,
 )
 from pipeline.roi import Roi, tiles
 from pipeline.shards import ShardPlan, plan_shards, shard_zyx
-from pipeline.stamps import files_under
 from pipeline.volumes import ZYX, VoxelSize
 
-MANIFEST = "export.json"
-MANIFEST_FORMAT = 1
+MANIFEST = "export.json"  # the summary, written last
+MANIFEST_FORMAT = 2  # 1: it listed every file; 2: it counts the tasks' records
+RECORDS_DIR = "records"
+# The export's tasks, in order; a record each (`task_record_path`). "plan" and "merge" are the
+# sharded meshes' (pipeline.export_meshes).
+TASK_KINDS = ("region", "mesh", "plan", "merge", "finish")
 # What `begin_export` writes: the layers' and the meshes' info.
 BEGUN_FILES = (
     f"{IMAGE_LAYER}/info",
@@ -210,7 +217,7 @@ def _check_inputs(
 def _check_replaceable(final: Path) -> None:
     """Only an earlier export, finished or cut short (nothing but its layers), or nothing, or an
     empty folder may be replaced."""
-    own = {IMAGE_LAYER, SEGMENTATION_LAYER, MANIFEST}
+    own = {IMAGE_LAYER, SEGMENTATION_LAYER, MANIFEST, RECORDS_DIR}
     replaceable = (
         not final.exists()
         or (final / MANIFEST).is_file()
@@ -252,6 +259,21 @@ def export_regions(
         for a in range(3)
     ]
     return tiles(Roi.whole(shape_zyx), [-(-config.task_voxels // a) * a for a in align])
+
+
+def export_tasks(
+    shape_zyx: ZYX,
+    voxel_size_nm: VoxelSize,
+    config: ExportConfig,
+    segmentation_chunk_zyx: ZYX | None = None,
+) -> dict[str, int]:
+    """How many tasks of each kind (`TASK_KINDS`, but the last) write the export: a region task
+    per region (`export_regions`), a meshing task per igneous meshing region, and for sharded
+    meshes one plan and as many merge tasks as meshing tasks."""
+    meshes = mesh_task_count(shape_zyx, config)
+    regions = export_regions(shape_zyx, voxel_size_nm, config, segmentation_chunk_zyx)
+    sharded = int(config.sharded)
+    return {"region": len(regions), "mesh": meshes, "plan": sharded, "merge": meshes * sharded}
 
 
 def _resolution(voxel_size_nm: VoxelSize) -> list:
@@ -350,6 +372,7 @@ def begin_export(
             f"(sharded = {config.sharded}): stitch it again with these settings"
         )
     shutil.rmtree(folder / IMAGE_LAYER, ignore_errors=True)
+    shutil.rmtree(folder / RECORDS_DIR, ignore_errors=True)
     # The segmentation's full resolution is the stitching's; everything after it the export's.
     for name in [MESH_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
         shutil.rmtree(folder / SEGMENTATION_LAYER / name, ignore_errors=True)
@@ -361,7 +384,7 @@ def begin_export(
     # Sharded, the segmentation's chunks are the image's (a shard's region is the same).
     segmentation = scales if shardings else _segmentation_scales(scales, full)
     _add_scales(folder, SEGMENTATION_LAYER, info, segmentation, shardings)
-    _begin_meshing(folder, config)
+    (begin_sharded_meshing if config.sharded else _begin_meshing)(folder, config)
     return scales
 
 
@@ -381,6 +404,16 @@ def _chunk_files(region: Roi, scale: Scale, factor: ZYX, key: str, gzip: bool) -
         f"{key}/{x[0]}-{x[1]}_{y[0]}-{y[1]}_{z[0]}-{z[1]}" + (".gz" if gzip else "")
         for z, y, x in itertools.product(*ranges)
     ]
+
+
+def _stitched_files(volume, box: Roi, scale: Scale, key: str, gzip: bool) -> list[str]:
+    """The files of the full resolution of segmentation layer `volume` (a CloudVolume at it) that
+    hold `box`: its shard, or its chunks."""
+    if volume.image.is_sharded(0):
+        from cloudvolume import Bbox
+
+        return [f"{key}/{volume.image.shard_filename(Bbox(_xyz(box.start), _xyz(box.stop)), 0)}"]
+    return _chunk_files(box, scale, (1, 1, 1), key, gzip)
 
 
 def _write_shard(layer_dir: Path, mip: int, box: Roi, data_xyz: np.ndarray) -> str:
@@ -436,14 +469,7 @@ class SegmentationWriter:
 
     def chunk_names(self, region: tuple[slice, ...]) -> list[str]:
         """The files (relative to the layer) that writing `region` makes."""
-        roi = _roi(region)
-        if self.region_zyx:
-            from cloudvolume import Bbox
-
-            return [
-                f"{self._key}/{self._volume.image.shard_filename(Bbox(_xyz(roi.start), _xyz(roi.stop)), 0)}"
-            ]
-        return _chunk_files(roi, self._scale, (1, 1, 1), self._key, self._gzip)
+        return _stitched_files(self._volume, _roi(region), self._scale, self._key, self._gzip)
 
     def digest(self, name: str) -> str | None:
         """sha256 of chunk file `name` (`chunk_names`), None when it is missing."""
@@ -463,8 +489,9 @@ def write_region(
     """Write `region` (its voxels: `raw` uint8, `segmentation` uint64) into an export
     `begin_export` made: the image at every scale, the segmentation at every scale but its full
     resolution (the stitching's, which `segmentation` is read from). Returns what a region task
-    records: the segment ids in it with their voxel counts, and every file it wrote with its
-    size and mtime (`file_record`)."""
+    records: the segment ids in it with their voxel counts, and every file it wrote, and the
+    segmentation's full-resolution files it read, with size and mtime (`file_record`): the
+    export is complete only while they are as they were."""
     from cloudvolume import CloudVolume
 
     folder = Path(folder)
@@ -485,17 +512,17 @@ def write_region(
             if mip:
                 step = [a // b for a, b in zip(factor, factors[mip - 1], strict=True)]
                 data = downsample(data, _xyz(step))[0]
-            if layer == SEGMENTATION_LAYER and not mip:
-                continue
             box = region.scaled_down(factor, scale.shape_zyx)
-            if "sharding" in volume.info["scales"][mip]:
+            key = volume.info["scales"][mip]["key"]
+            if layer == SEGMENTATION_LAYER and not mip:
+                names = _stitched_files(volume, box, scale, key, config.gzip)
+            elif "sharding" in volume.info["scales"][mip]:
                 names = [_write_shard(folder / layer, mip, box, data)]
             else:
                 cutout = tuple(
                     slice(a, b) for a, b in zip(_xyz(box.start), _xyz(box.stop), strict=True)
                 )
                 CloudVolume(url, mip=mip, compress=compress, progress=False)[cutout] = data
-                key = volume.info["scales"][mip]["key"]
                 names = _chunk_files(region, scale, factor, key, config.gzip)
             for name in names:
                 files[f"{layer}/{name}"] = file_record(folder / layer / name)
@@ -504,22 +531,32 @@ def write_region(
     return {"ids": ids[keep], "counts": counts[keep], "files": files}
 
 
-def damaged(folder: str | Path, files: dict[str, list[int] | int]) -> bool:
+def damaged(folder: str | Path, files: dict[str, list[int]]) -> bool:
     """Whether any of `files` (a task's record: name relative to `folder`, `file_record`) is
-    missing or not as recorded. A record from before mtimes were kept has sizes only."""
+    missing or not as recorded."""
     folder = Path(folder)
     try:
-        for name, recorded in files.items():
-            now = file_record(folder / name)
-            if now != (recorded if isinstance(recorded, list) else [recorded, now[1]]):
-                return True
+        # os.path, not pathlib: pathlib interns every name it parses.
+        return any(file_record(os.path.join(folder, n)) != r for n, r in files.items())
     except OSError:
         return True
-    return False
+
+
+# Each task's record, in the export's own folder (`RECORDS_DIR`): the files it wrote, with size
+# and mtime (`file_record`); a region's also its segments' voxel counts. The export is complete
+# when every task's record is there and each file is as recorded (`export_complete`): no list
+# of every file, no walk of the folder.
+def task_record_path(folder: str | Path, kind: str, index: int) -> Path:
+    """The record of task `index` of `kind` (one of `TASK_KINDS`)."""
+    if kind not in TASK_KINDS:
+        raise ValueError(f"task kind {kind!r} is not one of {TASK_KINDS}")
+    suffix = ".npz" if kind == "region" else ".json"
+    return Path(folder) / RECORDS_DIR / f"{kind}_{index}{suffix}"
 
 
 def save_region_record(path: str | Path, region: Roi, record: dict) -> None:
     """A region task's record (`write_region`'s result), atomically."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(
             f,
@@ -540,21 +577,51 @@ def load_region_record(path: str | Path) -> dict:
         }
 
 
+def save_files_record(path: str | Path, files: dict[str, list[int]]) -> None:
+    """A task's record of the files it wrote (`file_record` each), atomically."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(files))
+
+
+def _recorded_files(path: Path) -> dict[str, list[int]]:
+    if path.suffix == ".npz":
+        return load_region_record(path)["files"]
+    return json.loads(path.read_text())
+
+
+def mesh_step(folder: Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
+    """Meshing task `index`: igneous's legacy meshing, or its fragments of sharded meshes."""
+    if config.sharded:
+        return fragment_part(folder, config, index)
+    return mesh_part(folder, config, index)
+
+
+def plan_meshes(folder: str | Path, regions: Iterable[dict]) -> dict[str, list[int]]:
+    """Sharded meshes' plan (`mesh_shard_plan`) from every region's segment ids (`regions`: their
+    records, read one at a time); returns the files it wrote."""
+    folder = Path(folder)
+    ids = np.unique(np.concatenate([np.zeros(0, np.uint64), *(r["ids"] for r in regions)]))
+    mesh_shard_plan(folder, ids)
+    mesh = folder / SEGMENTATION_LAYER / MESH_DIR
+    written = [mesh / "info", *sorted(mesh.glob("*.labels"))]
+    return {path.relative_to(folder).as_posix(): file_record(path) for path in written}
+
+
 def repair_export(
     folder: str | Path,
-    regions: Iterable[dict],
-    meshes: Iterable[dict[str, int]],
+    tasks: dict[str, int],
     read_region: Callable[[Roi], tuple[np.ndarray, np.ndarray]],
     shape_zyx: ZYX,
     voxel_size_nm: VoxelSize,
     config: ExportConfig,
 ) -> tuple[list[str], list[dict]]:
-    """Rewrite what changed after its task wrote it (a lost or truncated chunk or mesh file; the
-    whole folder): the damaged regions from `read_region(roi) -> (raw, segmentation)`, then,
-    when a region was rewritten or a fragment is damaged, the meshing tasks. `regions` and
-    `meshes` (the tasks' records, in order) are read once, a record at a time: a task's list of
-    files is not kept. Returns what was repaired and every region's segment counts (ids,
-    counts), for `finish_export`."""
+    """Rewrite what changed after its task wrote it (a lost or truncated file; the whole folder),
+    and its task's record: the damaged regions from `read_region(roi) -> (raw, segmentation)`,
+    then, when a region was rewritten or a fragment is damaged, the meshing tasks, and for
+    sharded meshes their plan and merges. `tasks`: how many of each kind (`TASK_KINDS`); the
+    records are read once, a record at a time: a task's list of files is not kept. Returns what
+    was repaired and every region's segment counts (ids, counts), for `finish_export`."""
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
     repaired, counts = [], []
@@ -562,17 +629,32 @@ def repair_export(
     if not all(info.is_file() for info in layers):
         begin_export(folder, shape_zyx, voxel_size_nm, config)
         repaired.append("layers")
-    for record in regions:
+    for k in range(tasks.get("region", 0)):
+        path = task_record_path(folder, "region", k)
+        record = load_region_record(path)
         if "layers" in repaired or damaged(folder, record["files"]):
             region = record["region"]
             record = write_region(folder, region, *read_region(region), config)
+            save_region_record(path, region, record)
             repaired.append(f"region {region}")
         counts.append({"ids": record["ids"], "counts": record["counts"]})
     rewritten = bool(repaired)
-    for j, files in enumerate(meshes):
-        if rewritten or damaged(folder, files):
-            mesh_part(folder, config, j)
+    for j in range(tasks.get("mesh", 0)):
+        path = task_record_path(folder, "mesh", j)
+        if rewritten or damaged(folder, _recorded_files(path)):
+            save_files_record(path, mesh_step(folder, config, j))
             repaired.append(f"mesh {j}")
+    if tasks.get("plan"):
+        path = task_record_path(folder, "plan", 0)
+        replan = bool(repaired) or damaged(folder, _recorded_files(path))
+        if replan:  # every shard is merged again: the plan's shards go
+            save_files_record(path, plan_meshes(folder, counts))
+            repaired.append("mesh plan")
+        for j in range(tasks.get("merge", 0)):
+            path = task_record_path(folder, "merge", j)
+            if replan or damaged(folder, _recorded_files(path)):
+                save_files_record(path, merge_part(folder, config, j, tasks["merge"]))
+                repaired.append(f"mesh merge {j}")
     return repaired, counts
 
 
@@ -582,15 +664,18 @@ def finish_export(
     shape_zyx: ZYX,
     voxel_size_nm: VoxelSize,
     config: ExportConfig,
+    tasks: dict[str, int],
     repaired: Sequence[str] = (),
 ) -> tuple[int, int]:
-    """After every region and meshing task: the mesh manifests Neuroglancer looks up, the segment
-    properties from the regions' counts (`regions`: each one's `ids` and `counts`, as its record
-    has them), then the record `export.json` (with what `repaired` says was rewritten), last.
-    Returns (segments, files)."""
+    """After every region and meshing task: for legacy meshes the manifests Neuroglancer looks
+    up, the segment properties from the regions' counts (`regions`: each one's `ids` and
+    `counts`, as its record has them), this task's own record, then the summary `export.json`
+    (how many records of each kind `tasks` says there are, what `repaired` says was rewritten),
+    last. Returns (segments, files recorded)."""
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete again until written last
-    write_mesh_manifests(folder / SEGMENTATION_LAYER / MESH_DIR)
+    mesh = folder / SEGMENTATION_LAYER / MESH_DIR
+    manifests = [] if config.sharded else write_mesh_manifests(mesh)
     ids = np.concatenate([r["ids"] for r in regions]) if regions else np.zeros(0, np.uint64)
     counts = np.concatenate([r["counts"] for r in regions]) if regions else np.zeros(0, np.int64)
     if not ids.size:
@@ -598,15 +683,25 @@ def finish_export(
         raise EmptyLabelsError("export: segmentation is all zero (no segment to show or mesh)")
     unique, where = np.unique(ids, return_inverse=True)
     _write_segment_properties(folder, unique, np.bincount(where, weights=counts).astype(np.int64))
+    own = [*(folder / name for name in REQUIRED_FILES), *manifests]
+    files = {path.relative_to(folder).as_posix(): file_record(path) for path in own}
+    save_files_record(task_record_path(folder, "finish", 0), files)
+    tasks = {**tasks, "finish": 1}
     scales = plan_scales(shape_zyx, voxel_size_nm, config)
     summary = {
+        "format": MANIFEST_FORMAT,
         "shape_zyx": list(shape_zyx),
         "voxel_size_nm": list(voxel_size_nm),
         "scales_nm": [list(s.voxel_size_nm) for s in scales],
+        "sharded": config.sharded,
         "segment_count": int(unique.size),
+        "records": tasks,
         "repaired": list(repaired),
     }
-    return int(unique.size), _write_manifest(folder, summary)
+    with atomic_path(folder / MANIFEST) as tmp:
+        tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    recorded = set().union(*(_recorded_files(p) for p in _record_paths(folder, tasks)))
+    return int(unique.size), len(recorded)
 
 
 def _write_segment_properties(folder: Path, ids: np.ndarray, counts: np.ndarray) -> None:
@@ -633,24 +728,6 @@ def _write_segment_properties(folder: Path, ids: np.ndarray, counts: np.ndarray)
         tmp.write_text(json.dumps(properties))
 
 
-_FILES_LINE = ' "files": {\n'  # the line before the list of files: one a line, `export_complete` reads them so
-
-
-def _write_manifest(folder: Path, summary: dict) -> int:
-    """List every file with its size in `export.json`, written as the folders are walked (the
-    list is not held: a large export has millions of files); returns the number of files."""
-    head = json.dumps({"format": MANIFEST_FORMAT, **summary}, indent=1)
-    count = 0
-    with atomic_path(folder / MANIFEST) as tmp, open(tmp, "w") as out:
-        out.write(head.removesuffix("\n}") + ",\n" + _FILES_LINE.removesuffix("\n"))
-        for name, size in files_under(folder):
-            if name not in (MANIFEST, tmp.name):  # the record, old and being written
-                out.write(f"{',' if count else ''}\n  {json.dumps(name)}: {size}")
-                count += 1
-        out.write("\n }\n}")
-    return count
-
-
 @contextlib.contextmanager
 def _naming(folder: Path) -> Iterator[None]:
     """An OS error that names no file (a full disk, seen by a library's write) names `folder`, so
@@ -673,7 +750,7 @@ def export_precomputed(
 ) -> ExportResult:
     """Write `raw` (uint8) and `segmentation` (unsigned ints, 0 = background), both (z, y, x), as
     precomputed layers `image` and `segmentation` with meshes under `out_dir`, atomically: the
-    workflow's export tasks (`begin_export`, `write_region`, `mesh_part`, `finish_export`) run
+    workflow's export tasks (`begin_export`, `write_region`, the meshing's, `finish_export`) run
     here one after the other, on arrays in memory.
 
     An existing export at `out_dir` is replaced; any other non-empty folder there is an error.
@@ -684,12 +761,12 @@ def export_precomputed(
     _check_replaceable(out_dir)
     shape = tuple(raw.shape)
     regions = export_regions(shape, voxel_size, config)
-    meshes = mesh_task_count(shape, config)
+    tasks = export_tasks(shape, voxel_size, config)
     with (
         _naming(out_dir),
         atomic_dir(out_dir) as tmp,
         tqdm(
-            total=len(regions) + meshes + 1, desc="export", unit="task", disable=not progress
+            total=sum(tasks.values()) + 1, desc="export", unit="task", disable=not progress
         ) as bar,
     ):
         chunk = plan_scales(shape, voxel_size, config)[0].chunk_zyx
@@ -701,51 +778,82 @@ def export_precomputed(
             writer.write(region.slices, segmentation[region.slices])
         scales = begin_export(tmp, shape, voxel_size, config)
         records = []
-        for region in regions:
-            records.append(
-                write_region(tmp, region, raw[region.slices], segmentation[region.slices], config)
+        for k, region in enumerate(regions):
+            record = write_region(
+                tmp, region, raw[region.slices], segmentation[region.slices], config
             )
+            save_region_record(task_record_path(tmp, "region", k), region, record)
+            records.append(record)
             bar.update()
-        for index in range(meshes):
-            mesh_part(tmp, config, index)
+        for j in range(tasks["mesh"]):
+            save_files_record(task_record_path(tmp, "mesh", j), mesh_step(tmp, config, j))
             bar.update()
-        segment_count, file_count = finish_export(tmp, records, shape, voxel_size, config)
+        if tasks["plan"]:
+            save_files_record(task_record_path(tmp, "plan", 0), plan_meshes(tmp, records))
+            bar.update()
+        for j in range(tasks["merge"]):
+            merged = merge_part(tmp, config, j, tasks["merge"])
+            save_files_record(task_record_path(tmp, "merge", j), merged)
+            bar.update()
+        segment_count, file_count = finish_export(tmp, records, shape, voxel_size, config, tasks)
         bar.update()
     return ExportResult(
         out_dir, tuple(scales), segment_count, file_count, time.perf_counter() - started
     )
 
 
+def _record_paths(folder: Path, tasks: dict[str, int]) -> Iterator[Path]:
+    for kind, count in tasks.items():
+        for index in range(count):
+            yield task_record_path(folder, kind, index)
+
+
 def export_complete(folder: str | Path) -> bool:
-    """True when `folder` holds a finished export: its record lists the layers' info files and
-    every file it lists is there with the size it had when written, and not modified after the
-    record was (written last, so a later mtime is a file rewritten in place since, its size
-    kept: a chunk partly zeroed). A copy that keeps mtimes (`cp -a`) stays complete; a rewrite
-    that puts the mtime back (`os.utime`) is not seen, as no content is read. The record is read
-    a line at a time, its list of files not held."""
+    """True when `folder` holds a finished export: its summary `export.json` is there, and every
+    task's record it counts, each written before it (not rewritten since), each file they list
+    there with the size and mtime it had when its task wrote it (a later mtime is a file
+    rewritten in place since, its size kept: a chunk partly zeroed). No other file is looked at:
+    the records name them all. A copy that keeps mtimes (`cp -a`) stays complete; a rewrite
+    that puts the mtime back (`os.utime`) is not seen, as no content is read. An export of the
+    earlier format (`export.json` listing every file) is checked as it was."""
     folder = Path(folder)
-    missing = set(REQUIRED_FILES)
     try:
-        recorded = os.stat(folder / MANIFEST).st_mtime_ns
-        for name, size in _recorded_files(folder / MANIFEST):
-            # os.path, not pathlib: pathlib interns every name it parses.
-            stat = os.stat(os.path.join(folder, name))
-            if stat.st_size != size or stat.st_mtime_ns > recorded:
+        written = os.stat(folder / MANIFEST).st_mtime_ns
+        summary = json.loads((folder / MANIFEST).read_text())
+        if summary.get("format") == 1:
+            return _complete_as_listed(folder, written)
+        if summary.get("format") != MANIFEST_FORMAT:
+            return False
+        for path in _record_paths(folder, summary["records"]):
+            if os.stat(path).st_mtime_ns > written or damaged(folder, _recorded_files(path)):
                 return False
-            missing.discard(name)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return False
+    return all((folder / name).is_file() for name in REQUIRED_FILES)
+
+
+_FILES_LINE = ' "files": {\n'  # format 1: the line before its list of files, one a line
+
+
+def _complete_as_listed(folder: Path, written: int) -> bool:
+    """An export of format 1: every file its `export.json` lists there with its size, not
+    modified after it; the list read a line at a time, not held."""
+    missing = set(REQUIRED_FILES)
+    for name, size in _listed_files(folder / MANIFEST):
+        # os.path, not pathlib: pathlib interns every name it parses.
+        stat = os.stat(os.path.join(folder, name))
+        if stat.st_size != size or stat.st_mtime_ns > written:
+            return False
+        missing.discard(name)
     return not missing
 
 
-def _recorded_files(record: Path) -> Iterator[tuple[str, int]]:
-    """(name, size) of every file `record` (`export.json`, as `_write_manifest` writes it) lists;
-    ValueError if it is of another format or cut short."""
+def _listed_files(record: Path) -> Iterator[tuple[str, int]]:
+    """(name, size) of every file a format 1 `export.json` lists; ValueError if cut short."""
     with open(record) as lines:
-        head = "".join(itertools.takewhile(lambda line: line != _FILES_LINE, lines))
-        if json.loads(head.rstrip().removesuffix(",") + "}").get("format") != MANIFEST_FORMAT:
-            raise ValueError(f"{record}: not an export record of format {MANIFEST_FORMAT}")
-        for line in lines:
+        for line in itertools.dropwhile(lambda line: line != _FILES_LINE, lines):
+            if line == _FILES_LINE:
+                continue
             if line == " }\n":
                 if lines.read() != "}":
                     raise ValueError(f"{record}: ends otherwise than its format")

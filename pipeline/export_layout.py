@@ -6,6 +6,7 @@ task records of a file it wrote.
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,8 @@ def _read_info(folder: Path, layer: str) -> dict:
         raise PrecomputedError(f"{path}: no precomputed layer there ({exc})") from None
 
 
-def file_record(path: Path) -> list[int]:
+def file_record(path: str | os.PathLike) -> list[int]:
     """What a task records of a file it wrote: its size and mtime. The mtime is what sees it
     rewritten in place with its size kept (a chunk partly zeroed); `cp -a` keeps both."""
-    stat = path.stat()
+    stat = os.stat(path)
     return [stat.st_size, stat.st_mtime_ns]

@@ -161,11 +161,12 @@ def mesh_part(folder: str | Path, config: ExportConfig, index: int) -> dict[str,
     return {path.relative_to(folder).as_posix(): file_record(path) for path in files}
 
 
-def write_mesh_manifests(mesh_dir: Path) -> None:
+def write_mesh_manifests(mesh_dir: Path) -> list[Path]:
     """The legacy manifest `<id>:0` ({"fragments": [...]}) of every segment with fragments in
     `mesh_dir` (igneous's `<id>:0:<task bounds>[.gz]`), as igneous's manifest task writes them.
     Its task holds every fragment's name and a list per segment (about 2 KB a fragment); here a
-    fragment is 12 bytes, (id, which task), however many the meshing tasks wrote."""
+    fragment is 12 bytes, (id, which task), however many the meshing tasks wrote. Returns the
+    manifests written."""
     fragment = re.compile(r"(\d+):0:([^.]+)(?:\.gz)?")
     # Typed arrays, not lists of Python ints (about 36 bytes an entry).
     segments, tasks, bounds = typed_array("Q"), typed_array("i"), {}
@@ -178,11 +179,14 @@ def write_mesh_manifests(mesh_dir: Path) -> None:
     segments, tasks = np.frombuffer(segments, np.uint64), np.frombuffer(tasks, np.int32)
     order = np.argsort(segments, kind="stable")
     starts = np.flatnonzero(np.diff(segments[order], prepend=np.uint64(0)) != 0)
+    written = []
     for group in np.split(order, starts[1:]) if order.size else []:
         segment = int(segments[group[0]])
         fragments = [f"{segment}:0:{names[t]}" for t in tasks[group]]
         with atomic_path(mesh_dir / f"{segment}:0") as tmp:
             tmp.write_text(json.dumps({"fragments": fragments}))
+        written.append(mesh_dir / f"{segment}:0")
+    return written
 
 
 # Sharded multi-resolution meshes
@@ -481,3 +485,14 @@ def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[s
         progress=False,
     )
     return {path.relative_to(folder).as_posix(): file_record(path)} if path.exists() else {}
+
+
+def merge_part(folder: Path, config: ExportConfig, index: int, count: int) -> dict[str, list[int]]:
+    """Merge task `index` of `count`: every shard of the plan whose number is `index` modulo
+    `count` (`merge_shard`), one after the other. Returns the shard files written."""
+    if not 0 <= index < count:
+        raise ValueError(f"merge task {index} of {count}")
+    files = {}
+    for shard in range(index, mesh_shard_count(folder), count):
+        files |= merge_shard(folder, config, shard)
+    return files

@@ -55,6 +55,12 @@ def read_layer(folder, layer, mip=0):
     return np.asarray(data)[..., 0].T
 
 
+def mesh_vertices(meshes, segment: int) -> np.ndarray:
+    """A segment's mesh's vertices (x, y, z, nm): legacy, or multi-resolution (finest level)."""
+    mesh = meshes.get(segment)
+    return (mesh[segment] if isinstance(mesh, dict) else mesh).vertices
+
+
 def test_layers_read_back_unchanged_in_zyx(volume, exported):
     raw, segmentation = volume
     folder, _ = exported
@@ -93,15 +99,13 @@ def test_every_segment_has_a_mesh_inside_the_volume_where_its_voxels_are(volume,
     folder, result = exported
     ids = [int(i) for i in np.unique(segmentation) if i]
     assert result.segment_count == len(ids)
-    mesh_dir = folder / "segmentation" / "mesh"
     properties = json.loads((folder / "segmentation" / "segment_properties" / "info").read_text())
     assert properties["inline"]["ids"] == [str(i) for i in ids]
     source = CloudVolume(f"file://{folder / 'segmentation'}", progress=False)
+    assert source.mesh.meta.is_sharded()  # multi-resolution, in shards
     extent_xyz = np.multiply(SHAPE, VOXEL)[::-1]
     for segment in ids:
-        manifest = json.loads((mesh_dir / f"{segment}:0").read_text())
-        assert all((mesh_dir / fragment).is_file() for fragment in manifest["fragments"])
-        vertices = source.mesh.get(segment).vertices  # (x, y, z) in nm
+        vertices = mesh_vertices(source.mesh, segment)  # (x, y, z) in nm
         assert len(vertices)
         # Inside the volume, up to the simplification's tolerance.
         slack = CONFIG.mesh_max_error_nm
@@ -148,7 +152,9 @@ def test_an_export_cut_into_many_tasks_writes_what_one_does(volume, tmp_path, sh
     assert (folder / properties).read_text() == (tmp_path / "cut" / properties).read_text()
     cut_mesh = CloudVolume(f"file://{tmp_path / 'cut' / 'segmentation'}", progress=False).mesh
     for segment in np.unique(segmentation)[1:]:
-        assert len(cut_mesh.get(int(segment)).vertices)
+        assert len(mesh_vertices(cut_mesh, int(segment)))
+    if sharded:
+        return
 
     # The manifests, written without holding every fragment's name, are igneous's own.
     mesh_dir = tmp_path / "cut" / "segmentation" / "mesh"
@@ -169,7 +175,8 @@ def test_meshing_tasks_are_igneous_own_and_write_no_shared_file(volume, tmp_path
     from igneous.task_creation import create_meshing_tasks
 
     raw, segmentation = volume
-    config = ExportConfig(chunk_voxels=8, task_voxels=16)
+    # Legacy meshes (sharded ones: tests/test_export_meshes.py).
+    config = ExportConfig(chunk_voxels=8, task_voxels=16, sharded=False)
     folder = tmp_path / "out"
     export_precomputed(raw, segmentation, VOXEL, folder, config)
     layer = folder / "segmentation"
@@ -210,51 +217,70 @@ def test_meshing_tasks_are_igneous_own_and_write_no_shared_file(volume, tmp_path
 def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
     folder, result = exported
     assert export_complete(folder)
-    assert result.file_count == len([p for p in folder.rglob("*") if p.is_file()]) - 1
+    summary = json.loads((folder / "export.json").read_text())
+    assert summary["format"] == 2 and summary["sharded"]
+    records = list((folder / "records").iterdir())
+    assert len(records) == sum(summary["records"].values())
+    # Every file is in a task's record, but the records, the summary and igneous's provenance.
+    recorded = set()
+    for record in records:
+        recorded |= set(export._recorded_files(record))
+    assert len(recorded) == result.file_count
+    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    unrecorded = {f for f in files - recorded if not f.startswith("records/")}
+    assert unrecorded == {"export.json", "segmentation/provenance"}
+
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
-    assert export_complete(copy)
+    assert export_complete(copy)  # copytree keeps mtimes
     next((copy / "image" / "10_10_20").iterdir()).unlink()
     assert not export_complete(copy)
-    shutil.rmtree(copy)
-    shutil.copytree(folder, copy)
-    (copy / "export.json").unlink()
-    assert not export_complete(copy)
+    for damage in ("summary", "record", "rewritten record"):
+        shutil.rmtree(copy)
+        shutil.copytree(folder, copy)
+        record = copy / "records" / "mesh_0.json"
+        if damage == "summary":
+            (copy / "export.json").unlink()
+        elif damage == "record":
+            record.unlink()
+        else:  # written again after the summary: not what the summary vouched for
+            os.utime(record, ns=(record.stat().st_atime_ns, record.stat().st_mtime_ns + 10**9))
+        assert not export_complete(copy), damage
     assert not export_complete(tmp_path / "nowhere")
 
 
 @pytest.mark.parametrize("damage", ["cut", "format"])
-def test_a_cut_or_foreign_record_is_not_complete(exported, tmp_path, damage):
+def test_a_cut_or_foreign_summary_is_not_complete(exported, tmp_path, damage):
     folder, _ = exported
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
-    record = copy / "export.json"
-    text = record.read_text()
-    if damage == "cut":  # every line listed is there: only the record's end is lost
-        record.write_text(text[: text.rindex("\n", 0, len(text) // 2) + 1])
+    summary = copy / "export.json"
+    text = summary.read_text()
+    if damage == "cut":
+        summary.write_text(text[: len(text) // 2])
     else:
-        record.write_text(text.replace('"format": 1,', '"format": 2,'))
+        summary.write_text(text.replace('"format": 2,', '"format": 3,'))
     assert not export_complete(copy)
 
 
-def test_an_exports_record_is_checked_without_holding_its_list(tmp_path):
-    import tracemalloc
-
-    folder = tmp_path / "export"
-    for name in export.REQUIRED_FILES:
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text("{}")
-    (folder / "segmentation" / "s0").mkdir()
-    for i in range(20_000):
-        (folder / "segmentation" / "s0" / f"{i}-{i + 1}_0-64_0-64").write_bytes(b"x" * (i % 5))
-    assert export._write_manifest(folder, {}) == 20_000 + len(export.REQUIRED_FILES)
-    tracemalloc.start()
-    complete = export_complete(folder)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    assert complete
-    # Reading the record whole (json.loads, before) took 3.4 MB here.
-    assert peak < 500_000, f"{peak} bytes traced while checking 20,000 recorded files"
+def test_an_export_of_the_earlier_format_is_checked_by_its_list(exported, tmp_path):
+    """Format 1 listed every file with its size in export.json: such an export stays complete
+    while every listed file is there as listed."""
+    folder, _ = exported
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    shutil.rmtree(copy / "records")
+    listed = {
+        p.relative_to(copy).as_posix(): p.stat().st_size
+        for p in copy.rglob("*")
+        if p.is_file() and p.name != "export.json"
+    }
+    lines = [f"  {json.dumps(name)}: {size}" for name, size in listed.items()]
+    text = '{\n "format": 1,\n "files": {\n' + ",\n".join(lines) + "\n }\n}"
+    (copy / "export.json").write_text(text)
+    assert export_complete(copy)
+    next((copy / "image" / "10_10_20").iterdir()).unlink()
+    assert not export_complete(copy)
 
 
 def test_failure_midway_leaves_no_destination_and_no_temporary(volume, tmp_path, monkeypatch):
@@ -263,7 +289,7 @@ def test_failure_midway_leaves_no_destination_and_no_temporary(volume, tmp_path,
     def broken_mesh(*args, **kwargs):
         raise RuntimeError("meshing failed")
 
-    monkeypatch.setattr(export, "mesh_part", broken_mesh)
+    monkeypatch.setattr(export, "mesh_step", broken_mesh)
     with pytest.raises(RuntimeError, match="meshing failed"):
         export_precomputed(raw, segmentation, VOXEL, tmp_path / "out", CONFIG)
     assert os.listdir(tmp_path) == []
@@ -324,42 +350,33 @@ def test_an_export_cut_short_is_begun_again_but_a_foreign_folder_is_not(volume, 
     assert (out / "notes.txt").read_text() == "keep me"
 
 
-def test_a_file_rewritten_with_its_size_kept_is_repaired(volume, tmp_path):
+def test_a_file_rewritten_with_its_size_kept_is_repaired(volume, exported, tmp_path):
     """Issue 31: a region task's record held sizes only, so an image chunk partly zeroed was
-    taken as intact and the repaired export still showed the damage."""
+    taken as intact and the repaired export still showed the damage. Sharded, the region's
+    shard is written again, and its record; the meshes' are not (its segmentation is intact)."""
     raw, segmentation = volume
+    folder, _ = exported
     out = tmp_path / "out"
-    write_stitched(out, segmentation)
-    export.begin_export(out, SHAPE, VOXEL, CONFIG)
-    regions = export.export_regions(SHAPE, VOXEL, CONFIG)
-    records = [
-        export.write_region(out, r, raw[r.slices], segmentation[r.slices], CONFIG) | {"region": r}
-        for r in regions
-    ]
-    meshes = [
-        export.mesh_part(out, CONFIG, j) for j in range(export.mesh_task_count(SHAPE, CONFIG))
-    ]
+    shutil.copytree(folder, out)
+    tasks = json.loads((out / "export.json").read_text())["records"]
     image = sorted((out / "image" / "10_10_20").iterdir())[0]
     before = image.read_bytes()
     zero_bytes(image, 0, 100)
     assert image.stat().st_size == len(before) and image.read_bytes() != before
+    assert not export_complete(out)
 
     def read_region(roi):
         return raw[roi.slices], segmentation[roi.slices]
 
-    repaired, _ = export.repair_export(out, records, meshes, read_region, SHAPE, VOXEL, CONFIG)
-    assert repaired[:1] == [f"region {regions[0]}"] and image.read_bytes() == before
-
-    # A record from before mtimes were kept (sizes only) is still read: the size is checked.
-    def sizes_only(files):
-        return {name: size for name, (size, _) in files.items()}
-
-    old_regions = [r | {"files": sizes_only(r["files"])} for r in records]
-    old_meshes = [sizes_only(files) for files in meshes]
-    repaired, _ = export.repair_export(
-        out, old_regions, old_meshes, read_region, SHAPE, VOXEL, CONFIG
+    repaired, counts = export.repair_export(out, tasks, read_region, SHAPE, VOXEL, CONFIG)
+    region = export.load_region_record(export.task_record_path(out, "region", 0))["region"]
+    assert repaired[:1] == [f"region {region}"] and image.read_bytes() == before
+    export.finish_export(
+        out, counts, SHAPE, VOXEL, CONFIG, export.export_tasks(SHAPE, VOXEL, CONFIG), repaired
     )
-    assert repaired == []
+    assert export_complete(out)
+    again, _ = export.repair_export(out, tasks, read_region, SHAPE, VOXEL, CONFIG)
+    assert again == []
 
 
 def test_gzip_export_stores_gz_files_that_cloud_volume_reads(volume, tmp_path):
