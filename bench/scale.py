@@ -48,10 +48,11 @@ sys.path.insert(0, str(ROOT))
 import workflow  # noqa: E402
 from pipeline.atomic import atomic_path  # noqa: E402
 from pipeline.blocks import BlockConfig, block_path, plan_blocks  # noqa: E402
+from pipeline.export import ExportConfig, export_complete  # noqa: E402
 from pipeline.metrics import WatershedConfig  # noqa: E402
 from pipeline.run_config import RunConfig  # noqa: E402
 from pipeline.staging import DataConfig, reads_in_place, role_settings, source_files  # noqa: E402
-from pipeline.stamps import read_stamp  # noqa: E402
+from pipeline.stamps import files_under, read_stamp  # noqa: E402
 from pipeline.zarr_volumes import COMPRESSOR, open_zarr  # noqa: E402
 from site_configs import local  # noqa: E402
 
@@ -118,13 +119,14 @@ def make_volume(path: Path, edge: int, processes: int) -> None:
     (path / ".complete").write_text("")
 
 
-def run_config(volume: Path, name: str) -> RunConfig:
+def run_config(volume: Path, name: str, sharded: bool = True) -> RunConfig:
     data = DataConfig(eval_raw=f"{volume}:raw", eval_labels=f"{volume}:labels")
     return RunConfig(
         name=name,
         data=data,
         blocks=BLOCKS,
         watershed=WatershedConfig(enabled=False),  # the baseline needs the whole image
+        export=ExportConfig(sharded=sharded),
     )
 
 
@@ -146,11 +148,13 @@ def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.St
     return steps
 
 
-def run(volume: Path, edge: int, workers: int, runs_dir: Path, tag: str = "") -> dict:
+def run(
+    volume: Path, edge: int, workers: int, runs_dir: Path, tag: str = "", sharded: bool = True
+) -> dict:
     """One fresh run of the data path on `volume` with `workers` cpu workers, in a run dir of
     its own (`runs_dir/scale-<edge>-w<workers><tag>`, which must not exist)."""
-    name = f"scale-{edge}-w{workers}{tag}"
-    config = run_config(volume, name)
+    name = f"scale-{edge}-w{workers}{tag}{'' if sharded else '-unsharded'}"
+    config = run_config(volume, name, sharded)
     paths = workflow.RunPaths(runs_dir / name, reads_in_place(config.data))
     if paths.root.exists():  # its tasks would be found up to date, not run
         raise SystemExit(f"{paths.root} exists: a run needs a folder of its own")
@@ -184,6 +188,17 @@ def run(volume: Path, edge: int, workers: int, runs_dir: Path, tag: str = "") ->
         kind["seconds"] += measured.get("seconds", 0.0)
         kind["cpu_seconds"] += measured.get("cpu_seconds", 0.0)
     scores = json.loads(paths.evaluation.read_text())["ffn"]
+    # What a finished run's resume and a check of its export cost: every task found up to date,
+    # the export's completeness from its records.
+    started = time.perf_counter()
+    stale = [name for name, why in workflow.plan_run(bench_steps(config, paths)).items() if why]
+    resume_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    complete = export_complete(paths.precomputed)
+    check_seconds = time.perf_counter() - started
+    if stale or not complete:
+        raise SystemExit(f"{name}: not up to date after its run ({stale[:3]}, complete {complete})")
+    export = [k for k in tasks if k.startswith("export.")]
     return {
         "edge": edge,
         "voxels": edge**3,
@@ -191,6 +206,11 @@ def run(volume: Path, edge: int, workers: int, runs_dir: Path, tag: str = "") ->
         "wall_seconds": round(seconds, 1),
         "blocks": len(plan_blocks((edge,) * 3, config.blocks)),
         "tasks": tasks,
+        "sharded": sharded,
+        "export_files": sum(1 for _ in files_under(paths.precomputed)),
+        "export_task_seconds": round(sum(tasks[k]["seconds"] for k in export), 1),
+        "export_check_seconds": round(check_seconds, 3),
+        "resume_plan_seconds": round(resume_seconds, 3),
         "variation_of_information": scores.get("variation_of_information"),
         "run_dir": str(paths.root),
     }
@@ -229,6 +249,8 @@ def table(results: list[dict], key: str = "peak_rss_mib") -> str:
     for r in results:
         memory = [
             f"{r['tasks'][k][key]:.0f} MiB ({r['tasks'][k][key] / first['tasks'][k][key]:.2f}x)"
+            if k in r["tasks"]
+            else "-"  # an unsharded export has no mesh plan or merges
             for k in kinds
         ]
         lines.append(
@@ -246,6 +268,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="pairs of runs for the speed-up")
     parser.add_argument("--volumes-dir", type=Path, default=ROOT / "data" / "bench" / "scale")
     parser.add_argument("--output", type=Path, default=ROOT / "data" / "bench" / "scale.json")
+    parser.add_argument(
+        "--unsharded-edges",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also export these edges unsharded (a file per chunk), 2 workers, for comparison",
+    )
     args = parser.parse_args()
     # Every run writes a folder of its own, kept for its stamps; earlier benchmarks' go first.
     runs_dir = args.volumes_dir / "runs"
@@ -260,6 +289,10 @@ def main() -> int:
         print(
             f"[scale] {edge}^3, {args.workers} workers: {results[-1]['wall_seconds']} s", flush=True
         )
+    for edge in args.unsharded_edges:
+        volume = args.volumes_dir / f"volume_{edge}.zarr"
+        make_volume(volume, edge, args.workers)
+        results.append(run(volume, edge, args.workers, runs_dir, sharded=False))
     stitched_same = check_stitching(results[0])
     one_worker, pairs = None, []
     if args.speedup_edge:
@@ -302,6 +335,14 @@ def main() -> int:
     )
     print(table(record["runs"], "start_rss_mib"))
     print(f"\nstitched {results[0]['edge']}^3 by tasks = in-memory stitching: {stitched_same}")
+    print("\n| volume | export | files | export task time | check complete | resume plan |")
+    print("|---|---|---|---|---|---|")
+    for r in record["runs"]:
+        print(
+            f"| {r['edge']}^3, {r['workers']} workers | {'sharded' if r['sharded'] else 'unsharded'} "
+            f"| {r['export_files']:,} | {r['export_task_seconds']} s | {r['export_check_seconds']} s "
+            f"| {r['resume_plan_seconds']} s |"
+        )
     if pairs:
         ratios = [one / two for two, one in pairs]
         print(
