@@ -470,6 +470,10 @@ def test_cli_exports_from_hdf5(volume, tmp_path, capsys):
     assert export_complete(out)
     assert "2 scales" in capsys.readouterr().out
     assert np.array_equal(read_layer(out, "segmentation"), segmentation)
+    assert list((out / "image" / "10_10_20").iterdir()) == [out / "image" / "10_10_20" / "0.shard"]
+    assert export_cli.main([*argv, "--unsharded", "--chunk-voxels", "16"]) == 0
+    assert export_complete(out) and len(list((out / "image" / "10_10_20").iterdir())) > 1
+    assert np.array_equal(read_layer(out, "segmentation"), segmentation)
     assert export_cli.main([*argv[:2], "--segmentation", f"{h5}:nope", "--out", str(out)]) == 2
     assert "no dataset 'nope'" in capsys.readouterr().err
 

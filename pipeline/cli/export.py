@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         help="mesh simplification tolerance, 0 = none (default: %(default)s)",
     )
     add("--gzip", action="store_true", help="gzip chunks and meshes (needs a gzip-aware server)")
+    add(
+        "--unsharded",
+        action="store_true",
+        help="a file per chunk and legacy meshes (any static web server serves them; the "
+        "default, sharded, needs one that answers Range requests, as pipeline.cli.viewer does)",
+    )
     return parser
 
 
@@ -54,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_scales=args.scales,
         mesh_max_error_nm=args.mesh_max_error_nm,
         gzip=args.gzip,
+        sharded=not args.unsharded,
     )
     raw, voxel_size = read_raw(args.raw, args.voxel_size)
     segmentation, _ = read_labels(args.segmentation, voxel_size)
