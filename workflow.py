@@ -708,7 +708,7 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
         steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, segmented[1]], [mesh],
                            "export.export_meshes", folder))  # fmt: skip
     for planned in records["plan"]:  # the segments' ids are the regions'
-        steps.append(task_step("export[mesh plan]", base, records["region"], [planned],
+        steps.append(task_step("export[mesh plan]", {**base, "merges": tasks["merge"]}, records["region"], [planned],
                                "export.plan_meshes", folder))  # fmt: skip
     for j, merge in enumerate(records["merge"]):
         merging = {**base, "merge": j, "merges": tasks["merge"]}

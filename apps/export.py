@@ -82,7 +82,7 @@ def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: every region's record (their segment ids); outputs[0]: the sharded meshes' plan's
-    record (.json): which segments each mesh shard holds."""
+    record (.json): which segments each of about `settings["merges"]` mesh shards holds."""
     from pipeline.export import load_region_record, plan_meshes, save_files_record
     from pipeline.stamps import run_once
 
@@ -90,7 +90,8 @@ def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     output = outputs[0].filepath
 
     def work() -> None:
-        save_files_record(output, plan_meshes(folder, (load_region_record(p) for p in paths)))
+        regions = (load_region_record(p) for p in paths)
+        save_files_record(output, plan_meshes(folder, regions, settings["merges"]))
 
     return run_once(settings, paths, [output], work)
 

@@ -597,12 +597,13 @@ def mesh_step(folder: Path, config: ExportConfig, index: int) -> dict[str, list[
     return mesh_part(folder, config, index)
 
 
-def plan_meshes(folder: str | Path, regions: Iterable[dict]) -> dict[str, list[int]]:
-    """Sharded meshes' plan (`mesh_shard_plan`) from every region's segment ids (`regions`: their
-    records, read one at a time); returns the files it wrote."""
+def plan_meshes(folder: str | Path, regions: Iterable[dict], shards: int) -> dict[str, list[int]]:
+    """Sharded meshes' plan (`mesh_shard_plan`: about `shards` shards, one a merge task) from
+    every region's segment ids (`regions`: their records, read one at a time); returns the
+    files it wrote."""
     folder = Path(folder)
     ids = np.unique(np.concatenate([np.zeros(0, np.uint64), *(r["ids"] for r in regions)]))
-    mesh_shard_plan(folder, ids)
+    mesh_shard_plan(folder, ids, shards)
     mesh = folder / SEGMENTATION_LAYER / MESH_DIR
     written = [mesh / "info", *sorted(mesh.glob("*.labels"))]
     return {path.relative_to(folder).as_posix(): file_record(path) for path in written}
@@ -648,7 +649,7 @@ def repair_export(
         path = task_record_path(folder, "plan", 0)
         replan = bool(repaired) or damaged(folder, _recorded_files(path))
         if replan:  # every shard is merged again: the plan's shards go
-            save_files_record(path, plan_meshes(folder, counts))
+            save_files_record(path, plan_meshes(folder, counts, tasks["merge"]))
             repaired.append("mesh plan")
         for j in range(tasks.get("merge", 0)):
             path = task_record_path(folder, "merge", j)
@@ -789,7 +790,8 @@ def export_precomputed(
             save_files_record(task_record_path(tmp, "mesh", j), mesh_step(tmp, config, j))
             bar.update()
         if tasks["plan"]:
-            save_files_record(task_record_path(tmp, "plan", 0), plan_meshes(tmp, records))
+            planned = plan_meshes(tmp, records, tasks["merge"])
+            save_files_record(task_record_path(tmp, "plan", 0), planned)
             bar.update()
         for j in range(tasks["merge"]):
             merged = merge_part(tmp, config, j, tasks["merge"])

@@ -201,9 +201,6 @@ if TYPE_CHECKING:  # imported where used: igneous takes about 2 s to import
 VERTEX_QUANTIZATION_BITS = 16
 DRACO_COMPRESSION_LEVEL = 7
 MIN_CHUNK_VOXELS = (256, 256, 256)
-# Segments a shard holds on average (igneous's `max_labels_per_shard`, its command's default):
-# a merge task holds all of its segments' meshes at once, so this bounds its memory.
-MAX_LABELS_PER_SHARD = 1000
 
 
 def _mesh_dir(folder: Path) -> Path:
@@ -311,23 +308,26 @@ def fragment_part(folder: Path, config: ExportConfig, index: int) -> dict[str, l
     }
 
 
-def mesh_sharding(segment_count: int, max_labels_per_shard: int = MAX_LABELS_PER_SHARD) -> dict:
-    """The meshes' `sharding` spec for `segment_count` segments, by igneous's rules
-    (`create_sharded_multires_mesh_tasks`): at least ceil(count / `max_labels_per_shard`)
-    shards asked for, `compute_shard_params_for_hashed` rounds that to 2^round(log2(.)) shards
-    (so 0.7 to 1.4 x `max_labels_per_shard` segments a shard on average; murmurhash spreads
-    them, a shard's count varying by about its square root) with indices for a 100 Mbit/s
-    reader (8 KiB shard index, 32 KiB minishard indices); draco meshes stored raw."""
+def mesh_sharding(segment_count: int, shards: int) -> dict:
+    """The meshes' `sharding` spec for `segment_count` segments in about `shards` shards, by
+    igneous's rules (`compute_shard_params_for_hashed`, as `create_sharded_multires_mesh_tasks`
+    calls it): 2^round(log2(`shards`)) shards, or more where the segments would overflow the
+    indices sized for a 100 Mbit/s reader (8 KiB shard index, 32 KiB minishard indices);
+    murmurhash spreads the segments (a shard's count varies by about its square root); draco
+    meshes stored raw. The export asks for as many shards as merge tasks, one each, so a merge
+    task holds about the segments of a meshing region whatever the volume's size (igneous's
+    command asks for one per 1000 segments: at 256^3 one shard would hold every segment, at
+    1024^3 a thousand)."""
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
     from igneous.task_creation.common import compute_shard_params_for_hashed
 
-    if max_labels_per_shard < 1:
-        raise ValueError(f"max_labels_per_shard must be >= 1, got {max_labels_per_shard}")
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
     shard_bits, minishard_bits, preshift_bits = compute_shard_params_for_hashed(
         num_labels=segment_count,
         shard_index_bytes=2**13,
         minishard_index_bytes=2**15,
-        min_shards=max(1, math.ceil(segment_count / max_labels_per_shard)),
+        min_shards=shards,
     )
     spec = ShardingSpecification(
         type="neuroglancer_uint64_sharded_v1",
@@ -350,11 +350,7 @@ def _mesh_info(folder: Path) -> dict:
     return json.loads((_mesh_dir(folder) / "info").read_text())
 
 
-def mesh_shard_plan(
-    folder: Path,
-    segment_ids: np.ndarray | Iterable[int],
-    max_labels_per_shard: int = MAX_LABELS_PER_SHARD,
-) -> int:
+def mesh_shard_plan(folder: Path, segment_ids: np.ndarray | Iterable[int], shards: int) -> int:
     """Once, after `begin_sharded_meshing` and before any merge task (fragment tasks may still
     run: they read only the spatial index of the `info` this replaces): the mesh `info`
     Neuroglancer reads (igneous's `configure_multires_info`: multires type, vertex quantization,
@@ -362,7 +358,8 @@ def mesh_shard_plan(
     atomically and in one write, then each shard's segment ids (`<shard>.labels`, an empty list
     for a shard none hashes to) and igneous's provenance entry for the merge. Shards of an
     earlier plan go first. `segment_ids`: every segment of the volume (the export regions' ids;
-    0 is ignored). Returns the number of merge tasks (`mesh_shard_count`).
+    0 is ignored); `shards`: about how many shards (`mesh_sharding`). Returns the number of
+    shards (`mesh_shard_count`).
 
     igneous's `create_sharded_multires_mesh_tasks` does this from the spatial index: it reads
     every `.spatial` file, 10,000 at a time, and holds every id as a Python int; here the ids
@@ -373,7 +370,7 @@ def mesh_shard_plan(
     folder = Path(folder)
     ids = np.unique(np.asarray(segment_ids, dtype=np.uint64))
     ids = ids[ids != 0]
-    spec = mesh_sharding(ids.size, max_labels_per_shard)
+    spec = mesh_sharding(ids.size, shards)
     mesh = _mesh_dir(folder)
     for stale in [*mesh.glob("*.shard"), *mesh.glob("*.labels")]:
         stale.unlink()
@@ -414,7 +411,6 @@ def mesh_shard_plan(
                 "cloudpath": _layer_url(folder, SEGMENTATION_LAYER),
                 "mip": info["mip"],
                 "vertex_quantization_bits": VERTEX_QUANTIZATION_BITS,
-                "max_labels_per_shard": max_labels_per_shard,
                 **{k: spec[k] for k in ("preshift_bits", "minishard_bits", "shard_bits")},
                 "mesh_dir": MESH_DIR,
                 "draco_compression_level": DRACO_COMPRESSION_LEVEL,
@@ -457,7 +453,7 @@ def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[s
     files held at once) keeping the names of the `.frags` holding its segments, which it maps
     (mmap) to decode its segments' fragments; it holds every fragment of all its segments at
     once, then their levels of detail, draco encodings and the whole shard. So its memory is
-    its segments' meshes (about `MAX_LABELS_PER_SHARD` segments: bounded by the plan, not by the
+    its segments' meshes (about a meshing region's segments: bounded by the plan, not by the
     volume, except that one segment spanning the volume has a mesh growing with it) plus a batch
     of index files (each as large as a task's segment count); its reads grow with the number of
     fragment tasks, as every merge task reads the whole spatial index."""

@@ -20,7 +20,7 @@ VOXEL = (20.0, 10.0, 10.0)
 CONFIG = ExportConfig(task_voxels=32)  # 2 x 3 x 3 meshing tasks
 SPHERE, BOX, TUBE = 1, 2**40 + 3, 7  # one id beyond 32 bits
 CUBES = 1000  # the first of many small cubes: what makes legacy meshes many files
-MAX_LABELS = 64  # a few shards, so a few merge tasks
+SHARDS = 4  # a few shards, so a few merge tasks
 ABSENT = 999
 
 
@@ -68,7 +68,7 @@ def meshed(tmp_path_factory):
         for i in range(export.mesh_task_count(SHAPE, CONFIG))
     ]
     fragmented = snapshot(folder, SHARED)
-    count = sharded.mesh_shard_plan(folder, np.unique(seg), MAX_LABELS)
+    count = sharded.mesh_shard_plan(folder, np.unique(seg), SHARDS)
     labels = [p.relative_to(folder).as_posix() for p in (folder / MESH).glob("*.labels")]
     planned = snapshot(folder, SHARED + labels)
     shards = [sharded.merge_shard(folder, CONFIG, n) for n in range(count)]
@@ -246,7 +246,7 @@ def test_a_shard_no_segment_hashes_to_has_no_file(meshed, tmp_path):
     folder = tmp_path / "export"
     shutil.copytree(meshed["folder"], folder)
     ids = segment_ids(meshed["seg"])
-    count = sharded.mesh_shard_plan(folder, ids, max_labels_per_shard=1)
+    count = sharded.mesh_shard_plan(folder, ids, shards=303)
     assert count == 256  # 2^round(log2(303)): shards no segment hashes to
     assert not list((folder / MESH).glob("*.shard"))  # the earlier plan's shards went
     spec = json.loads((folder / MESH / "info").read_text())["sharding"]
@@ -260,10 +260,11 @@ def test_a_shard_no_segment_hashes_to_has_no_file(meshed, tmp_path):
     assert spec["shard_bits"] == 8
 
 
-def test_shard_count_follows_the_segment_count():
-    assert sharded.mesh_sharding(0)["shard_bits"] == 0
-    assert sharded.mesh_sharding(1500)["shard_bits"] == 1  # 2 shards asked for
-    assert sharded.mesh_sharding(10**6)["shard_bits"] == 10  # 1000 asked for: 977 a shard
-    assert sharded.mesh_sharding(123, max_labels_per_shard=32)["shard_bits"] == 2
-    with pytest.raises(ValueError, match="max_labels_per_shard"):
-        sharded.mesh_sharding(10, max_labels_per_shard=0)
+def test_shard_count_follows_the_merge_tasks_unless_the_indices_overflow():
+    assert sharded.mesh_sharding(0, 1)["shard_bits"] == 0
+    assert sharded.mesh_sharding(1500, 2)["shard_bits"] == 1
+    assert sharded.mesh_sharding(123, 5)["shard_bits"] == 2  # 2^round(log2(5))
+    assert sharded.mesh_sharding(10**6, 64)["shard_bits"] == 6
+    assert sharded.mesh_sharding(10**7, 1)["shard_bits"] == 4  # 8 KiB and 32 KiB indices
+    with pytest.raises(ValueError, match="shards must be >= 1"):
+        sharded.mesh_sharding(10, 0)
