@@ -78,6 +78,7 @@ from pipeline.export_meshes import (
 )
 from pipeline.roi import Roi, tiles
 from pipeline.shards import ShardPlan, plan_shards, shard_zyx
+from pipeline.stamps import restate_output
 from pipeline.volumes import ZYX, VoxelSize
 
 MANIFEST = "export.json"  # the summary, written last
@@ -577,6 +578,13 @@ def load_region_record(path: str | Path) -> dict:
         }
 
 
+def _resave(save: Callable[..., None], path: Path, *record: object) -> None:
+    """A repaired task's record saved again (`save(path, *record)`), its stamp (a workflow's)
+    told: the task stays up to date, having been put back as it was."""
+    save(path, *record)
+    restate_output(path)
+
+
 def save_files_record(path: str | Path, files: dict[str, list[int]]) -> None:
     """A task's record of the files it wrote (`file_record` each), atomically."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -636,25 +644,25 @@ def repair_export(
         if "layers" in repaired or damaged(folder, record["files"]):
             region = record["region"]
             record = write_region(folder, region, *read_region(region), config)
-            save_region_record(path, region, record)
+            _resave(save_region_record, path, region, record)
             repaired.append(f"region {region}")
         counts.append({"ids": record["ids"], "counts": record["counts"]})
     rewritten = bool(repaired)
     for j in range(tasks.get("mesh", 0)):
         path = task_record_path(folder, "mesh", j)
         if rewritten or damaged(folder, _recorded_files(path)):
-            save_files_record(path, mesh_step(folder, config, j))
+            _resave(save_files_record, path, mesh_step(folder, config, j))
             repaired.append(f"mesh {j}")
     if tasks.get("plan"):
         path = task_record_path(folder, "plan", 0)
         replan = bool(repaired) or damaged(folder, _recorded_files(path))
         if replan:  # every shard is merged again: the plan's shards go
-            save_files_record(path, plan_meshes(folder, counts, tasks["merge"]))
+            _resave(save_files_record, path, plan_meshes(folder, counts, tasks["merge"]))
             repaired.append("mesh plan")
         for j in range(tasks.get("merge", 0)):
             path = task_record_path(folder, "merge", j)
             if replan or damaged(folder, _recorded_files(path)):
-                save_files_record(path, merge_part(folder, config, j, tasks["merge"]))
+                _resave(save_files_record, path, merge_part(folder, config, j, tasks["merge"]))
                 repaired.append(f"mesh merge {j}")
     return repaired, counts
 

@@ -479,6 +479,19 @@ def write_stamp(
     return record
 
 
+def restate_output(output: str | os.PathLike) -> None:
+    """After a repair wrote `output` again as its task made it (the same content, a new mtime),
+    record its new state in its task's stamp, keeping the stamp's identity and token: the task,
+    and what reads its output, stay up to date. Nothing without a stamp (made outside a run)."""
+    output = Path(output)
+    stamp = read_stamp(output)
+    if stamp is None or output.name not in stamp.get("outputs", {}):
+        return
+    stamp["outputs"][output.name] = output_state(output)
+    with atomic_path(stamp_path(output)) as tmp:
+        tmp.write_text(json.dumps(stamp, indent=1) + "\n")
+
+
 def run_once(
     settings: dict,
     inputs: Iterable[str | os.PathLike],

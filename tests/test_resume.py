@@ -217,13 +217,14 @@ class TestLostOutputAndWorker:
         np.testing.assert_array_equal(segmentation(resumed["run_dir"]), segmentation(tiny_run))
 
 
-def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny_run, tmp_path):
+def test_a_lost_shard_of_the_segmentation_is_written_again_and_nothing_else(tiny_run, tmp_path):
     run_dir = copy_run(tiny_run, tmp_path / "run")
-    chunks = run_dir / "precomputed" / "segmentation" / "10_10_20"  # its full resolution
-    lost = sorted(chunks.glob("*"))[1]  # a chunk of a core of a block
+    full_resolution = run_dir / "precomputed" / "segmentation" / "10_10_20"
+    (lost,) = full_resolution.glob("*.shard")  # the tiny volume is one region: one shard
     lost.unlink()
     out = resume(run_dir, TINY)
-    assert "stitch     9/10 up to date; runs: stitch: output changed since it was made" in out
+    # 4 pairs tasks, the join, a relabel task (one part), the last: only the last runs.
+    assert "stitch     6/7 up to date; runs: stitch: output changed since it was made" in out
     # Of the stitching, only its last task ran (and what reads the segmentation after it).
     assert set(tries(run_dir)) == {"finish_stitch", "count_region", "evaluate", *EXPORT_APPS}
     summary = json.loads((run_dir / "inference" / "stitch.json").read_text())
@@ -234,9 +235,9 @@ def test_a_lost_chunk_of_the_segmentation_is_written_again_and_nothing_else(tiny
 def test_lost_truncated_and_zeroed_files_of_the_export_are_written_again(tiny_run, tmp_path):
     run_dir = copy_run(tiny_run, tmp_path / "run")
     folder = run_dir / "precomputed"
-    lost = sorted((folder / "segmentation").glob("*_*_*/*"))[-1]  # a chunk of the coarsest scale
-    fragment = next((folder / "segmentation" / "mesh").glob("*:0:*"))
-    image = sorted((folder / "image").glob("*_*_*/*"))[0]
+    lost = sorted((folder / "segmentation").glob("*_*_*/*.shard"))[-1]  # the coarsest scale's
+    fragment = next((folder / "segmentation" / "mesh").glob("*.frags"))  # a meshing task's
+    image = sorted((folder / "image").glob("*_*_*/*.shard"))[0]
     sizes, pixels = (lost.stat().st_size, fragment.stat().st_size), image.read_bytes()
     lost.unlink()
     fragment.write_bytes(fragment.read_bytes()[: sizes[1] // 2])
@@ -244,14 +245,20 @@ def test_lost_truncated_and_zeroed_files_of_the_export_are_written_again(tiny_ru
     assert image.stat().st_size == len(pixels) and image.read_bytes() != pixels
     assert not export_complete(folder)
     out = resume(run_dir, TINY)
-    assert "export     3/4 up to date; runs: export: output changed since it was made" in out
-    assert set(tries(run_dir)) == {"finish_export"}  # the region and meshing tasks kept
+    # begin, a region, a meshing task, the mesh plan, a merge, the last: only the last runs.
+    assert "export     5/6 up to date; runs: export: output changed since it was made" in out
+    assert set(tries(run_dir)) == {"finish_export"}  # it repairs: the other tasks kept
     assert (lost.stat().st_size, fragment.stat().st_size) == sizes and export_complete(folder)
     assert image.read_bytes() == pixels
     assert json.loads((folder / "export.json").read_text())["repaired"] == [
         "region 0:32, 0:64, 0:64",
         "mesh 0",
+        "mesh plan",
+        "mesh merge 0",
     ]
+    # The repaired tasks' records were put back as their tasks made them: nothing runs again.
+    again = resume(run_dir, TINY)
+    assert "export     6/6 up to date" in again, again
 
 
 def kill_worker_reading(run_dir, path: str, timeout: float = 300) -> int | None:
