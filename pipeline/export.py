@@ -23,7 +23,7 @@ and, last, the record. `export_precomputed` runs the same steps in turn on array
 CLI, tests).
 
 Axes: this project is (z, y, x) everywhere; cloud-volume and the precomputed format are (x, y, z).
-Sizes are reversed only by `_xyz`, arrays transposed (a view, no copy) only where they are written.
+Sizes are reversed only by `xyz`, arrays transposed (a view, no copy) only where they are written.
 
 CLI: `python -m pipeline.cli.export --raw vol.h5:raw --segmentation seg.h5:segmentation --out DIR`.
 """
@@ -60,14 +60,14 @@ from pipeline.export_layout import (
     SEGMENTATION_LAYER,
     ExportConfig,
     Scale,
-    _layer_scales,
-    _layer_url,
-    _read_info,
-    _xyz,
     file_record,
+    layer_scales,
+    layer_url,
+    read_info,
+    xyz,
 )
 from pipeline.export_meshes import (
-    _begin_meshing,
+    begin_legacy_meshing,
     begin_sharded_meshing,
     fragment_part,
     merge_part,
@@ -280,7 +280,7 @@ def export_tasks(
 def _resolution(voxel_size_nm: VoxelSize) -> list:
     """A voxel size as an `info`'s resolution (x, y, z); whole numbers as ints, since a scale's
     folder is named after them (10_10_20, not 10.0_10.0_20.0)."""
-    return [int(v) if float(v).is_integer() else float(v) for v in _xyz(voxel_size_nm)]
+    return [int(v) if float(v).is_integer() else float(v) for v in xyz(voxel_size_nm)]
 
 
 def full_resolution_key(voxel_size_nm: VoxelSize) -> str:
@@ -300,8 +300,8 @@ def _layer_info(layer: str, scale: Scale) -> dict:
         encoding="compressed_segmentation" if segmentation else "raw",
         resolution=_resolution(scale.voxel_size_nm),
         voxel_offset=[0, 0, 0],
-        volume_size=_xyz(scale.shape_zyx),
-        chunk_size=_xyz(scale.chunk_zyx),
+        volume_size=xyz(scale.shape_zyx),
+        chunk_size=xyz(scale.chunk_zyx),
     )
 
 
@@ -312,9 +312,9 @@ def _add_scales(
     as `shardings` says (a spec, or None: unsharded)."""
     from cloudvolume import CloudVolume
 
-    volume = CloudVolume(_layer_url(folder, layer), info=info, progress=False)
+    volume = CloudVolume(layer_url(folder, layer), info=info, progress=False)
     for scale, factor in zip(scales[1:], _scale_factors(scales)[1:], strict=True):
-        volume.add_scale(_xyz(factor), chunk_size=_xyz(scale.chunk_zyx))
+        volume.add_scale(xyz(factor), chunk_size=xyz(scale.chunk_zyx))
     for entry, spec in zip(volume.info["scales"], shardings, strict=False):
         entry.pop("sharding", None)
         if spec is not None:
@@ -356,9 +356,9 @@ def begin_export(
     folder = Path(folder)
     _check_replaceable(folder)
     (folder / MANIFEST).unlink(missing_ok=True)
-    info = _read_info(folder, SEGMENTATION_LAYER)
+    info = read_info(folder, SEGMENTATION_LAYER)
     scales = plan_scales(shape_zyx, voxel_size_nm, config)
-    full = _layer_scales(info)[0]
+    full = layer_scales(info)[0]
     if (full.shape_zyx, full.voxel_size_nm) != (scales[0].shape_zyx, scales[0].voxel_size_nm):
         raise PrecomputedError(
             f"{folder / SEGMENTATION_LAYER}: its shape {full.shape_zyx} and voxel size "
@@ -385,7 +385,7 @@ def begin_export(
     # Sharded, the segmentation's chunks are the image's (a shard's region is the same).
     segmentation = scales if shardings else _segmentation_scales(scales, full)
     _add_scales(folder, SEGMENTATION_LAYER, info, segmentation, shardings)
-    (begin_sharded_meshing if config.sharded else _begin_meshing)(folder, config)
+    (begin_sharded_meshing if config.sharded else begin_legacy_meshing)(folder, config)
     return scales
 
 
@@ -413,7 +413,7 @@ def _stitched_files(volume, box: Roi, scale: Scale, key: str, gzip: bool) -> lis
     if volume.image.is_sharded(0):
         from cloudvolume import Bbox
 
-        return [f"{key}/{volume.image.shard_filename(Bbox(_xyz(box.start), _xyz(box.stop)), 0)}"]
+        return [f"{key}/{volume.image.shard_filename(Bbox(xyz(box.start), xyz(box.stop)), 0)}"]
     return _chunk_files(box, scale, (1, 1, 1), key, gzip)
 
 
@@ -425,7 +425,7 @@ def _write_shard(layer_dir: Path, mip: int, box: Roi, data_xyz: np.ndarray) -> s
 
     volume = CloudVolume(f"file://{layer_dir.resolve()}", mip=mip, progress=False)
     data = data_xyz if data_xyz.ndim == 4 else data_xyz[..., None]
-    name, content = volume.image.make_shard(data, Bbox(_xyz(box.start), _xyz(box.stop)), mip)
+    name, content = volume.image.make_shard(data, Bbox(xyz(box.start), xyz(box.stop)), mip)
     path = layer_dir / volume.key / name
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
@@ -445,10 +445,10 @@ class SegmentationWriter:
 
         folder = Path(folder)
         self._layer = folder / SEGMENTATION_LAYER
-        info = _read_info(folder, SEGMENTATION_LAYER)
-        self._scale, self._key, self._gzip = _layer_scales(info)[0], info["scales"][0]["key"], gzip
+        info = read_info(folder, SEGMENTATION_LAYER)
+        self._scale, self._key, self._gzip = layer_scales(info)[0], info["scales"][0]["key"], gzip
         self._volume = CloudVolume(
-            _layer_url(folder, SEGMENTATION_LAYER),
+            layer_url(folder, SEGMENTATION_LAYER),
             mip=0,
             compress="gzip" if gzip else False,
             progress=False,
@@ -499,9 +499,9 @@ def write_region(
     compress = "gzip" if config.gzip else False
     files: dict[str, list[int]] = {}
     for layer, array in ((IMAGE_LAYER, raw), (SEGMENTATION_LAYER, segmentation)):
-        url = _layer_url(folder, layer)
+        url = layer_url(folder, layer)
         volume = CloudVolume(url, progress=False)
-        scales = _layer_scales(volume.info)
+        scales = layer_scales(volume.info)
         downsample = (
             tinybrain.downsample_segmentation
             if layer == SEGMENTATION_LAYER
@@ -512,7 +512,7 @@ def write_region(
         for mip, (scale, factor) in enumerate(zip(scales, factors, strict=True)):
             if mip:
                 step = [a // b for a, b in zip(factor, factors[mip - 1], strict=True)]
-                data = downsample(data, _xyz(step))[0]
+                data = downsample(data, xyz(step))[0]
             box = region.scaled_down(factor, scale.shape_zyx)
             key = volume.info["scales"][mip]["key"]
             if layer == SEGMENTATION_LAYER and not mip:
@@ -521,7 +521,7 @@ def write_region(
                 names = [_write_shard(folder / layer, mip, box, data)]
             else:
                 cutout = tuple(
-                    slice(a, b) for a, b in zip(_xyz(box.start), _xyz(box.stop), strict=True)
+                    slice(a, b) for a, b in zip(xyz(box.start), xyz(box.stop), strict=True)
                 )
                 CloudVolume(url, mip=mip, compress=compress, progress=False)[cutout] = data
                 names = _chunk_files(region, scale, factor, key, config.gzip)

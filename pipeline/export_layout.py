@@ -25,8 +25,9 @@ class ExportConfig:
     """How the precomputed layers are cut, downsampled, meshed and compressed."""
 
     # Chunk edge in voxels along the finest axis; coarser axes get proportionally fewer voxels,
-    # so a chunk is about as long in nm along every axis (at every scale). The image's; in a
-    # workflow run the segmentation's is the stitching's (`[blocks] chunk_zyx`) at every scale.
+    # so a chunk is about as long in nm along every axis (at every scale). Both layers' when
+    # sharded; unsharded, the image's, and in a workflow run the segmentation's is the
+    # stitching's (`[blocks] chunk_zyx`) at every scale.
     chunk_voxels: int = 64
     # Scales including full resolution; each halves the finest axes (see `plan_scales`).
     num_scales: int = 3
@@ -81,16 +82,17 @@ class Scale:
     chunk_zyx: ZYX
 
 
-def _xyz(zyx: Sequence) -> list:
+def xyz(zyx: Sequence) -> list:
     """(z, y, x) sizes as cloud-volume's (x, y, z) list: the one place sizes change axis order."""
     return list(zyx)[::-1]
 
 
-def _layer_url(folder: Path, layer: str) -> str:
+def layer_url(folder: Path, layer: str) -> str:
+    """cloud-volume's address of a layer of the export in `folder`."""
     return f"file://{(folder / layer).resolve()}"
 
 
-def _layer_scales(info: dict) -> list[Scale]:
+def layer_scales(info: dict) -> list[Scale]:
     """The scales an `info` lists, (z, y, x)."""
     return [
         Scale(
@@ -102,7 +104,8 @@ def _layer_scales(info: dict) -> list[Scale]:
     ]
 
 
-def _read_info(folder: Path, layer: str) -> dict:
+def read_info(folder: Path, layer: str) -> dict:
+    """A layer's `info`; PrecomputedError naming it when there is none."""
     path = folder / layer / "info"
     try:
         return json.loads(path.read_text())

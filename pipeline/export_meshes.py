@@ -1,7 +1,7 @@
 """Meshes of an export's segmentation: igneous's own meshing tasks, run here, one task at a
 time in bounded memory.
 
-Legacy meshes (unsharded exports): `_begin_meshing` once, `mesh_part` per igneous meshing task
+Legacy meshes (unsharded exports): `begin_legacy_meshing` once, `mesh_part` per igneous meshing task
 (a region of `task_voxels` per axis) writing a fragment per segment, `write_mesh_manifests` at
 the end (a manifest per segment).
 
@@ -50,11 +50,11 @@ from pipeline.export_layout import (
     MESH_DIR,
     SEGMENTATION_LAYER,
     ExportConfig,
-    _layer_scales,
-    _layer_url,
-    _read_info,
-    _xyz,
     file_record,
+    layer_scales,
+    layer_url,
+    read_info,
+    xyz,
 )
 from pipeline.volumes import ZYX
 
@@ -72,7 +72,7 @@ def _meshing_options(config: ExportConfig) -> dict:
     }
 
 
-def _begin_meshing(folder: Path, config: ExportConfig) -> None:
+def begin_legacy_meshing(folder: Path, config: ExportConfig) -> None:
     """igneous writes the mesh `info` and its provenance entry for the task set, once, before
     any meshing task runs: its `create_meshing_tasks` rewrites both in place (not atomically),
     so the meshing tasks, which run side by side and read them, must not call it."""
@@ -83,7 +83,7 @@ def _begin_meshing(folder: Path, config: ExportConfig) -> None:
     # it prints the task set's bounds to stdout.
     with contextlib.redirect_stdout(io.StringIO()):
         for _ in create_meshing_tasks(
-            _layer_url(folder, SEGMENTATION_LAYER),
+            layer_url(folder, SEGMENTATION_LAYER),
             shape=(config.task_voxels,) * 3,
             **_meshing_options(config),
         ):
@@ -93,11 +93,11 @@ def _begin_meshing(folder: Path, config: ExportConfig) -> None:
 def _mesh_task(folder: Path, config: ExportConfig, index: int):
     """igneous's meshing task `index` of `create_meshing_tasks`'s set (a region of
     `task_voxels` per axis, meshed at full resolution, in its order: x fastest), made here
-    without the shared files it writes (`_begin_meshing`) and without making the other tasks.
+    without the shared files it writes (`begin_legacy_meshing`) and without making the other tasks.
     It remembers the ids it wrote fragments for (`fragment_ids`)."""
     from igneous.tasks import MeshTask
 
-    shape_zyx = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
+    shape_zyx = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
     grid_zyx = _mesh_grid_zyx(shape_zyx, config)
     count = math.prod(grid_zyx)
     if not 0 <= index < count:
@@ -106,8 +106,8 @@ def _mesh_task(folder: Path, config: ExportConfig, index: int):
     options = _meshing_options(config)
     task = MeshTask(
         shape=(config.task_voxels,) * 3,
-        offset=_xyz(corner_zyx.tolist()),
-        layer_path=_layer_url(folder, SEGMENTATION_LAYER),
+        offset=xyz(corner_zyx.tolist()),
+        layer_path=layer_url(folder, SEGMENTATION_LAYER),
         mip=options["mip"],
         simplification_factor=100 if options["simplification"] else 0,
         max_simplification_error=options["max_simplification_error"],
@@ -223,7 +223,7 @@ def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
     from igneous.task_creation import create_meshing_tasks
 
     folder = Path(folder)
-    info = _read_info(folder, SEGMENTATION_LAYER)
+    info = read_info(folder, SEGMENTATION_LAYER)
     if info.get("mesh") != MESH_DIR:
         info["mesh"] = MESH_DIR
         with atomic_path(folder / SEGMENTATION_LAYER / "info") as tmp:
@@ -233,7 +233,7 @@ def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
     # (whose operator it asks `git config user.email` for, printing to stdout without one).
     with contextlib.redirect_stdout(io.StringIO()):
         for _ in create_meshing_tasks(
-            _layer_url(folder, SEGMENTATION_LAYER),
+            layer_url(folder, SEGMENTATION_LAYER),
             shape=(config.task_voxels,) * 3,
             sharded=True,
             **_fragment_options(config),
@@ -247,7 +247,7 @@ def _fragment_task(folder: Path, config: ExportConfig, index: int) -> "MeshTask"
     making the other tasks."""
     from igneous.tasks import MeshTask
 
-    shape_zyx = _layer_scales(_read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
+    shape_zyx = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
     grid_zyx = _mesh_grid_zyx(shape_zyx, config)
     count = math.prod(grid_zyx)
     if not 0 <= index < count:
@@ -256,8 +256,8 @@ def _fragment_task(folder: Path, config: ExportConfig, index: int) -> "MeshTask"
     options = _fragment_options(config)
     return MeshTask(
         shape=(config.task_voxels,) * 3,
-        offset=_xyz(corner_zyx.tolist()),
-        layer_path=_layer_url(folder, SEGMENTATION_LAYER),
+        offset=xyz(corner_zyx.tolist()),
+        layer_path=layer_url(folder, SEGMENTATION_LAYER),
         mip=options["mip"],
         simplification_factor=100 if options["simplification"] else 0,
         max_simplification_error=options["max_simplification_error"],
@@ -375,7 +375,7 @@ def mesh_shard_plan(folder: Path, segment_ids: np.ndarray | Iterable[int], shard
     for stale in [*mesh.glob("*.shard"), *mesh.glob("*.labels")]:
         stale.unlink()
     info = _mesh_info(folder)
-    resolution = _read_info(folder, SEGMENTATION_LAYER)["scales"][info["mip"]]["resolution"]
+    resolution = read_info(folder, SEGMENTATION_LAYER)["scales"][info["mip"]]["resolution"]
     info.update(
         {
             "@type": "neuroglancer_multilod_draco",
@@ -408,7 +408,7 @@ def mesh_shard_plan(folder: Path, segment_ids: np.ndarray | Iterable[int], shard
         {
             "method": {
                 "task": "MultiResShardedMeshMergeTask",
-                "cloudpath": _layer_url(folder, SEGMENTATION_LAYER),
+                "cloudpath": layer_url(folder, SEGMENTATION_LAYER),
                 "mip": info["mip"],
                 "vertex_quantization_bits": VERTEX_QUANTIZATION_BITS,
                 **{k: spec[k] for k in ("preshift_bits", "minishard_bits", "shard_bits")},
@@ -472,7 +472,7 @@ def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[s
     path = _mesh_dir(folder) / f"{name}.shard"
     path.unlink(missing_ok=True)
     MultiResShardedMeshMergeTask(
-        _layer_url(folder, SEGMENTATION_LAYER),
+        layer_url(folder, SEGMENTATION_LAYER),
         name,
         draco_compression_level=DRACO_COMPRESSION_LEVEL,
         mesh_dir=MESH_DIR,
