@@ -58,6 +58,9 @@ from pipeline.export_layout import (
 )
 from pipeline.volumes import ZYX
 
+if TYPE_CHECKING:  # imported where used: cloud-volume and igneous take seconds to import
+    from cloudvolume.lib import Bbox
+
 
 def _meshing_options(config: ExportConfig) -> dict:
     """The options igneous's `create_meshing_tasks` takes and `_mesh_task` hands to each task."""
@@ -90,11 +93,12 @@ def begin_legacy_meshing(folder: Path, config: ExportConfig) -> None:
             pass
 
 
-def _mesh_task(folder: Path, config: ExportConfig, index: int):
+def _igneous_mesh_task(folder: Path, config: ExportConfig, index: int, sharded: bool):
     """igneous's meshing task `index` of `create_meshing_tasks`'s set (a region of
     `task_voxels` per axis, meshed at full resolution, in its order: x fastest), made here
-    without the shared files it writes (`begin_legacy_meshing`) and without making the other tasks.
-    It remembers the ids it wrote fragments for (`fragment_ids`)."""
+    without the shared files that writes (`begin_legacy_meshing`, `begin_sharded_meshing`) and
+    without making the other tasks: legacy fragments, or with `sharded` a `.frags` file of the
+    region's meshes and its spatial index, which the merge tasks read."""
     from igneous.tasks import MeshTask
 
     shape_zyx = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
@@ -103,8 +107,8 @@ def _mesh_task(folder: Path, config: ExportConfig, index: int):
     if not 0 <= index < count:
         raise ValueError(f"meshing task {index} of {count}")
     corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
-    options = _meshing_options(config)
-    task = MeshTask(
+    options = _fragment_options(config) if sharded else _meshing_options(config)
+    return MeshTask(
         shape=(config.task_voxels,) * 3,
         offset=xyz(corner_zyx.tolist()),
         layer_path=layer_url(folder, SEGMENTATION_LAYER),
@@ -119,15 +123,21 @@ def _mesh_task(folder: Path, config: ExportConfig, index: int):
         object_ids=None,
         exclude_object_ids=[],
         fill_missing=False,
-        encoding="precomputed",
+        encoding="precomputed",  # what Neuroglancer and the merge task decode
         spatial_index=options["spatial_index"],
         frag_path=None,
-        sharded=False,
+        sharded=sharded,
         compress=options["compress"],
         closed_dataset_edges=True,
         fill_holes=0,
         dry_run=False,
     )
+
+
+def _mesh_task(folder: Path, config: ExportConfig, index: int):
+    """igneous's legacy meshing task `index` (`_igneous_mesh_task`). It remembers the ids it
+    wrote fragments for (`fragment_ids`)."""
+    task = _igneous_mesh_task(folder, config, index, sharded=False)
     task.fragment_ids, upload = [], task._upload_individuals
 
     def recorded_upload(mesh_binaries: dict, generate_manifests: bool) -> None:
@@ -191,10 +201,6 @@ def write_mesh_manifests(mesh_dir: Path) -> list[Path]:
 
 # Sharded multi-resolution meshes
 
-if TYPE_CHECKING:  # imported where used: igneous takes about 2 s to import
-    from cloudvolume.lib import Bbox
-    from igneous.tasks import MeshTask
-
 # igneous's defaults (`igneous mesh merge-sharded`): vertex positions quantized to 16 bits of
 # their fragment's box, draco level 7, and the finest level of detail cut into boxes of at least
 # 256 voxels an axis (a mesh smaller than that has one level of detail).
@@ -241,52 +247,13 @@ def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
             pass
 
 
-def _fragment_task(folder: Path, config: ExportConfig, index: int) -> "MeshTask":
-    """igneous's meshing task `index` of `create_meshing_tasks(sharded=True)`'s set (a region of
-    `task_voxels` per axis, x fastest), made without the shared files that writes and without
-    making the other tasks."""
-    from igneous.tasks import MeshTask
-
-    shape_zyx = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
-    grid_zyx = _mesh_grid_zyx(shape_zyx, config)
-    count = math.prod(grid_zyx)
-    if not 0 <= index < count:
-        raise ValueError(f"meshing task {index} of {count}")
-    corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
-    options = _fragment_options(config)
-    return MeshTask(
-        shape=(config.task_voxels,) * 3,
-        offset=xyz(corner_zyx.tolist()),
-        layer_path=layer_url(folder, SEGMENTATION_LAYER),
-        mip=options["mip"],
-        simplification_factor=100 if options["simplification"] else 0,
-        max_simplification_error=options["max_simplification_error"],
-        mesh_dir=options["mesh_dir"],
-        cache_control="no-cache",
-        dust_threshold=None,
-        dust_global=False,
-        progress=False,
-        object_ids=None,
-        exclude_object_ids=[],
-        fill_missing=False,
-        encoding="precomputed",  # what the merge task decodes
-        spatial_index=options["spatial_index"],
-        frag_path=None,
-        sharded=True,
-        compress=options["compress"],
-        closed_dataset_edges=True,
-        fill_holes=0,
-        dry_run=False,
-    )
-
-
 def fragment_part(folder: Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
     """Run igneous's meshing task `index` (of `pipeline.export.mesh_task_count`: a region of
     `task_voxels` per axis, x fastest, as `create_meshing_tasks` orders them) with
     `sharded=True` on a begun export (`begin_sharded_meshing`). Returns the files it wrote
     (`file_record`): its `.frags` (none when its region is empty) and its `.spatial`."""
     folder = Path(folder)
-    task = _fragment_task(folder, config, index)
+    task = _igneous_mesh_task(folder, config, index, sharded=True)
     # Named as igneous names them (`_upload_batch`, `_upload_spatial_index`); the `.frags` only
     # when written, so a stale one (its region since emptied, its index now `{}`) is not taken
     # for this run's.

@@ -190,7 +190,7 @@ def test_fragment_tasks_are_igneous_own(meshed, tmp_path):
     for index, igneous_task in enumerate(theirs):
         expected = igneous_task.payload()
         expected["layer_path"] = expected["layer_path"].replace(str(copy), str(folder))
-        mine = sharded._fragment_task(folder, CONFIG, index).payload()
+        mine = sharded._igneous_mesh_task(folder, CONFIG, index, sharded=True).payload()
         assert mine | {"class": expected["class"]} == expected
     with pytest.raises(ValueError, match="meshing task 18 of 18"):
         sharded.fragment_part(folder, CONFIG, 18)
