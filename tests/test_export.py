@@ -6,6 +6,8 @@ import dataclasses
 import json
 import os
 import shutil
+import time
+from pathlib import Path
 
 import numpy as np
 import processes
@@ -19,6 +21,7 @@ from pipeline.cli import export as export_cli
 from pipeline.errors import (
     ConfigError,
     EmptyLabelsError,
+    MissingChunkError,
     PrecomputedError,
     VolumeDtypeError,
     VolumeShapeError,
@@ -26,7 +29,9 @@ from pipeline.errors import (
 )
 from pipeline.export import ExportConfig, export_complete, export_precomputed, plan_scales
 from pipeline.synthetic import SyntheticConfig, generate
-from pipeline.volumes import write_volumes
+from pipeline.volumes import open_volume, write_volumes
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Every axis a different length, so any swap of axes changes the shape read back.
 SHAPE = (24, 48, 64)
@@ -517,3 +522,113 @@ def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_p
     assert all(line.startswith("export:") for line in bar), done.stderr
     assert error.startswith(f"error: {disk}/") and error.endswith("No space left on device"), error
     assert done.stdout.strip().endswith("exit=1")  # the disk holds nothing: no export, no temporary
+
+
+# A task killed while it writes a shard: a child process writes half of it, then waits to be
+# killed (SIGKILL), as a lost node or an out-of-memory kill would stop it.
+_KILLED_MID_SHARD = r"""
+import os, pathlib, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from pipeline import export
+
+folder, marker, what = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]), sys.argv[4]
+
+
+def half_then_wait(path, data):
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+    marker.write_text(str(path))
+    time.sleep(600)
+
+
+if what == "region":  # the image's and segmentation's shards: written whole, then renamed
+    write_bytes = pathlib.Path.write_bytes
+    pathlib.Path.write_bytes = lambda self, data: (
+        half_then_wait(self, data) if self.suffix == ".shard" else write_bytes(self, data))
+    with np.load(folder.parent / "volume.npz") as v:
+        region = export.export_regions(v["seg"].shape, (20.0, 10.0, 10.0), export.ExportConfig(chunk_voxels=24))[0]
+        export.write_region(folder, region, v["raw"], v["seg"], export.ExportConfig(chunk_voxels=24))
+else:  # a mesh shard: igneous's merge task writes it in place
+    from cloudfiles.interfaces import FileInterface
+    put_file = FileInterface.put_file
+    def stalled(self, file_path, content, *args, **kwargs):
+        if file_path.endswith(".shard"):
+            half_then_wait(self.get_path_to_file(file_path), content)
+        return put_file(self, file_path, content, *args, **kwargs)
+    FileInterface.put_file = stalled
+    export.merge_part(folder, export.ExportConfig(chunk_voxels=24), 0, 1)
+"""
+
+
+def _kill_mid_shard(folder, what: str, tmp_path) -> Path:
+    """Run `what` ("region" 0, or mesh "merge" 0) in a child process that is SIGKILLed once
+    half of a shard is on disk; returns the file it was writing."""
+    import signal
+    import subprocess
+    import sys
+
+    marker = tmp_path / f"{what}.writing"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_SHARD, str(ROOT), str(folder), str(marker), what]
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"the child never began a shard (exit {child.poll()})"
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL  # the fault happened
+    finally:
+        child.kill()
+    return Path(marker.read_text())
+
+
+@pytest.mark.parametrize("what", ["region", "merge"])
+def test_a_task_killed_mid_shard_leaves_no_complete_export_and_its_rerun_completes_it(
+    volume, exported, tmp_path, what
+):
+    raw, segmentation = volume
+    folder, _ = exported
+    out = tmp_path / "out"
+    shutil.copytree(folder, out)
+    np.savez(tmp_path / "volume.npz", raw=raw, seg=segmentation)
+    tasks = json.loads((out / "export.json").read_text())["records"]
+    record = export.task_record_path(out, what, 0)
+    shard = {"region": sorted((out / "image" / "10_10_20").glob("*.shard"))[0],
+             "merge": next((out / "segmentation" / "mesh").glob("*.shard"))}[what]  # fmt: skip
+    (out / "export.json").unlink()  # as a rerun of the task would find it: not yet complete
+    record.unlink()
+    shard.unlink()
+
+    half = _kill_mid_shard(out, what, tmp_path)
+    assert half.stat().st_size > 0
+    assert not record.exists() and not export_complete(out)
+    if what == "region":  # written beside it, never renamed into place: nothing to misread
+        assert half != shard and not shard.exists()
+        with pytest.raises(MissingChunkError, match=r"shard .*\.shard"):
+            with open_volume(f"precomputed://file://{out / 'image'}") as array:
+                array[...]
+    else:  # igneous writes in place: a half shard, but no record vouches for it
+        assert half == shard
+
+    def read_region(roi):
+        return raw[roi.slices], segmentation[roi.slices]
+
+    if what == "region":  # the workflow's rerun of the task (its record is missing)
+        region = export.export_regions(SHAPE, VOXEL, CONFIG)[0]
+        export.save_region_record(
+            record, region, export.write_region(out, region, raw, segmentation, CONFIG)
+        )
+    else:
+        export.save_files_record(record, export.merge_part(out, CONFIG, 0, tasks["merge"]))
+    repaired, counts = export.repair_export(out, tasks, read_region, SHAPE, VOXEL, CONFIG)
+    export.finish_export(
+        out, counts, SHAPE, VOXEL, CONFIG, export.export_tasks(SHAPE, VOXEL, CONFIG), repaired
+    )
+    assert export_complete(out) and shard.is_file()
+    assert (read_layer(out, "image") == raw).all()
+    assert len(mesh_vertices(CloudVolume(f"file://{out / 'segmentation'}", progress=False).mesh,
+                             int(segmentation.max())))  # fmt: skip
