@@ -368,9 +368,9 @@ def begin_export(
     sharded_as_planned = info["scales"][0].get("sharding") == (shardings[0] if shardings else None)
     if not sharded_as_planned or (shardings and full.chunk_zyx != scales[0].chunk_zyx):
         raise PrecomputedError(
-            f"{folder / SEGMENTATION_LAYER}: its full resolution is "
-            f"{'' if shardings else 'not '}sharded as the export's settings say "
-            f"(sharded = {config.sharded}): stitch it again with these settings"
+            f"{folder / SEGMENTATION_LAYER}: its full resolution is not stored as the export's "
+            f"settings say (sharded = {config.sharded}, chunk_voxels = {config.chunk_voxels}, "
+            f"task_voxels = {config.task_voxels}): stitch it again with these settings"
         )
     shutil.rmtree(folder / IMAGE_LAYER, ignore_errors=True)
     shutil.rmtree(folder / RECORDS_DIR, ignore_errors=True)
