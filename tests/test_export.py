@@ -632,3 +632,15 @@ def test_a_task_killed_mid_shard_leaves_no_complete_export_and_its_rerun_complet
     assert (read_layer(out, "image") == raw).all()
     assert len(mesh_vertices(CloudVolume(f"file://{out / 'segmentation'}", progress=False).mesh,
                              int(segmentation.max())))  # fmt: skip
+
+
+def test_an_export_over_a_full_resolution_stored_otherwise_is_refused(volume, tmp_path):
+    """The stitching wrote the layer unsharded; an export begun with sharded settings would
+    write shards over chunk files: it stops, saying to stitch again."""
+    _, segmentation = volume
+    out = tmp_path / "out"
+    unsharded = dataclasses.replace(CONFIG, sharded=False)
+    write_stitched(out, segmentation, unsharded)
+    with pytest.raises(PrecomputedError, match="not stored as the export's settings say"):
+        export.begin_export(out, SHAPE, VOXEL, CONFIG)
+    export.begin_export(out, SHAPE, VOXEL, unsharded)  # as it was written: fine
