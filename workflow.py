@@ -94,7 +94,6 @@ _LAYOUT = {
     "learned_baseline_record": "baseline/learned_watershed.json",
     "counts_dir": "evaluation",
     "precomputed": "precomputed",
-    "export_dir": "export",
     "report": "report.md",
     # A study (`workflow.py study`): one training folder per cell, the study's report beside.
     "study_cells": "study/cells",
@@ -685,12 +684,13 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     """One task begins the export, one per region writes every scale, one per igneous meshing
     task meshes (sharded: then one plans the mesh shards, as many merge them), the last checks
     and sums up (apps/export.py). Each task's record is in the export's folder."""
-    from pipeline.export import export_regions, export_tasks, task_record_path
+    from pipeline.export import RECORDS_DIR, export_regions, export_tasks, task_record_path
 
     shape = _eval_shape(config)
     base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
     segmented = [paths.eval_volume, _full_resolution(config, paths.precomputed)]
-    begun = paths.export_dir / "begun.json"
+    # In the export's folder: a folder lost whole (its records with it) begins again.
+    begun = paths.precomputed / RECORDS_DIR / "begun.json"
     folder = str(paths.precomputed)  # an argument, not a setting: a moved run stays up to date
     chunks, voxel_size = config.blocks.chunks, _eval_voxel_size(config)
     regions = export_regions(shape, voxel_size, config.export, chunks)
