@@ -78,7 +78,7 @@ from pipeline.export_meshes import (
 )
 from pipeline.roi import Roi, tiles
 from pipeline.shards import ShardPlan, plan_shards, shard_zyx
-from pipeline.stamps import restate_output
+from pipeline.stamps import STAMP_SUFFIX, restate_output
 from pipeline.volumes import ZYX, VoxelSize
 
 MANIFEST = "export.json"  # the summary, written last
@@ -373,7 +373,12 @@ def begin_export(
             f"task_voxels = {config.task_voxels}): stitch it again with these settings"
         )
     shutil.rmtree(folder / IMAGE_LAYER, ignore_errors=True)
-    shutil.rmtree(folder / RECORDS_DIR, ignore_errors=True)
+    # The tasks' records go; their stamps (a workflow's) stay, to be told of a repair's records
+    # (`restate_output`), and the begin task's own record too.
+    for kind in TASK_KINDS:
+        for record in (folder / RECORDS_DIR).glob(f"{kind}_*"):
+            if not record.name.endswith(STAMP_SUFFIX):
+                record.unlink()
     # The segmentation's full resolution is the stitching's; everything after it the export's.
     for name in [MESH_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
         shutil.rmtree(folder / SEGMENTATION_LAYER / name, ignore_errors=True)
@@ -635,14 +640,17 @@ def repair_export(
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
     repaired, counts = [], []
     layers = [folder / name for name in BEGUN_FILES]
-    if not all(info.is_file() for info in layers):
+    regions = None
+    if not all(info.is_file() for info in layers):  # begun again: every task's record goes
+        chunk = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].chunk_zyx
+        regions = export_regions(shape_zyx, voxel_size_nm, config, chunk)
         begin_export(folder, shape_zyx, voxel_size_nm, config)
         repaired.append("layers")
     for k in range(tasks.get("region", 0)):
         path = task_record_path(folder, "region", k)
-        record = load_region_record(path)
-        if "layers" in repaired or damaged(folder, record["files"]):
-            region = record["region"]
+        record = None if regions else load_region_record(path)
+        if record is None or damaged(folder, record["files"]):
+            region = regions[k] if regions else record["region"]
             record = write_region(folder, region, *read_region(region), config)
             _resave(save_region_record, path, region, record)
             repaired.append(f"region {region}")

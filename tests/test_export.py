@@ -644,3 +644,25 @@ def test_an_export_over_a_full_resolution_stored_otherwise_is_refused(volume, tm
     with pytest.raises(PrecomputedError, match="not stored as the export's settings say"):
         export.begin_export(out, SHAPE, VOXEL, CONFIG)
     export.begin_export(out, SHAPE, VOXEL, unsharded)  # as it was written: fine
+
+
+def test_a_lost_layer_begins_the_export_again_and_rewrites_every_task(volume, exported, tmp_path):
+    raw, segmentation = volume
+    folder, _ = exported
+    out = tmp_path / "out"
+    shutil.copytree(folder, out)
+    (out / "records" / "begun.json").write_text("{}")  # the begin task's record (a workflow's)
+    shutil.rmtree(out / "image")
+    tasks = json.loads((out / "export.json").read_text())["records"]
+
+    def read_region(roi):
+        return raw[roi.slices], segmentation[roi.slices]
+
+    repaired, counts = export.repair_export(out, tasks, read_region, SHAPE, VOXEL, CONFIG)
+    # "layers", then every task but the last (this one), which the summary counts too
+    assert repaired[0] == "layers" and len(repaired) == 1 + sum(tasks.values()) - 1
+    assert (out / "records" / "begun.json").read_text() == "{}"  # the begin task's record kept
+    export.finish_export(
+        out, counts, SHAPE, VOXEL, CONFIG, export.export_tasks(SHAPE, VOXEL, CONFIG), repaired
+    )
+    assert export_complete(out) and (read_layer(out, "image") == raw).all()
