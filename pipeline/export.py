@@ -4,23 +4,30 @@ The export folder (one atomic unit: built beside its destination, then renamed i
 
     image/                 raw EM, uint8, "raw" encoding, `num_scales` scales
     segmentation/          uint64, "compressed_segmentation" encoding (decoded by Neuroglancer)
-        mesh/              legacy meshes in nm: a manifest `<id>:0` per segment and its fragments
+        mesh/              meshes in nm: sharded multi-resolution (Draco) meshes by default,
+                           else legacy meshes (a manifest `<id>:0` per segment, its fragments)
         segment_properties/  every segment id with its voxel count (Neuroglancer lists and sorts them)
-    export.json            what was written, every file with its size: the completeness record
+    records/               each task's record: the files it wrote, with size and mtime
+    export.json            the summary, written last: how many records of each kind there are
 
-The segmentation's full resolution is the stitching's output itself: `new_segmentation` makes
-the layer, the stitching's relabel tasks write their cores into it (`SegmentationWriter`, chunks
-on the cores' grid) and evaluation reads it there. The export is then cut into tasks that the
-workflow spreads over its workers (apps/export.py), each holding no more than a region of
-`task_voxels` per axis: `begin_export` writes both layers' `info` with every scale and
-igneous's mesh `info` (once: the meshing tasks only read the files they share);
-`write_region`, one per region of `export_regions` (whole chunks of every scale), writes the
-image at every scale and the segmentation's coarser scales, downsampling them itself with
-tinybrain (what igneous's downsampling tasks call), so no task reads what another export task
-wrote; `mesh_part`, one per igneous meshing task, meshes the finished segmentation;
-`finish_export` adds igneous's mesh manifests, the segment properties (from the regions' counts)
-and, last, the record. `export_precomputed` runs the same steps in turn on arrays in memory (the
-CLI, tests).
+Every scale of both layers is sharded (`neuroglancer_uint64_sharded_v1`, `pipeline.shards`:
+one shard per task region at every scale) unless `ExportConfig.sharded` is off, when a file
+holds a chunk. The segmentation's full resolution is the stitching's output itself:
+`new_segmentation` makes the layer, the stitching's relabel tasks write their regions into it
+(`SegmentationWriter`: a shard each, or whole chunks) and evaluation reads it there. The export
+is then cut into tasks that the workflow spreads over its workers (apps/export.py), each holding
+no more than a region of `task_voxels` per axis: `begin_export` writes both layers' `info` with
+every scale and the mesh `info` (once: later tasks only read the files they share);
+`write_region`, one per region of `export_regions`, writes the image at every scale and the
+segmentation's coarser scales, downsampling them itself with tinybrain (what igneous's
+downsampling tasks call), so no task reads what another export task wrote; `mesh_step`, one per
+igneous meshing task, meshes the finished segmentation (sharded: its fragments, which
+`plan_meshes` then assigns to mesh shards and `merge_part` tasks merge, pipeline.export_meshes);
+`finish_export` repairs what was lost since, adds legacy meshes' manifests, the segment
+properties (from the regions' counts) and, last, the summary. The export is complete when every
+record the summary counts is there and every file each lists is as recorded
+(`export_complete`): no list of every file, no walk of the folder. `export_precomputed` runs the
+same steps in turn on arrays in memory (the CLI, tests).
 
 Axes: this project is (z, y, x) everywhere; cloud-volume and the precomputed format are (x, y, z).
 Sizes are reversed only by `xyz`, arrays transposed (a view, no copy) only where they are written.
