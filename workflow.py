@@ -601,8 +601,10 @@ def consensus_steps(
     config: RunConfig, paths: RunPaths, blocks: BlockGrid, passes: list[InferencePass]
 ) -> list[Step]:
     """The split consensus of the two passes: a task per block core lists its pairs of ids, one
-    joins them into a table, a relabel task per core writes it, the last checks
-    (apps/consensus.py)."""
+    joins them into a table, a relabel task per part of the layer (a block's core, or a shard)
+    writes it, the last checks (apps/consensus.py)."""
+    from pipeline.stitching import part_name
+
     first, second = (str(one.folder) for one in passes)  # arguments: a moved run stays up to date
     layers = [_full_resolution(config, one.folder) for one in passes]
     into = _consensus_into(config, paths)
@@ -611,8 +613,6 @@ def consensus_steps(
         "shape": list(_eval_shape(config)),
         "layout": _layout(config),
     }
-    from pipeline.stitching import part_name
-
     cores = range(len(blocks))
     parts = _layer_parts(config, blocks)
     pairs = [paths.consensus_dir / "pairs" / f"{b.name}.npz" for b in blocks]
@@ -635,9 +635,11 @@ def consensus_steps(
 
 def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> list[Step]:
     """FFN's second pass over the stitched first pass: a pairs task per block core, one join, a
-    decision task per core (flood fills), one merge table, a relabel task per core writing the
-    export's segmentation layer, then the check that writes agglomerate.json
-    (apps/agglomerate.py)."""
+    decision task per core (flood fills), one merge table, a relabel task per part of the layer
+    (a block's core, or a shard) writing the export's segmentation layer, then the check that
+    writes agglomerate.json (apps/agglomerate.py)."""
+    from pipeline.stitching import part_name
+
     folder = paths.agglomerate_dir
     # What it agglomerates: the consensus if one is made, else the first pass.
     source = paths.consensus if config.agglomeration.consensus else paths.first_pass
@@ -653,8 +655,6 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     # merge and what follows it.
     fills = {**base, "agglomeration": config.agglomeration.fill_settings()}
     thresholds = {**base, "agglomeration": config_io.to_dict(config.agglomeration)}
-    from pipeline.stitching import part_name
-
     cores = range(len(blocks))
     parts = _layer_parts(config, blocks)
     contacts = [folder / "contacts" / f"{b.name}.npz" for b in blocks]
