@@ -326,21 +326,29 @@ def read_stamp(output: str | os.PathLike) -> dict | None:
     return record if isinstance(record, dict) and "identity" in record else None
 
 
-def input_token(path: str | os.PathLike, region: Roi | None = None) -> str:
+def input_token(
+    path: str | os.PathLike,
+    region: Roi | None = None,
+    stamps: Callable[[str | os.PathLike], dict | None] = read_stamp,
+) -> str:
     """A task's output is keyed by its stamp's token, or with `region`, the part of it a task
     reads, by that part's (`region_token`) where the output keeps what it takes; a source file
-    by its own identity."""
-    stamp = read_stamp(path)
+    by its own identity. `stamps` reads an output's stamp (`plan` reads each once)."""
+    stamp = stamps(path)
     if not stamp or "token" not in stamp:
         return source_token(path)
     return (region is not None and region_token(path, region)) or stamp["token"]
 
 
-def input_tokens(inputs: Sequence[Path], regions: Sequence[Roi | None] = ()) -> list[str]:
+def input_tokens(
+    inputs: Sequence[Path],
+    regions: Sequence[Roi | None] = (),
+    stamps: Callable[[str | os.PathLike], dict | None] = read_stamp,
+) -> list[str]:
     """`input_token` of each input; `regions`: per input the part of it read (None, or past
     the end of `regions`: all of it)."""
     parts = [*regions, *[None] * (len(inputs) - len(regions))]
-    return [input_token(p, r) for p, r in zip(inputs, parts, strict=True)]
+    return [input_token(p, r, stamps) for p, r in zip(inputs, parts, strict=True)]
 
 
 # Top-level task settings recorded in the stamp but not part of the task's identity: a training's
@@ -377,21 +385,18 @@ def _as_stamped_before(settings: dict, since: int) -> dict | None:
     return older
 
 
-def _identities(settings: dict, input_tokens: Sequence[str], stamped: dict) -> set[str]:
-    """The task's identity now, and as each version before settings were added stamped it;
-    versions that put NOT_IN_IDENTITY in the identity did so with the values `stamped` holds."""
+def _identities(settings: dict, input_tokens: Sequence[str], stamped: dict) -> Iterator[str]:
+    """The task's identity now, then as each version before settings were added stamped it;
+    versions that put NOT_IN_IDENTITY in the identity did so with the values `stamped` holds.
+    Lazily: a task stamped by this version is matched by the first."""
+    yield task_identity(settings, input_tokens)
     olders = [_as_stamped_before(settings, since) for since in range(len(ADDED_SETTINGS))]
-    identities = {task_identity(settings, input_tokens)} | {
-        task_identity(older, input_tokens) for older in olders if older is not None
-    }
+    yield from (task_identity(older, input_tokens) for older in olders if older is not None)
     then = {k: stamped[k] for k in NOT_IN_IDENTITY if k in stamped}
     if then:
-        identities |= {
-            digest({"settings": older | then, "inputs": list(input_tokens)})
-            for older in [settings, *olders]
-            if older is not None
-        }
-    return identities
+        for older in [settings, *olders]:
+            if older is not None:
+                yield digest({"settings": older | then, "inputs": list(input_tokens)})
 
 
 def _plain(settings: dict) -> dict:
@@ -421,16 +426,17 @@ def why_stale(
     inputs: Sequence[Path],
     outputs: Sequence[Path],
     regions: Sequence[Roi | None] = (),
+    stamps: Callable[[str | os.PathLike], dict | None] = read_stamp,
 ) -> str | None:
     """None when the task's outputs are up to date, else the reason it must run; `regions`: the
-    parts of its inputs the task reads (`input_tokens`)."""
+    parts of its inputs the task reads (`input_tokens`); `stamps` reads a stamp (`read_stamp`)."""
     settings = _plain(settings)
-    stamp = read_stamp(outputs[0])
+    stamp = stamps(outputs[0])
     if stamp is None:
         if not any(Path(o).exists() for o in outputs):
             return "not run yet"
         return "outputs not stamped (interrupted, or made by an older version)"
-    tokens = input_tokens(inputs, regions)
+    tokens = input_tokens(inputs, regions, stamps)
     stamped = stamp.get("settings") or {}
     if stamp["identity"] not in _identities(settings, tokens, stamped):
         changes = _changed_settings(stamped, settings)
@@ -588,18 +594,21 @@ def plan(
     """{task name: None if up to date, else why it runs}, tasks given in dependency order. A
     task whose input another task rebuilds runs after it ("after train"); `runnable` False
     keeps a task as it is (--stages), stale or not."""
-    producer = {output: task for task in tasks for output in task.outputs}
+    # Nothing is written while planning: each stamp is read once, however many tasks read its
+    # output (a block's result is read by its 26 neighbours' tasks).
+    stamps = functools.cache(read_stamp)
+    rebuilt_by: dict[Path, str] = {}  # the outputs of the tasks that run: their stage
     reasons: dict[str, str | None] = {}
     for task in tasks:
         if not runnable(task):
             reasons[task.name] = None
             continue
-        rebuilt = sorted(
-            {producer[i].stage for i in task.inputs if i in producer and reasons[producer[i].name]}
-        )
+        rebuilt = rebuilt_by and sorted({rebuilt_by[i] for i in task.inputs if i in rebuilt_by})
         reasons[task.name] = (
             f"after {', '.join(rebuilt)}"
             if rebuilt
-            else why_stale(task.settings, task.inputs, task.outputs, task.regions)
+            else why_stale(task.settings, task.inputs, task.outputs, task.regions, stamps)
         )
+        if reasons[task.name]:
+            rebuilt_by.update(dict.fromkeys(task.outputs, task.stage))
     return reasons
