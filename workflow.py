@@ -264,8 +264,14 @@ def task_step(
     """The step of task `name` (its stage: the name up to "["), run by `apps.<app>`; `regions`:
     the parts of its inputs it reads, as its app tells `stamps.run_once`."""
     stage = name.partition("[")[0]
-    task = Task(name, stage, settings, tuple(map(Path, inputs)), tuple(map(Path, outputs)), regions)
+    task = Task(name, stage, settings, _paths(inputs), _paths(outputs), regions)
     return Step(task, app, args, kwargs)
+
+
+def _paths(paths: list) -> tuple[Path, ...]:
+    """As Paths; one already is kept, not parsed again (a block's result is an input of its 26
+    neighbours' tasks: at 1024³ building the steps took twice as long)."""
+    return tuple(p if isinstance(p, Path) else Path(p) for p in paths)
 
 
 def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
