@@ -405,13 +405,11 @@ def _roi(region: tuple[slice, ...]) -> Roi:
     return Roi(tuple(s.start for s in region), tuple(s.stop for s in region))
 
 
-def _chunk_files(region: Roi, scale: Scale, factor: ZYX, key: str, gzip: bool) -> list[str]:
-    """The chunk files (relative to the layer) that writing `region` at `scale` makes."""
-    lo = [a // f for a, f in zip(region.start, factor, strict=True)]
-    hi = [min(-(-b // f), n) for b, f, n in zip(region.stop, factor, scale.shape_zyx, strict=True)]
+def _chunk_files(box: Roi, scale: Scale, key: str, gzip: bool) -> list[str]:
+    """The chunk files (relative to the layer) that writing `box` (voxels of `scale`) makes."""
     ranges = [
         [(c, min(c + size, h)) for c in range(low, h, size)]
-        for low, h, size in zip(lo, hi, scale.chunk_zyx, strict=True)
+        for low, h, size in zip(box.start, box.stop, scale.chunk_zyx, strict=True)
     ]
     return [
         f"{key}/{x[0]}-{x[1]}_{y[0]}-{y[1]}_{z[0]}-{z[1]}" + (".gz" if gzip else "")
@@ -426,7 +424,7 @@ def _stitched_files(volume, box: Roi, scale: Scale, key: str, gzip: bool) -> lis
         from cloudvolume import Bbox
 
         return [f"{key}/{volume.image.shard_filename(Bbox(xyz(box.start), xyz(box.stop)), 0)}"]
-    return _chunk_files(box, scale, (1, 1, 1), key, gzip)
+    return _chunk_files(box, scale, key, gzip)
 
 
 def _write_shard(layer_dir: Path, mip: int, box: Roi, data_xyz: np.ndarray) -> str:
@@ -536,7 +534,7 @@ def write_region(
                     slice(a, b) for a, b in zip(xyz(box.start), xyz(box.stop), strict=True)
                 )
                 CloudVolume(url, mip=mip, compress=compress, progress=False)[cutout] = data
-                names = _chunk_files(region, scale, factor, key, config.gzip)
+                names = _chunk_files(box, scale, key, config.gzip)
             for name in names:
                 files[f"{layer}/{name}"] = file_record(folder / layer / name)
     ids, counts = fastremap.unique(segmentation, return_counts=True)

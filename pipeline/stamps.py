@@ -486,9 +486,13 @@ def write_stamp(
         "measured": measured or {},
     }
     for output in outputs:
-        with atomic_path(stamp_path(output)) as tmp:
-            tmp.write_text(json.dumps(record, indent=1) + "\n")
+        _save_stamp(output, record)
     return record
+
+
+def _save_stamp(output: str | os.PathLike, record: dict) -> None:
+    with atomic_path(stamp_path(output)) as tmp:
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def restate_output(output: str | os.PathLike) -> None:
@@ -500,8 +504,7 @@ def restate_output(output: str | os.PathLike) -> None:
     if stamp is None or output.name not in stamp.get("outputs", {}):
         return
     stamp["outputs"][output.name] = output_state(output)
-    with atomic_path(stamp_path(output)) as tmp:
-        tmp.write_text(json.dumps(stamp, indent=1) + "\n")
+    _save_stamp(output, stamp)
 
 
 def run_once(
