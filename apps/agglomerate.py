@@ -126,9 +126,9 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
     (.json). Writes part k of the layer (pipeline.stitching.layer_part), merged, into the
     export's segmentation layer."""
     from apps.stitch import writer_of
-    from pipeline.agglomeration import load_merges, relabel
+    from pipeline.agglomeration import load_merges
     from pipeline.stamps import digest, run_once
-    from pipeline.stitching import layer_part, save_core_record, write_part_labels
+    from pipeline.stitching import save_core_record
 
     merges = inputs[0].filepath
     output = outputs[0].filepath
@@ -138,8 +138,7 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
         layer, k = writer_of(settings, folder), settings["part"]
         merged = load_merges(merges)
         with layer_reader(first_pass) as read:
-            part = layer_part(k, blocks, layer.layout)
-            record = write_part_labels(k, part, lambda box: relabel(read(box), *merged), layer)
+            record = _write_merged(k, blocks, layer, read, merged)
         save_core_record(output, record)
         return digest(record["chunks"])
 
@@ -156,16 +155,11 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     from pathlib import Path
 
     from apps.stitch import new_layer, writer_of
-    from pipeline.agglomeration import load_decisions, load_merges, relabel
+    from pipeline.agglomeration import load_decisions, load_merges
     from pipeline.atomic import atomic_path
     from pipeline.export import SEGMENTATION_LAYER
     from pipeline.stamps import run_once
-    from pipeline.stitching import (
-        check_written_parts,
-        layer_part,
-        load_core_record,
-        write_part_labels,
-    )
+    from pipeline.stitching import check_written_parts, load_core_record
 
     paths = [f.filepath for f in inputs]
     count = settings["parts"]
@@ -179,13 +173,10 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
         layer = writer_of(settings, folder)
         merges = load_merges(paths[1])
         with layer_reader(first_pass) as read:
-
-            def rewrite(k: int) -> dict:
-                part = layer_part(k, blocks, layer.layout)
-                return write_part_labels(k, part, lambda box: relabel(read(box), *merges), layer)
-
             repaired, token = check_written_parts(
-                (load_core_record(p) for p in records), layer, rewrite
+                (load_core_record(p) for p in records),
+                layer,
+                lambda k: _write_merged(k, blocks, layer, read, merges),
             )
         decided = [d for p in decisions for d in load_decisions(p)]
         record = {
@@ -202,6 +193,16 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
         return token
 
     return run_once(settings, paths, [summary, full_resolution], work)
+
+
+def _write_merged(k: int, blocks, layer, read, merges) -> dict:
+    """Part k of `layer` (pipeline.stitching.layer_part) written from the first pass (`read`)
+    with `merges` applied; its record."""
+    from pipeline.agglomeration import relabel
+    from pipeline.stitching import layer_part, write_part_labels
+
+    part = layer_part(k, blocks, layer.layout)
+    return write_part_labels(k, part, lambda box: relabel(read(box), *merges), layer)
 
 
 def grid_of(settings: dict):
