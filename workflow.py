@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
 from pipeline.errors import ConfigError, FFNError
-from pipeline.stamps import Task, plan
+from pipeline.stamps import STAMPED_INSIDE_SUFFIX, Task, plan
 
 if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
     from pipeline.blocks import BlockGrid
@@ -696,7 +696,7 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
     segmented = [paths.eval_volume, _full_resolution(config, paths.precomputed)]
     # In the export's folder: a folder lost whole (its records with it) begins again.
-    begun = paths.precomputed / RECORDS_DIR / "begun.json"
+    begun = paths.precomputed / RECORDS_DIR / f"begun{STAMPED_INSIDE_SUFFIX}"
     folder = str(paths.precomputed)  # an argument, not a setting: a moved run stays up to date
     chunks, voxel_size = config.blocks.chunks, _eval_voxel_size(config)
     regions = export_regions(shape, voxel_size, config.export, chunks)
@@ -713,8 +713,8 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     for j, mesh in enumerate(records["mesh"]):
         steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, segmented[1]], [mesh],
                            "export.export_meshes", folder))  # fmt: skip
-    for planned in records["plan"]:  # the segments' ids are the regions'
-        steps.append(task_step("export[mesh plan]", {**base, "merges": tasks["merge"]}, records["region"], [planned],
+    for planned in records["plan"]:  # a mesh shard per meshing task
+        steps.append(task_step("export[mesh plan]", {**base, "shards": tasks["mesh"]}, records["mesh"], [planned],
                                "export.plan_meshes", folder))  # fmt: skip
     for j, merge in enumerate(records["merge"]):
         merging = {**base, "merge": j, "merges": tasks["merge"]}

@@ -6,7 +6,8 @@ writes the summary. Each task records what it wrote in the export's folder. No t
 than a region (`ExportConfig.task_voxels` per axis) or a mesh shard, whatever the volume's size.
 
 Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z0:z1, ..." or
-"mesh": index or "merge": index with "merges": count, or "tasks": {kind: count} (the last)};
+"mesh": index, or "shards" (the plan), or "merge": index with "merges": count, or "tasks":
+{kind: count} (the last)};
 `folder` is the export's folder (an argument, so a moved run stays up to date)."""
 
 from parsl import python_app
@@ -17,7 +18,7 @@ from site_configs import CPU_LABEL
 @python_app(executors=[CPU_LABEL])
 def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: staged volume, the segmentation's full resolution (the stitching's, in `folder`);
-    outputs[0]: the voxel size the export was begun with (.json). Empties the rest of `folder`
+    outputs[0]: the voxel size the export was begun with (a `.record`). Empties the rest of `folder`
     and writes both layers' info."""
     import json
 
@@ -43,7 +44,7 @@ def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def export_region(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the begun export's record, staged volume, the segmentation's full resolution;
-    outputs[0]: the region's record (.npz: its segments' voxel counts, the files it wrote)."""
+    outputs[0]: the region's record (its segments' voxel counts, the files it wrote)."""
     from pipeline.config import from_dict
     from pipeline.export import ExportConfig, save_region_record, write_region
     from pipeline.roi import Roi
@@ -64,7 +65,7 @@ def export_region(settings: dict, folder: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the begun export's record, then the segmentation's full resolution (all it
-    meshes); outputs[0]: the record (.json) of what igneous's meshing task `settings["mesh"]`
+    meshes); outputs[0]: the record of what igneous's meshing task `settings["mesh"]`
     wrote (legacy fragments, or a sharded mesh's fragments and spatial index)."""
     from pipeline.config import from_dict
     from pipeline.export import ExportConfig, mesh_step, save_files_record
@@ -81,24 +82,25 @@ def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: every region's record (their segment ids); outputs[0]: the sharded meshes' plan's
-    record (.json): which segments each of about `settings["merges"]` mesh shards holds."""
-    from pipeline.export import load_region_record, plan_meshes, save_files_record
+    """inputs: every meshing task's record (its fragments); outputs[0]: the sharded meshes'
+    plan's record: which segments each of about `settings["shards"]` mesh shards holds,
+    and where their fragments are."""
+    from pipeline.export import plan_meshes, recorded_files, save_files_record
     from pipeline.stamps import run_once
 
     paths = [f.filepath for f in inputs]
     output = outputs[0].filepath
 
     def work() -> None:
-        regions = (load_region_record(p) for p in paths)
-        save_files_record(output, plan_meshes(folder, regions, settings["merges"]))
+        meshed = (recorded_files(p) for p in paths)
+        save_files_record(output, plan_meshes(folder, meshed, settings["shards"]))
 
     return run_once(settings, paths, [output], work)
 
 
 @python_app(executors=[CPU_LABEL])
 def merge_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the plan's record, then every meshing task's; outputs[0]: the record (.json) of
+    """inputs: the plan's record, then every meshing task's; outputs[0]: the record of
     the mesh shards merge task `settings["merge"]` (of `settings["merges"]`) wrote."""
     from pipeline.config import from_dict
     from pipeline.export import ExportConfig, merge_part, save_files_record

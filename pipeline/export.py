@@ -74,6 +74,7 @@ from pipeline.export_layout import (
     xyz,
 )
 from pipeline.export_meshes import (
+    PLAN,
     begin_legacy_meshing,
     begin_sharded_meshing,
     fragment_part,
@@ -85,12 +86,17 @@ from pipeline.export_meshes import (
 )
 from pipeline.roi import Roi, tiles
 from pipeline.shards import ShardPlan, plan_shards, shard_zyx
-from pipeline.stamps import STAMP_SUFFIX, restate_output
+from pipeline.stamps import STAMPED_INSIDE_SUFFIX, kept_stamp
 from pipeline.volumes import ZYX, VoxelSize
 
 MANIFEST = "export.json"  # the summary, written last
-MANIFEST_FORMAT = 2  # 1: it listed every file; 2: it counts the tasks' records
+# 1: it listed every file; 2: it counts the tasks' records; 3: records hold their stamps
+# (`*.record`, JSON). A format 2 export is not complete: made again.
+MANIFEST_FORMAT = 3
 RECORDS_DIR = "records"
+# Mesh shards a merge task makes, one after the other (it holds one at a time): fewer tasks, and
+# records, than shards, which stay about a meshing region's segments each.
+SHARDS_PER_MERGE = 8
 # The export's tasks, in order; a record each (`task_record_path`). "plan" and "merge" are the
 # sharded meshes' (pipeline.export_meshes).
 TASK_KINDS = ("region", "mesh", "plan", "merge", "finish")
@@ -277,11 +283,13 @@ def export_tasks(
 ) -> dict[str, int]:
     """How many tasks of each kind (`TASK_KINDS`, but the last) write the export: a region task
     per region (`export_regions`), a meshing task per igneous meshing region, and for sharded
-    meshes one plan and as many merge tasks as meshing tasks."""
+    meshes one plan (about a mesh shard per meshing task) and a merge task per
+    `SHARDS_PER_MERGE` shards."""
     meshes = mesh_task_count(shape_zyx, config)
     regions = export_regions(shape_zyx, voxel_size_nm, config, segmentation_chunk_zyx)
     sharded = int(config.sharded)
-    return {"region": len(regions), "mesh": meshes, "plan": sharded, "merge": meshes * sharded}
+    merges = -(-meshes // SHARDS_PER_MERGE) * sharded
+    return {"region": len(regions), "mesh": meshes, "plan": sharded, "merge": merges}
 
 
 def _resolution(voxel_size_nm: VoxelSize) -> list:
@@ -354,12 +362,17 @@ def _segmentation_scales(scales: Sequence[Scale], full: Scale) -> list[Scale]:
 
 
 def begin_export(
-    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig
+    folder: str | Path,
+    shape_zyx: ZYX,
+    voxel_size_nm: VoxelSize,
+    config: ExportConfig,
+    keep_records: bool = False,
 ) -> list[Scale]:
     """Over the full-resolution segmentation in `folder` (`new_segmentation`, written): empty
-    everything else the export writes and write both layers' `info` with every scale, what the
-    region tasks write into. The record `export.json` goes first, so a folder being rewritten is
-    never taken for a finished export."""
+    everything else the export writes (the tasks' records too, unless `keep_records`: a repair
+    rewrites each, keeping the workflow's stamp in it) and write both layers' `info` with every
+    scale, what the region tasks write into. The record `export.json` goes first, so a folder
+    being rewritten is never taken for a finished export."""
     folder = Path(folder)
     _check_replaceable(folder)
     (folder / MANIFEST).unlink(missing_ok=True)
@@ -380,12 +393,10 @@ def begin_export(
             f"task_voxels = {config.task_voxels}): stitch it again with these settings"
         )
     shutil.rmtree(folder / IMAGE_LAYER, ignore_errors=True)
-    # The tasks' records go; their stamps (a workflow's) stay, to be told of a repair's records
-    # (`restate_output`), and the begin task's own record too.
-    for kind in TASK_KINDS:
+    # The begin task's own record stays.
+    for kind in TASK_KINDS if not keep_records else ():
         for record in (folder / RECORDS_DIR).glob(f"{kind}_*"):
-            if not record.name.endswith(STAMP_SUFFIX):
-                record.unlink()
+            record.unlink()
     # The segmentation's full resolution is the stitching's; everything after it the export's.
     for name in [MESH_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
         shutil.rmtree(folder / SEGMENTATION_LAYER / name, ignore_errors=True)
@@ -553,59 +564,64 @@ def damaged(folder: str | Path, files: dict[str, list[int]]) -> bool:
         return True
 
 
-# Each task's record, in the export's own folder (`RECORDS_DIR`): the files it wrote, with size
-# and mtime (`file_record`); a region's also its segments' voxel counts. The export is complete
-# when every task's record is there and each file is as recorded (`export_complete`): no list
-# of every file, no walk of the folder.
+# Each task's record, in the export's own folder (`RECORDS_DIR`): a JSON object, the files it
+# wrote ("files": with size and mtime, `file_record`); a region's also its segments' voxel
+# counts. The export is complete when every task's record is there and each file is as recorded
+# (`export_complete`): no list of every file, no walk of the folder. Named `*.record`, a record
+# holds its task's stamp in a workflow run (pipeline.stamps, its "stamp" key): no stamp file
+# beside it.
 def task_record_path(folder: str | Path, kind: str, index: int) -> Path:
     """The record of task `index` of `kind` (one of `TASK_KINDS`)."""
     if kind not in TASK_KINDS:
         raise ValueError(f"task kind {kind!r} is not one of {TASK_KINDS}")
-    suffix = ".npz" if kind == "region" else ".json"
-    return Path(folder) / RECORDS_DIR / f"{kind}_{index}{suffix}"
+    return Path(folder) / RECORDS_DIR / f"{kind}_{index}{STAMPED_INSIDE_SUFFIX}"
+
+
+def _save_record(path: str | Path, record: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(record))
 
 
 def save_region_record(path: str | Path, region: Roi, record: dict) -> None:
     """A region task's record (`write_region`'s result), atomically."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(
-            f,
-            region=str(region),
-            ids=record["ids"],
-            counts=record["counts"],
-            files=json.dumps(record["files"]),
-        )
+    ids, counts = np.asarray(record["ids"]), np.asarray(record["counts"])
+    _save_record(
+        path,
+        {
+            "region": str(region),
+            "ids": ids.tolist(),
+            "counts": counts.tolist(),
+            "files": record["files"],
+        },
+    )
 
 
 def load_region_record(path: str | Path) -> dict:
-    with np.load(path) as f:
-        return {
-            "region": Roi.parse(str(f["region"])),
-            "ids": f["ids"],
-            "counts": f["counts"],
-            "files": json.loads(str(f["files"])),
-        }
+    record = json.loads(Path(path).read_text())
+    return {
+        "region": Roi.parse(record["region"]),
+        "ids": np.array(record["ids"], np.uint64),
+        "counts": np.array(record["counts"], np.int64),
+        "files": record["files"],
+    }
 
 
 def _resave(save: Callable[..., None], path: Path, *record: object) -> None:
     """A repaired task's record saved again (`save(path, *record)`), its stamp (a workflow's)
-    told: the task stays up to date, having been put back as it was."""
-    save(path, *record)
-    restate_output(path)
+    kept: the task stays up to date, having been put back as it was."""
+    with kept_stamp(path):
+        save(path, *record)
 
 
 def save_files_record(path: str | Path, files: dict[str, list[int]]) -> None:
     """A task's record of the files it wrote (`file_record` each), atomically."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(files))
+    _save_record(path, {"files": files})
 
 
-def _recorded_files(path: Path) -> dict[str, list[int]]:
-    if path.suffix == ".npz":
-        return load_region_record(path)["files"]
-    return json.loads(path.read_text())
+def recorded_files(path: str | Path) -> dict[str, list[int]]:
+    """The files a task's record lists (`file_record` each)."""
+    return json.loads(Path(path).read_text())["files"]
 
 
 def mesh_step(folder: Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
@@ -615,15 +631,17 @@ def mesh_step(folder: Path, config: ExportConfig, index: int) -> dict[str, list[
     return mesh_part(folder, config, index)
 
 
-def plan_meshes(folder: str | Path, regions: Iterable[dict], shards: int) -> dict[str, list[int]]:
-    """Sharded meshes' plan (`mesh_shard_plan`: about `shards` shards, one a merge task) from
-    every region's segment ids (`regions`: their records, read one at a time); returns the
+def plan_meshes(
+    folder: str | Path, meshed: Iterable[dict[str, list[int]]], shards: int
+) -> dict[str, list[int]]:
+    """Sharded meshes' plan (`mesh_shard_plan`: about `shards` shards) from what every meshing
+    task wrote (`meshed`: each one's files, in task order: its `.frags`, if any); returns the
     files it wrote."""
     folder = Path(folder)
-    ids = np.unique(np.concatenate([np.zeros(0, np.uint64), *(r["ids"] for r in regions)]))
-    mesh_shard_plan(folder, ids, shards)
+    fragments = {j: folder / name for j, files in enumerate(meshed) for name in files}
+    mesh_shard_plan(folder, fragments, shards)
     mesh = folder / SEGMENTATION_LAYER / MESH_DIR
-    written = [mesh / "info", *sorted(mesh.glob("*.labels"))]
+    written = [mesh / "info", mesh / PLAN]
     return {path.relative_to(folder).as_posix(): file_record(path) for path in written}
 
 
@@ -646,10 +664,10 @@ def repair_export(
     repaired, counts = [], []
     layers = [folder / name for name in BEGUN_FILES]
     regions = None
-    if not all(info.is_file() for info in layers):  # begun again: every task's record goes
+    if not all(info.is_file() for info in layers):  # begun again: every task's record rewritten
         chunk = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].chunk_zyx
         regions = export_regions(shape_zyx, voxel_size_nm, config, chunk)
-        begin_export(folder, shape_zyx, voxel_size_nm, config)
+        begin_export(folder, shape_zyx, voxel_size_nm, config, keep_records=True)
         repaired.append("layers")
     for k in range(tasks.get("region", 0)):
         path = task_record_path(folder, "region", k)
@@ -663,18 +681,21 @@ def repair_export(
     rewritten = bool(repaired)
     for j in range(tasks.get("mesh", 0)):
         path = task_record_path(folder, "mesh", j)
-        if rewritten or damaged(folder, _recorded_files(path)):
+        if rewritten or damaged(folder, recorded_files(path)):
             _resave(save_files_record, path, mesh_step(folder, config, j))
             repaired.append(f"mesh {j}")
     if tasks.get("plan"):
         path = task_record_path(folder, "plan", 0)
-        replan = bool(repaired) or damaged(folder, _recorded_files(path))
+        replan = bool(repaired) or damaged(folder, recorded_files(path))
         if replan:  # every shard is merged again: the plan's shards go
-            _resave(save_files_record, path, plan_meshes(folder, counts, tasks["merge"]))
+            meshed = (
+                recorded_files(task_record_path(folder, "mesh", j)) for j in range(tasks["mesh"])
+            )
+            _resave(save_files_record, path, plan_meshes(folder, meshed, tasks["mesh"]))
             repaired.append("mesh plan")
         for j in range(tasks.get("merge", 0)):
             path = task_record_path(folder, "merge", j)
-            if replan or damaged(folder, _recorded_files(path)):
+            if replan or damaged(folder, recorded_files(path)):
                 _resave(save_files_record, path, merge_part(folder, config, j, tasks["merge"]))
                 repaired.append(f"mesh merge {j}")
     return repaired, counts
@@ -722,7 +743,7 @@ def finish_export(
     }
     with atomic_path(folder / MANIFEST) as tmp:
         tmp.write_text(json.dumps(summary, indent=1) + "\n")
-    recorded = set().union(*(_recorded_files(p) for p in _record_paths(folder, tasks)))
+    recorded = set().union(*(recorded_files(p) for p in _record_paths(folder, tasks)))
     return int(unique.size), len(recorded)
 
 
@@ -799,7 +820,7 @@ def export_precomputed(
         for region in regions:  # the stitching's part: a region, a shard, at a time
             writer.write(region.slices, segmentation[region.slices])
         scales = begin_export(tmp, shape, voxel_size, config)
-        records = []
+        records, meshed = [], []
         for k, region in enumerate(regions):
             record = write_region(
                 tmp, region, raw[region.slices], segmentation[region.slices], config
@@ -808,10 +829,11 @@ def export_precomputed(
             records.append(record)
             bar.update()
         for j in range(tasks["mesh"]):
-            save_files_record(task_record_path(tmp, "mesh", j), mesh_step(tmp, config, j))
+            meshed.append(mesh_step(tmp, config, j))
+            save_files_record(task_record_path(tmp, "mesh", j), meshed[-1])
             bar.update()
         if tasks["plan"]:
-            planned = plan_meshes(tmp, records, tasks["merge"])
+            planned = plan_meshes(tmp, meshed, tasks["mesh"])
             save_files_record(task_record_path(tmp, "plan", 0), planned)
             bar.update()
         for j in range(tasks["merge"]):
@@ -848,7 +870,7 @@ def export_complete(folder: str | Path) -> bool:
         if summary.get("format") != MANIFEST_FORMAT:
             return False
         for path in _record_paths(folder, summary["records"]):
-            if os.stat(path).st_mtime_ns > written or damaged(folder, _recorded_files(path)):
+            if os.stat(path).st_mtime_ns > written or damaged(folder, recorded_files(path)):
                 return False
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return False

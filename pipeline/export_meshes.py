@@ -9,22 +9,24 @@ Sharded multi-resolution meshes (sharded exports): Neuroglancer's `neuroglancer_
 meshes in `neuroglancer_uint64_sharded_v1` shards, a few large files instead of a fragment per
 segment per task and a manifest per segment. Three phases, each task holding a bounded part:
 
-1. `begin_sharded_meshing`, once: the mesh `info` (with its spatial index) and igneous's
-   provenance entry, which the fragment tasks then only read.
+1. `begin_sharded_meshing`, once: the mesh `info` and igneous's provenance entry, which the
+   fragment tasks then only read.
 2. `fragment_part`, one per igneous meshing task (the regions of `mesh_part`): igneous's
-   MeshTask with `sharded=True` meshes its region into one `.frags` file (a MapBuffer of its
-   segments' meshes) and the region's spatial index (`.spatial`: segment -> box, nm).
-3. `mesh_shard_plan`, once, with every segment id: the `sharding` spec and the segment ids of
-   each shard (`<shard>.labels`), written before `merge_shards`, one task per meshing task,
-   each merging every shard whose number is its index modulo their count (`merge_shard`:
-   igneous's MultiResShardedMeshMergeTask gathers a shard's segments' fragments, makes their
-   levels of detail and writes the shard file `<shard>.shard`). A fixed number of merge tasks
-   however many shards the segments need: the workflow's tasks are known before it runs.
+   MeshTask with `sharded=True` meshes its region into one `<task>.frags` file (a MapBuffer of
+   its segments' meshes).
+3. `mesh_shard_plan`, once, after every fragment task: the `sharding` spec and one plan file
+   (`PLAN`: each shard's segments, and for each segment the fragment tasks holding its
+   meshes), written before `merge_shard` runs for each shard (igneous's
+   MultiResShardedMeshMergeTask's steps, a segment at a time: its levels of detail, the shard
+   file `<shard>.shard`). A merge task (`merge_part`) takes every shard whose number is its
+   index modulo their count. About a shard per meshing task, a fixed number of merge tasks:
+   the workflow's tasks are known before it runs.
 
-Files under `segmentation/mesh/`: `info`, a `.frags` per task whose region holds a segment, a
-`.spatial` (`.spatial.gz` with `gzip`) per task, a `.labels` per shard and a `.shard` per shard
-holding a mesh. Neuroglancer reads only `info` and the shards; the rest is what a merge re-run
-(a damaged shard) reads again.
+Files under `segmentation/mesh/`: `info`, a `.frags` per task whose region holds a segment, the
+plan and a `.shard` per shard holding a mesh. Neuroglancer reads only `info` and the shards; the
+rest is what a merge re-run (a damaged shard) reads again. igneous's own way keeps a spatial
+index file per task and a `.labels` file per shard besides, and every merge task reads the
+whole spatial index.
 
 Axes: the project is (z, y, x); igneous and cloud-volume are (x, y, z).
 """
@@ -37,7 +39,7 @@ import os
 import re
 import shutil
 from array import array as typed_array
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 from time import strftime
 from typing import TYPE_CHECKING
@@ -98,7 +100,7 @@ def _igneous_mesh_task(folder: Path, config: ExportConfig, index: int, sharded: 
     `task_voxels` per axis, meshed at full resolution, in its order: x fastest), made here
     without the shared files that writes (`begin_legacy_meshing`, `begin_sharded_meshing`) and
     without making the other tasks: legacy fragments, or with `sharded` a `.frags` file of the
-    region's meshes and its spatial index, which the merge tasks read."""
+    region's meshes, which the merge tasks read."""
     from igneous.tasks import MeshTask
 
     shape_zyx = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
@@ -107,7 +109,7 @@ def _igneous_mesh_task(folder: Path, config: ExportConfig, index: int, sharded: 
     if not 0 <= index < count:
         raise ValueError(f"meshing task {index} of {count}")
     corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
-    options = _fragment_options(config) if sharded else _meshing_options(config)
+    options = _meshing_options(config)
     return MeshTask(
         shape=(config.task_voxels,) * 3,
         offset=xyz(corner_zyx.tolist()),
@@ -213,19 +215,22 @@ def _mesh_dir(folder: Path) -> Path:
     return folder / SEGMENTATION_LAYER / MESH_DIR
 
 
-def _fragment_options(config: ExportConfig) -> dict:
-    """The legacy meshing's options, with the spatial index: a merge task finds which `.frags`
-    files hold its segments from it (igneous's `locations_for_labels`)."""
-    return {**_meshing_options(config), "spatial_index": True}
+def _fragments_path(folder: Path, index: int) -> Path:
+    """Where fragment task `index` keeps its region's meshes (a MapBuffer by segment id)."""
+    return _mesh_dir(folder) / f"{index}.frags"
+
+
+# The shards' plan (`mesh_shard_plan`), in the mesh folder: one file whatever the shard count.
+PLAN = "plan.npy"
 
 
 def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
     """Before the fragment tasks run side by side: an empty mesh folder (an earlier run's
-    fragments and shards go) with igneous's mesh `info` (legacy type, its spatial index's
-    resolution and chunk: what `fragment_part` reads) and igneous's provenance entry, written by
-    its `create_meshing_tasks(sharded=True)`, which rewrites both in place (not atomically), so
-    the tasks must not call it. The segmentation's `info` names the mesh folder (atomically,
-    here, if it does not yet) so igneous leaves that shared file alone."""
+    fragments and shards go) with igneous's mesh `info` (legacy type: what `fragment_part`
+    reads) and igneous's provenance entry, written by its `create_meshing_tasks(sharded=True)`,
+    which rewrites both in place (not atomically), so the tasks must not call it. The
+    segmentation's `info` names the mesh folder (atomically, here, if it does not yet) so
+    igneous leaves that shared file alone."""
     from igneous.task_creation import create_meshing_tasks
 
     folder = Path(folder)
@@ -242,7 +247,7 @@ def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
             layer_url(folder, SEGMENTATION_LAYER),
             shape=(config.task_voxels,) * 3,
             sharded=True,
-            **_fragment_options(config),
+            **_meshing_options(config),
         ):
             pass
 
@@ -250,29 +255,24 @@ def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
 def fragment_part(folder: Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
     """Run igneous's meshing task `index` (of `pipeline.export.mesh_task_count`: a region of
     `task_voxels` per axis, x fastest, as `create_meshing_tasks` orders them) with
-    `sharded=True` on a begun export (`begin_sharded_meshing`). Returns the files it wrote
-    (`file_record`): its `.frags` (none when its region is empty) and its `.spatial`."""
+    `sharded=True` on a begun export (`begin_sharded_meshing`): its region's meshes in one
+    MapBuffer file, as igneous writes it, but named after the task (`<index>.frags`, so the plan
+    need not list names) and written atomically. Returns the file written (`file_record`), or
+    nothing for a region without a segment."""
+    from mapbuffer import MapBuffer
+
     folder = Path(folder)
     task = _igneous_mesh_task(folder, config, index, sharded=True)
-    # Named as igneous names them (`_upload_batch`, `_upload_spatial_index`); the `.frags` only
-    # when written, so a stale one (its region since emptied, its index now `{}`) is not taken
-    # for this run's.
-    written, upload = [], task._upload_batch
+    path = _fragments_path(folder, index)
+    path.unlink(missing_ok=True)  # a stale one (its region since emptied) is not this run's
 
-    def recorded_upload(meshes: dict, bbox: "Bbox") -> None:
-        upload(meshes, bbox)
-        written.append(f"{bbox.to_filename()}.frags")
+    def upload(meshes: dict, bbox: "Bbox") -> None:  # igneous's `_upload_batch`, atomically
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(MapBuffer(meshes, compress="br").tobytes())
 
-    task._upload_batch = recorded_upload
+    task._upload_batch = upload
     task.execute()
-    resolution = task._volume.resolution
-    physical = task._bounds.astype(resolution.dtype) * resolution
-    precision = task._volume.mesh.spatial_index.precision
-    written.append(f"{physical.to_filename(precision)}.spatial" + (".gz" if config.gzip else ""))
-    mesh = _mesh_dir(folder)
-    return {
-        (mesh / name).relative_to(folder).as_posix(): file_record(mesh / name) for name in written
-    }
+    return {path.relative_to(folder).as_posix(): file_record(path)} if path.exists() else {}
 
 
 def mesh_sharding(segment_count: int, shards: int) -> dict:
@@ -281,10 +281,9 @@ def mesh_sharding(segment_count: int, shards: int) -> dict:
     calls it): 2^round(log2(`shards`)) shards, or more where the segments would overflow the
     indices sized for a 100 Mbit/s reader (8 KiB shard index, 32 KiB minishard indices);
     murmurhash spreads the segments (a shard's count varies by about its square root); draco
-    meshes stored raw. The export asks for as many shards as merge tasks, one each, so a merge
-    task holds about the segments of a meshing region whatever the volume's size (igneous's
-    command asks for one per 1000 segments: at 256^3 one shard would hold every segment, at
-    1024^3 a thousand)."""
+    meshes stored raw. The export asks for a shard per meshing task, so a shard holds about a
+    meshing region's segments whatever the volume's size (igneous's command asks for one per
+    1000 segments: at 256^3 one shard would hold every segment, at 1024^3 a thousand)."""
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
     from igneous.task_creation.common import compute_shard_params_for_hashed
 
@@ -317,29 +316,38 @@ def _mesh_info(folder: Path) -> dict:
     return json.loads((_mesh_dir(folder) / "info").read_text())
 
 
-def mesh_shard_plan(folder: Path, segment_ids: np.ndarray | Iterable[int], shards: int) -> int:
-    """Once, after `begin_sharded_meshing` and before any merge task (fragment tasks may still
-    run: they read only the spatial index of the `info` this replaces): the mesh `info`
-    Neuroglancer reads (igneous's `configure_multires_info`: multires type, vertex quantization,
-    the mip's resolution as transform, lod scale 1; and the sharding of `mesh_sharding`),
-    atomically and in one write, then each shard's segment ids (`<shard>.labels`, an empty list
-    for a shard none hashes to) and igneous's provenance entry for the merge. Shards of an
-    earlier plan go first. `segment_ids`: every segment of the volume (the export regions' ids;
-    0 is ignored); `shards`: about how many shards (`mesh_sharding`). Returns the number of
-    shards (`mesh_shard_count`).
+def _fragment_ids(path: Path) -> np.ndarray:
+    """The segment ids a `.frags` file holds meshes of (its index only, not its meshes)."""
+    from mapbuffer import MapBuffer
 
-    igneous's `create_sharded_multires_mesh_tasks` does this from the spatial index: it reads
-    every `.spatial` file, 10,000 at a time, and holds every id as a Python int; here the ids
-    are given (8 bytes each, plus shardcomputer's lists: about 50 bytes an id, once)."""
+    with open(path, "rb") as f:
+        return np.fromiter(MapBuffer(f).keys(), np.uint64)
+
+
+def mesh_shard_plan(folder: Path, fragments: dict[int, Path], shards: int) -> int:
+    """Once, after every fragment task (`fragments`: task index -> its `.frags` file, for the
+    tasks that wrote one) and before any merge task: the mesh `info` Neuroglancer reads
+    (igneous's `configure_multires_info`: multires type, vertex quantization, the mip's
+    resolution as transform, lod scale 1; and the sharding of `mesh_sharding`, about `shards`
+    shards), atomically, then the plan `PLAN` (what igneous keeps in a `.labels` file per shard
+    and finds in the spatial index, `_write_plan`), and igneous's provenance entry for the
+    merge. Shards of an earlier plan go first. Returns the number of shards
+    (`mesh_shard_count`). Holds every (segment, task) pair of the volume: 16 bytes each, plus
+    shardcomputer's lists (about 50 bytes a segment), once."""
     import shardcomputer
     from igneous.task_creation.common import operator_contact
 
     folder = Path(folder)
-    ids = np.unique(np.asarray(segment_ids, dtype=np.uint64))
-    ids = ids[ids != 0]
+    segments = [_fragment_ids(path) for path in fragments.values()]
+    owners = [
+        np.full(ids.size, task, np.uint64) for task, ids in zip(fragments, segments, strict=True)
+    ]
+    pairs = np.concatenate([np.zeros(0, np.uint64), *segments])
+    tasks = np.concatenate([np.zeros(0, np.uint64), *owners])
+    ids = np.unique(pairs)
     spec = mesh_sharding(ids.size, shards)
     mesh = _mesh_dir(folder)
-    for stale in [*mesh.glob("*.shard"), *mesh.glob("*.labels")]:
+    for stale in mesh.glob("*.shard"):
         stale.unlink()
     info = _mesh_info(folder)
     resolution = read_info(folder, SEGMENTATION_LAYER)["scales"][info["mip"]]["resolution"]
@@ -358,14 +366,15 @@ def mesh_shard_plan(folder: Path, segment_ids: np.ndarray | Iterable[int], shard
     )
     with atomic_path(mesh / "info") as tmp:
         tmp.write_text(json.dumps(info))
-    shards = shardcomputer.assign_labels_to_shards(
+    assigned = shardcomputer.assign_labels_to_shards(
         ids, spec["preshift_bits"], spec["shard_bits"], spec["minishard_bits"]
     )
     count = 2 ** spec["shard_bits"]
+    shard_of = np.zeros(ids.size, np.uint64)
     for shard in range(count):
-        name = _shard_name(spec, shard)
-        with atomic_path(mesh / f"{name}.labels") as tmp:
-            tmp.write_text(json.dumps(shards.get(name, [])))
+        members = np.asarray(assigned.get(_shard_name(spec, shard), []), np.uint64)
+        shard_of[np.searchsorted(ids, members)] = shard
+    _write_plan(mesh / PLAN, count, shard_of[np.searchsorted(ids, pairs)], pairs, tasks)
     provenance = folder / SEGMENTATION_LAYER / "provenance"
     record = json.loads(provenance.read_text())
     # igneous's operator: `git config user.email`, printed to stdout without one.
@@ -392,6 +401,44 @@ def mesh_shard_plan(folder: Path, segment_ids: np.ndarray | Iterable[int], shard
     return count
 
 
+def _write_plan(
+    path: Path, count: int, shards: np.ndarray, segments: np.ndarray, tasks: np.ndarray
+) -> None:
+    """The plan of `count` shards from (shard, segment, fragment task) triples, as one uint64
+    array a merge task maps and slices (`_shard_segments`), reading only its shard's part:
+    [count, segments n, pairs m, shard -> first segment (count + 1), segment ids (n, by shard
+    then id), segment -> first pair (n + 1), the tasks holding each segment's fragments (m)]."""
+    order = np.lexsort((tasks, segments, shards))
+    segments, shards, tasks = segments[order], shards[order], tasks[order]
+    firsts = np.flatnonzero(np.diff(segments, prepend=segments[:1] + 1) != 0)
+    ids, owners = segments[firsts], shards[firsts]
+    by_shard = np.searchsorted(owners, np.arange(count + 1))
+    parts = [[count, ids.size, tasks.size], by_shard, ids, [*firsts, tasks.size], tasks]
+    # Each as uint64 first: int64 and uint64 together would make floats (ids past 2^53 lost).
+    plan = np.concatenate([np.asarray(part, np.uint64) for part in parts])
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, plan)
+
+
+def _shard_segments(folder: Path, shard: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(segment id, the fragment tasks holding its meshes) of every segment of `shard`, from
+    the plan (`_write_plan`); PrecomputedError when it is missing or cut short."""
+    path = _mesh_dir(folder) / PLAN
+    try:
+        plan = np.load(path, mmap_mode="r")
+        count, n, m = (int(v) for v in plan[:3])
+        if plan.size != 3 + count + 1 + n + n + 1 + m or not 0 <= shard < count:
+            raise ValueError(f"{plan.size} numbers, shard {shard} of {count}")
+    except (OSError, ValueError) as exc:
+        raise PrecomputedError(f"{path}: no whole plan of the mesh shards ({exc})") from None
+    ids_at, pairs_at = 3 + count + 1, 3 + count + 1 + n
+    tasks_at = pairs_at + n + 1
+    first, last = int(plan[3 + shard]), int(plan[3 + shard + 1])
+    starts = np.asarray(plan[pairs_at + first : pairs_at + last + 1], np.int64)
+    for k, segment in enumerate(np.asarray(plan[ids_at + first : ids_at + last])):
+        yield int(segment), np.asarray(plan[tasks_at + starts[k] : tasks_at + starts[k + 1]])
+
+
 def _sharding(folder: Path) -> dict:
     info = _mesh_info(folder)
     if "sharding" not in info:
@@ -400,54 +447,67 @@ def _sharding(folder: Path) -> dict:
 
 
 def mesh_shard_count(folder: Path) -> int:
-    """The number of merge tasks (shards, some maybe empty) of the plan `mesh_shard_plan` wrote
-    in `folder`: read back, so a resumed run needs no segment ids."""
+    """The number of shards (some maybe empty) of the plan `mesh_shard_plan` wrote in `folder`:
+    read back, so a resumed run needs no segment ids."""
     return 2 ** _sharding(Path(folder))["shard_bits"]
 
 
 def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[str, list[int]]:
-    """Run igneous's MultiResShardedMeshMergeTask for shard `shard_number` (of
-    `mesh_shard_count`): its segments' multires meshes, with `config.num_scales` levels of detail
-    at most (as many as the layers have scales; fewer for a mesh under `MIN_CHUNK_VOXELS`
-    across), in its shard file. Returns that file's `file_record`; nothing for a shard without a
-    mesh. A shard file left by an earlier run goes first; igneous writes it in place, not
-    atomically: a run cut short leaves it truncated, and a re-run rewrites it. igneous drops a
-    segment whose mesh is flat (under a voxel across on an axis: a sliver, simplified) without a
-    word: it gets no mesh.
+    """Shard `shard_number` (of `mesh_shard_count`) of the multires meshes, as igneous's
+    MultiResShardedMeshMergeTask makes it, from its own steps: a segment's fragments
+    concatenated and consolidated, its levels of detail (`process_mesh`: `config.num_scales`
+    at most, as many as the layers have scales; fewer for a mesh under `MIN_CHUNK_VOXELS`
+    across) draco-encoded, the shard file synthesized by cloud-volume; written atomically, so a
+    task cut short leaves no shard. Returns its `file_record`; nothing for a shard without a
+    mesh. As igneous, a segment whose mesh is flat (under a voxel across on an axis: a sliver,
+    simplified) gets no mesh.
 
-    Memory and reads, from igneous's source: it reads its `.labels` (its segments), then every
-    `.spatial` file (one per fragment task: the whole spatial index, in batches of up to 500
-    files held at once) keeping the names of the `.frags` holding its segments, which it maps
-    (mmap) to decode its segments' fragments; it holds every fragment of all its segments at
-    once, then their levels of detail, draco encodings and the whole shard. So its memory is
-    its segments' meshes (about a meshing region's segments: bounded by the plan, not by the
-    volume, except that one segment spanning the volume has a mesh growing with it) plus a batch
-    of index files (each as large as a task's segment count); its reads grow with the number of
-    fragment tasks, as every merge task reads the whole spatial index."""
-    from igneous.tasks import MultiResShardedMeshMergeTask
+    Unlike igneous's task, which decodes every fragment of all its segments at once and keeps
+    every merged mesh until the shard is made, this takes one segment at a time: what it holds
+    is the shard's encoded meshes and one segment's fragments. It reads its part of the plan
+    (no `.labels` file, no spatial index) and only the `.frags` files holding its segments."""
+    from cloudvolume import CloudVolume, Mesh
+    from cloudvolume.datasource.precomputed.sharding import synthesize_shard_files
+    from igneous.tasks.mesh.multires import process_mesh
+    from mapbuffer import MapBuffer
 
     folder = Path(folder)
     spec = _sharding(folder)
     count = 2 ** spec["shard_bits"]
     if not 0 <= shard_number < count:
         raise ValueError(f"mesh shard {shard_number} of {count}")
-    name = _shard_name(spec, shard_number)
-    labels = _mesh_dir(folder) / f"{name}.labels"
-    if not labels.is_file():
-        # igneous would list every segment of the volume from the spatial index instead.
-        raise PrecomputedError(f"{labels}: missing (written by mesh_shard_plan)")
-    path = _mesh_dir(folder) / f"{name}.shard"
+    path = _mesh_dir(folder) / f"{_shard_name(spec, shard_number)}.shard"
     path.unlink(missing_ok=True)
-    MultiResShardedMeshMergeTask(
-        layer_url(folder, SEGMENTATION_LAYER),
-        name,
-        draco_compression_level=DRACO_COMPRESSION_LEVEL,
-        mesh_dir=MESH_DIR,
-        num_lod=config.num_scales - 1,
-        min_chunk_size=MIN_CHUNK_VOXELS,
-        progress=False,
-    )
-    return {path.relative_to(folder).as_posix(): file_record(path)} if path.exists() else {}
+    volume = CloudVolume(layer_url(folder, SEGMENTATION_LAYER), progress=False)
+    volume.mip = volume.mesh.meta.mip
+    encoded, manifest_at = {}, {}
+    with contextlib.ExitStack() as opened:
+        fragments: dict[int, MapBuffer] = {}  # read where needed, not loaded
+
+        def fragment(task: int, segment: int) -> Mesh:
+            if task not in fragments:
+                f = opened.enter_context(open(_fragments_path(folder, task), "rb"))
+                fragments[task] = MapBuffer(f, frombytesfn=Mesh.from_precomputed)
+            return fragments[task][segment]
+
+        for segment, tasks in _shard_segments(folder, shard_number):
+            parts = [fragment(int(task), segment) for task in tasks]
+            mesh = Mesh.concatenate(*parts, segid=segment).consolidate()
+            manifest, meshes = process_mesh(
+                volume, segment, mesh, config.num_scales - 1, MIN_CHUNK_VOXELS,
+                draco_compression_level=DRACO_COMPRESSION_LEVEL,
+            )  # fmt: skip
+            if manifest is not None and len(meshes) > 0:  # igneous's `create_mesh_shard`
+                manifest_at[segment] = len(manifest)
+                encoded[segment] = meshes + manifest.to_binary()
+    if not encoded:
+        return {}
+    shards = synthesize_shard_files(volume.mesh.reader.spec, encoded, manifest_at)
+    if list(shards) != [path.name]:
+        raise PrecomputedError(f"mesh shard {path.name}: the plan's segments made {list(shards)}")
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(shards[path.name])
+    return {path.relative_to(folder).as_posix(): file_record(path)}
 
 
 def merge_part(folder: Path, config: ExportConfig, index: int, count: int) -> dict[str, list[int]]:

@@ -25,6 +25,11 @@ shutil.copytree), is up to date with its own files and never with the dir it cam
 output's state has its mtime, not its ctime: a copy has new ctimes and would run every task
 again, so a rewrite that puts size and mtime back (`os.utime`) is not seen (no output is read).
 
+An output named `*.record` (STAMPED_INSIDE_SUFFIX), a JSON object, holds its stamp itself, as
+its "stamp" key, and has no stamp file. Its state is not recorded (embedding the stamp changes
+it): it is trusted while its stamp parses and has the task's identity. Its task wrote it whole,
+atomically; one truncated or edited by hand no longer parses or has no stamp, and runs again.
+
 A task that reads a part of a staged volume (an inference block) says which (`regions`): it is
 keyed on the digests of the bricks of that part (`region_token`), which staging keeps in the
 staged file, so a voxel changed elsewhere leaves it up to date.
@@ -57,6 +62,10 @@ if TYPE_CHECKING:  # h5py is imported where a staged volume is read
     import h5py
 
 STAMP_SUFFIX = ".stamp.json"
+# An output named so is a JSON object that holds its own stamp (its "stamp" key): an export
+# writes a small record per task, up to millions of them on a parallel file system, where a
+# stamp file beside each would double the files (and the metadata operations).
+STAMPED_INSIDE_SUFFIX = ".record"
 
 
 def digest(value: object) -> str:
@@ -232,6 +241,16 @@ def stamp_path(output: str | os.PathLike) -> Path:
     return output.with_name(output.name + STAMP_SUFFIX)
 
 
+def holds_stamp(output: str | os.PathLike) -> bool:
+    """Whether `output` holds its stamp itself (STAMPED_INSIDE_SUFFIX), by its name alone."""
+    return _as_path(output).name.endswith(STAMPED_INSIDE_SUFFIX)
+
+
+def _stamp_file(output: str | os.PathLike) -> Path:
+    """The file `output`'s stamp is in: the output itself where it holds it, else beside it."""
+    return _as_path(output) if holds_stamp(output) else stamp_path(output)
+
+
 def _file_state(path: Path) -> list[int]:
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns]
@@ -325,10 +344,14 @@ def source_token(path: str | os.PathLike) -> str:
 
 
 def read_stamp(output: str | os.PathLike) -> dict | None:
+    """The stamp of `output`'s task; None where there is none, or it (or the output holding
+    it) is missing or does not parse."""
     try:
-        record = json.loads(stamp_path(output).read_text())
+        record = json.loads(_stamp_file(output).read_text())
     except (OSError, ValueError):
         return None
+    if holds_stamp(output):
+        record = record.get("stamp") if isinstance(record, dict) else None
     return record if isinstance(record, dict) and "identity" in record else None
 
 
@@ -455,6 +478,13 @@ def why_stale(
         return "input changed: " + ", ".join(changed or ["inputs"])
     recorded = stamp.get("outputs", {})
     for output in map(_as_path, outputs):
+        if holds_stamp(output):
+            held = stamps(output)
+            if held is None and not output.exists():
+                return f"output missing: {_display(output)}"
+            if held is None or held["identity"] != stamp["identity"]:
+                return f"output changed since it was made: {_display(output)}"
+            continue
         before = recorded.get(output.name)
         state = _state_as_recorded(output, before)
         if state is None:
@@ -473,9 +503,10 @@ def write_stamp(
     measured: dict | None = None,
     regions: Sequence[Roi | None] = (),
 ) -> dict:
-    """Record that `outputs`, whose states (`output_state`, by name) are `states`, were made
-    from `settings` and `inputs` (call after writing them; `regions`: the parts of the inputs
-    read, `input_tokens`); `measured`: what making them cost (seconds, peak memory)."""
+    """Record that `outputs`, whose states (`output_state`, by name; none for an output that
+    holds its stamp) are `states`, were made from `settings` and `inputs` (call after writing
+    them; `regions`: the parts of the inputs read, `input_tokens`); `measured`: what making
+    them cost (seconds, peak memory)."""
     settings, tokens = _plain(settings), input_tokens(inputs, regions)
     record = {
         "identity": task_identity(settings, tokens),
@@ -491,20 +522,56 @@ def write_stamp(
 
 
 def _save_stamp(output: str | os.PathLike, record: dict) -> None:
-    with atomic_path(stamp_path(output)) as tmp:
-        tmp.write_text(json.dumps(record, indent=1) + "\n")
+    """Write `record` as `output`'s stamp, atomically: into the output where it holds its stamp
+    (its task must have written a JSON object there), else beside it."""
+    if holds_stamp(output):
+        try:
+            held = json.loads(_as_path(output).read_text())
+        except ValueError:
+            held = None
+        if not isinstance(held, dict):
+            raise ValueError(
+                f"{output}: an output named *{STAMPED_INSIDE_SUFFIX} holds its task's stamp, so "
+                "the task must write a JSON object there"
+            )
+        text = json.dumps(held | {"stamp": record})
+    else:
+        text = json.dumps(record, indent=1) + "\n"
+    with atomic_path(_stamp_file(output)) as tmp:
+        tmp.write_text(text)
+
+
+def _put_back(output: Path, stamp: dict | None) -> None:
+    """Save `stamp` again as `output`'s, with the output's state as it is now (none where the
+    output holds its stamp); nothing without a stamp, or one that records no such output."""
+    if stamp is None:
+        return
+    if not holds_stamp(output):
+        if output.name not in stamp.get("outputs", {}):
+            return
+        stamp["outputs"][output.name] = output_state(output)
+    _save_stamp(output, stamp)
+
+
+@contextlib.contextmanager
+def kept_stamp(output: str | os.PathLike) -> Iterator[None]:
+    """Around a repair that writes `output` again as its task made it (the same content; a new
+    mtime, and where the output holds its stamp, none): its task's stamp is read before and put
+    back after, identity and token kept, with the output's new state, so the task and what
+    reads its output stay up to date. Nothing where it had no stamp (made outside a run), nor
+    when the block raises (the output is not as its task made it)."""
+    output = _as_path(output)
+    stamp = read_stamp(output)
+    yield
+    _put_back(output, stamp)
 
 
 def restate_output(output: str | os.PathLike) -> None:
     """After a repair wrote `output` again as its task made it (the same content, a new mtime),
-    record its new state in its task's stamp, keeping the stamp's identity and token: the task,
-    and what reads its output, stay up to date. Nothing without a stamp (made outside a run)."""
-    output = Path(output)
-    stamp = read_stamp(output)
-    if stamp is None or output.name not in stamp.get("outputs", {}):
-        return
-    stamp["outputs"][output.name] = output_state(output)
-    _save_stamp(output, stamp)
+    record its new state in its task's stamp, identity and token kept. A rewrite that loses
+    the stamp (of an output that holds it) is made inside `kept_stamp` instead."""
+    output = _as_path(output)
+    _put_back(output, read_stamp(output))
 
 
 def run_once(
@@ -523,9 +590,10 @@ def run_once(
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
     if why_stale(settings, inputs, outputs, regions) is None:
         return "up to date"
-    # Gone before the outputs change: a task killed half-way is never taken for done.
+    # Gone before the outputs change: a task killed half-way is never taken for done (an output
+    # that holds its stamp goes itself).
     for output in outputs:
-        stamp_path(output).unlink(missing_ok=True)
+        _stamp_file(output).unlink(missing_ok=True)
     reset_peak_memory()
     held_before = resident_memory_mib()
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -533,7 +601,9 @@ def run_once(
     if token is not None and not isinstance(token, str):
         raise TypeError(f"run_once: work() must return a digest (str) or None, got {token!r}")
     # Read inside the measured window: stamping a folder of many files is part of the task.
-    states = {output.name: output_state(output) for output in outputs}
+    # None of an output that holds its stamp: embedding it changes the state (left out, not
+    # None, which is a missing output's; `why_stale` checks its stamp instead).
+    states = {o.name: output_state(o) for o in outputs if not holds_stamp(o)}
     measured = {
         "seconds": round(time.perf_counter() - started, 3),
         # Below `seconds` where the task waited for a core (or for I/O).

@@ -223,13 +223,13 @@ def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
     folder, result = exported
     assert export_complete(folder)
     summary = json.loads((folder / "export.json").read_text())
-    assert summary["format"] == 2 and summary["sharded"]
+    assert summary["format"] == 3 and summary["sharded"]
     records = list((folder / "records").iterdir())
     assert len(records) == sum(summary["records"].values())
     # Every file is in a task's record, but the records, the summary and igneous's provenance.
     recorded = set()
     for record in records:
-        recorded |= set(export._recorded_files(record))
+        recorded |= set(export.recorded_files(record))
     assert len(recorded) == result.file_count
     files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
     unrecorded = {f for f in files - recorded if not f.startswith("records/")}
@@ -243,7 +243,7 @@ def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
     for damage in ("summary", "record", "rewritten record"):
         shutil.rmtree(copy)
         shutil.copytree(folder, copy)
-        record = copy / "records" / "mesh_0.json"
+        record = copy / "records" / "mesh_0.record"
         if damage == "summary":
             (copy / "export.json").unlink()
         elif damage == "record":
@@ -264,7 +264,7 @@ def test_a_cut_or_foreign_summary_is_not_complete(exported, tmp_path, damage):
     if damage == "cut":
         summary.write_text(text[: len(text) // 2])
     else:
-        summary.write_text(text.replace('"format": 2,', '"format": 3,'))
+        summary.write_text(text.replace('"format": 3,', '"format": 4,'))
     assert not export_complete(copy)
 
 
@@ -544,21 +544,15 @@ def half_then_wait(path, data):
     time.sleep(600)
 
 
-if what == "region":  # the image's and segmentation's shards: written whole, then renamed
-    write_bytes = pathlib.Path.write_bytes
-    pathlib.Path.write_bytes = lambda self, data: (
-        half_then_wait(self, data) if self.suffix == ".shard" else write_bytes(self, data))
+# Every shard (image, segmentation, meshes) is written whole to a temporary name, then renamed.
+write_bytes = pathlib.Path.write_bytes
+pathlib.Path.write_bytes = lambda self, data: (
+    half_then_wait(self, data) if ".shard" in self.name else write_bytes(self, data))
+if what == "region":
     with np.load(folder.parent / "volume.npz") as v:
         region = export.export_regions(v["seg"].shape, (20.0, 10.0, 10.0), export.ExportConfig(chunk_voxels=24))[0]
         export.write_region(folder, region, v["raw"], v["seg"], export.ExportConfig(chunk_voxels=24))
-else:  # a mesh shard: igneous's merge task writes it in place
-    from cloudfiles.interfaces import FileInterface
-    put_file = FileInterface.put_file
-    def stalled(self, file_path, content, *args, **kwargs):
-        if file_path.endswith(".shard"):
-            half_then_wait(self.get_path_to_file(file_path), content)
-        return put_file(self, file_path, content, *args, **kwargs)
-    FileInterface.put_file = stalled
+else:
     export.merge_part(folder, export.ExportConfig(chunk_voxels=24), 0, 1)
 """
 
@@ -606,13 +600,12 @@ def test_a_task_killed_mid_shard_leaves_no_complete_export_and_its_rerun_complet
     half = _kill_mid_shard(out, what, tmp_path)
     assert half.stat().st_size > 0
     assert not record.exists() and not export_complete(out)
-    if what == "region":  # written beside it, never renamed into place: nothing to misread
-        assert half != shard and not shard.exists()
+    # Written beside it, never renamed into place: nothing to misread.
+    assert half != shard and half.parent == shard.parent and not shard.exists()
+    if what == "region":
         with pytest.raises(MissingChunkError, match=r"shard .*\.shard"):
             with open_volume(f"precomputed://file://{out / 'image'}") as array:
                 array[...]
-    else:  # igneous writes in place: a half shard, but no record vouches for it
-        assert half == shard
 
     def read_region(roi):
         return raw[roi.slices], segmentation[roi.slices]
@@ -651,7 +644,7 @@ def test_a_lost_layer_begins_the_export_again_and_rewrites_every_task(volume, ex
     folder, _ = exported
     out = tmp_path / "out"
     shutil.copytree(folder, out)
-    (out / "records" / "begun.json").write_text("{}")  # the begin task's record (a workflow's)
+    (out / "records" / "begun.record").write_text("{}")  # the begin task's record (a workflow's)
     shutil.rmtree(out / "image")
     tasks = json.loads((out / "export.json").read_text())["records"]
 
@@ -661,7 +654,7 @@ def test_a_lost_layer_begins_the_export_again_and_rewrites_every_task(volume, ex
     repaired, counts = export.repair_export(out, tasks, read_region, SHAPE, VOXEL, CONFIG)
     # "layers", then every task but the last (this one), which the summary counts too
     assert repaired[0] == "layers" and len(repaired) == 1 + sum(tasks.values()) - 1
-    assert (out / "records" / "begun.json").read_text() == "{}"  # the begin task's record kept
+    assert (out / "records" / "begun.record").read_text() == "{}"  # the begin task's record kept
     export.finish_export(
         out, counts, SHAPE, VOXEL, CONFIG, export.export_tasks(SHAPE, VOXEL, CONFIG), repaired
     )

@@ -47,6 +47,17 @@ def snapshot(folder, names):
 
 MESH = "segmentation/mesh"
 SHARED = ["segmentation/info", "segmentation/provenance", f"{MESH}/info"]
+PLAN = f"{MESH}/{sharded.PLAN}"
+
+
+def fragment_files(folder, fragments) -> dict:
+    """{task: its `.frags`} from what the fragment tasks returned, as the plan takes them."""
+    return {task: folder / name for task, files in enumerate(fragments) for name in files}
+
+
+def shard_segments(folder, count) -> dict[int, list[int]]:
+    """Each shard's segments, as the plan lists them."""
+    return {n: [s for s, _ in sharded._shard_segments(folder, n)] for n in range(count)}
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +79,10 @@ def meshed(tmp_path_factory):
         for i in range(export.mesh_task_count(SHAPE, CONFIG))
     ]
     fragmented = snapshot(folder, SHARED)
-    count = sharded.mesh_shard_plan(folder, np.unique(seg), SHARDS)
-    labels = [p.relative_to(folder).as_posix() for p in (folder / MESH).glob("*.labels")]
-    planned = snapshot(folder, SHARED + labels)
+    count = sharded.mesh_shard_plan(folder, fragment_files(folder, fragments), SHARDS)
+    planned = snapshot(folder, SHARED + [PLAN])
     shards = [sharded.merge_shard(folder, CONFIG, n) for n in range(count)]
-    merged = snapshot(folder, SHARED + labels)
+    merged = snapshot(folder, SHARED + [PLAN])
     return {
         "folder": folder,
         "seg": seg,
@@ -142,14 +152,13 @@ def test_few_files_each_written_by_one_task_and_far_fewer_than_legacy(meshed, tm
         recorded |= files
     assert not any(damaged(folder, files) for files in meshed["fragments"] + meshed["shards"])
     written = {p.relative_to(folder).as_posix() for p in (folder / MESH).iterdir()}
-    # What the tasks wrote, the plan's labels (one a shard) and the info: all there is.
-    labels = {name for name in written if name.endswith(".labels")}
-    assert written == recorded.keys() | labels | {f"{MESH}/info"}
+    # What the tasks wrote, the plan and the info: all there is (no spatial index, no lists of
+    # a shard's segments).
+    assert written == recorded.keys() | {PLAN, f"{MESH}/info"}
     frags = [n for n in recorded if n.endswith(".frags")]
-    spatial = [n for n in recorded if n.endswith(".spatial")]
-    assert len(frags) == len(spatial) == tasks == 18  # every region holds a segment
-    assert len(labels) == shards and sum(n.endswith(".shard") for n in recorded) == shards
-    assert len(written) == 2 * tasks + 2 * shards + 1 == 45
+    assert len(frags) == tasks == 18  # every region holds a segment
+    assert sum(n.endswith(".shard") for n in recorded) == shards
+    assert len(written) == tasks + shards + 2 == 24
 
     # Legacy meshes of the same segmentation: a fragment per segment per task, a manifest each.
     legacy = tmp_path / "legacy"
@@ -157,7 +166,7 @@ def test_few_files_each_written_by_one_task_and_far_fewer_than_legacy(meshed, tm
     export.begin_export(legacy, SHAPE, VOXEL, CONFIG)
     fragments = sum(len(export.mesh_part(legacy, CONFIG, i)) for i in range(tasks))
     legacy_files = fragments + len(segment_ids(seg)) + 1  # + manifests + info
-    assert legacy_files > 10 * len(written)  # 707 files here, 45 sharded
+    assert legacy_files > 10 * len(written)  # 707 files here, 24 sharded
 
 
 def test_tasks_write_no_shared_file_and_the_info_once_before_merging(meshed):
@@ -165,11 +174,11 @@ def test_tasks_write_no_shared_file_and_the_info_once_before_merging(meshed):
     assert fragmented == begun  # the fragment tasks only read the mesh info and provenance
     assert merged == planned  # nor do the merge tasks rewrite the plan
     info = json.loads(begun[f"{MESH}/info"][0])
-    assert info["@type"] == "neuroglancer_legacy_mesh" and "spatial_index" in info
+    assert info["@type"] == "neuroglancer_legacy_mesh" and "spatial_index" not in info
     assert planned["segmentation/info"] == begun["segmentation/info"]
     processing = json.loads(planned["segmentation/provenance"][0])["processing"]
     assert [p["method"]["task"] for p in processing] == ["MeshTask", "MultiResShardedMeshMergeTask"]
-    assert processing[0]["method"]["sharded"] and processing[0]["method"]["spatial_index"]
+    assert processing[0]["method"]["sharded"] and not processing[0]["method"]["spatial_index"]
 
 
 def test_fragment_tasks_are_igneous_own(meshed, tmp_path):
@@ -183,7 +192,7 @@ def test_fragment_tasks_are_igneous_own(meshed, tmp_path):
             f"file://{copy / 'segmentation'}",
             shape=(CONFIG.task_voxels,) * 3,
             sharded=True,
-            **sharded._fragment_options(CONFIG),
+            **sharded._meshing_options(CONFIG),
         )
     )
     assert len(theirs) == export.mesh_task_count(SHAPE, CONFIG)
@@ -213,9 +222,44 @@ def test_a_merge_rerun_rewrites_its_truncated_shard(meshed, tmp_path):
     assert sorted(mesh.get(ids)) == ids
     with pytest.raises(ValueError, match="mesh shard 4 of 4"):
         sharded.merge_shard(folder, CONFIG, 4)
-    (folder / MESH / "0.labels").unlink()
-    with pytest.raises(PrecomputedError, match="0.labels: missing"):
+    plan = folder / PLAN
+    with open(plan, "r+b") as f:
+        f.truncate(plan.stat().st_size - 8)
+    with pytest.raises(PrecomputedError, match="plan.npy: no whole plan"):
         sharded.merge_shard(folder, CONFIG, 0)
+    plan.unlink()
+    with pytest.raises(PrecomputedError, match="plan.npy: no whole plan"):
+        sharded.merge_shard(folder, CONFIG, 0)
+
+
+def test_a_shard_is_what_igneous_makes_of_the_same_fragments(meshed):
+    """The merge takes a segment at a time; igneous's own shard maker, given every segment's
+    fragments at once (concatenated and consolidated as its merge task does), makes the same
+    bytes."""
+    from cloudvolume import Mesh
+    from igneous.tasks.mesh.multires import create_mesh_shard
+    from mapbuffer import MapBuffer
+
+    folder = meshed["folder"]
+    volume = CloudVolume(f"file://{folder / 'segmentation'}", progress=False)
+    volume.mip = volume.mesh.meta.mip
+    number, files = next((n, f) for n, f in enumerate(meshed["shards"]) if f)
+    meshes = {}
+    for segment, tasks in sharded._shard_segments(folder, number):
+        parts = []
+        for task in tasks:
+            content = (folder / MESH / f"{task}.frags").read_bytes()
+            parts.append(MapBuffer(content, frombytesfn=Mesh.from_precomputed)[segment])
+        meshes[segment] = Mesh.concatenate(*parts, segid=segment).consolidate()
+    assert len(meshes) > 10 and any(
+        len(tasks) > 1 for _, tasks in sharded._shard_segments(folder, number)
+    )
+    name, content = create_mesh_shard(
+        volume, meshes, CONFIG.num_scales - 1, sharded.DRACO_COMPRESSION_LEVEL, False,
+        format(number, "x"), sharded.MIN_CHUNK_VOXELS,
+    )  # fmt: skip
+    ((ours,),) = [files]
+    assert ours == f"{MESH}/{name}" and (folder / ours).read_bytes() == content
 
 
 def test_a_large_mesh_gets_a_level_of_detail_per_scale(meshed, tmp_path, monkeypatch):
@@ -233,24 +277,25 @@ def test_a_large_mesh_gets_a_level_of_detail_per_scale(meshed, tmp_path, monkeyp
     assert faces == sorted(faces, reverse=True) and faces[-1] < faces[0] / 2
 
 
-def test_gzip_stores_the_spatial_index_gzipped_under_the_name_recorded(meshed, tmp_path):
+def test_a_fragment_task_rerun_on_a_planned_export_writes_what_it_records(meshed, tmp_path):
     folder = tmp_path / "export"  # planned: a fragment task runs on its sharded `info` too
     shutil.copytree(meshed["folder"], folder)
     config = ExportConfig(task_voxels=CONFIG.task_voxels, gzip=True)
+    before = (folder / MESH / "0.frags").read_bytes()
     files = sharded.fragment_part(folder, config, 0)
-    assert {name.split(".", 1)[1] for name in files} == {"frags", "spatial.gz"}
-    assert not damaged(folder, files)
+    assert list(files) == [f"{MESH}/0.frags"] and not damaged(folder, files)
+    assert (folder / MESH / "0.frags").read_bytes() == before
 
 
 def test_a_shard_no_segment_hashes_to_has_no_file(meshed, tmp_path):
     folder = tmp_path / "export"
     shutil.copytree(meshed["folder"], folder)
     ids = segment_ids(meshed["seg"])
-    count = sharded.mesh_shard_plan(folder, ids, shards=303)
+    count = sharded.mesh_shard_plan(folder, fragment_files(folder, meshed["fragments"]), 303)
     assert count == 256  # 2^round(log2(303)): shards no segment hashes to
     assert not list((folder / MESH).glob("*.shard"))  # the earlier plan's shards went
     spec = json.loads((folder / MESH / "info").read_text())["sharding"]
-    labels = {n: json.loads((folder / MESH / f"{n:02x}.labels").read_text()) for n in range(count)}
+    labels = shard_segments(folder, count)
     assert sorted(sum(labels.values(), [])) == ids
     empty = next(n for n, segments in labels.items() if not segments)
     assert sharded.merge_shard(folder, CONFIG, empty) == {}

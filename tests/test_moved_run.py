@@ -31,7 +31,7 @@ def naming(run_dir, where) -> list[str]:
     """The stamps and records of `run_dir` that name the path `where` (the dir it came from)."""
     return [
         str(path.relative_to(run_dir))
-        for pattern in ("**/*.stamp.json", "selection.json")
+        for pattern in ("**/*.stamp.json", "**/*.record", "selection.json")
         for path in run_dir.glob(pattern)
         if str(where) in path.read_text()
     ]

@@ -373,3 +373,103 @@ def test_a_tasks_cyclic_garbage_is_collected_before_the_next_though_the_worker_i
     del garbage
     reset_peak_memory()
     assert gone() is None and gc.get_freeze_count() > 0
+
+
+# An output named *.record holds its own stamp: no stamp file beside it.
+
+
+def record_task(record, content=None):
+    """A task's work: write a JSON object (or `content`) to `record`; with a list of its calls."""
+    calls = []
+
+    def run() -> None:
+        calls.append(record.name)
+        record.write_text(json.dumps({"files": {"info": [1, 2]}} if content is None else content))
+
+    return run, calls
+
+
+def test_a_record_holds_its_own_stamp_and_is_up_to_date_after(tmp_path, source):
+    record = tmp_path / "mesh_0.record"
+    work, calls = record_task(record)
+    assert run_once({"v": 1}, [source], [record], work) == "ran"
+    assert not stamp_path(record).exists()
+    held = json.loads(record.read_text())
+    assert held["files"] == {"info": [1, 2]} and held["stamp"]["settings"] == {"v": 1}
+    assert run_once({"v": 1}, [source], [record], work) == "up to date" and len(calls) == 1
+    assert plan([Task("mesh[0]", "mesh", {"v": 1}, (source,), (record,))]) == {"mesh[0]": None}
+
+
+def test_a_record_is_stale_when_settings_change_or_it_is_cut(tmp_path, source):
+    record = tmp_path / "mesh_0.record"
+    work, calls = record_task(record)
+    run_once({"v": 1}, [source], [record], work)
+    assert why_stale({"v": 2}, [source], [record]) == "settings changed: v 1 -> 2"
+
+    whole = record.stat().st_size
+    with open(record, "r+b") as f:
+        f.truncate(whole // 2)
+    assert record.stat().st_size < whole
+    assert why_stale({"v": 1}, [source], [record]) is not None
+    assert run_once({"v": 1}, [source], [record], work) == "ran" and len(calls) == 2
+    assert record.stat().st_size == whole and why_stale({"v": 1}, [source], [record]) is None
+
+
+def test_a_record_beside_a_plain_output_is_checked_too(tmp_path, source):
+    plain, record = tmp_path / "out.txt", tmp_path / "mesh_0.record"
+    write_record, _ = record_task(record)
+
+    def both() -> None:
+        plain.write_text("p")
+        write_record()
+
+    run_once({}, [source], [plain, record], both)
+    assert why_stale({}, [source], [plain, record]) is None
+    record.write_text("{}")  # whole, but not what the task wrote: no stamp
+    assert why_stale({}, [source], [plain, record]) == (
+        "output changed since it was made: " + "/".join(record.parts[-2:])
+    )
+    record.unlink()
+    assert why_stale({}, [source], [plain, record]).startswith("output missing")
+
+
+def test_a_record_of_a_task_killed_half_way_is_not_taken_for_done(tmp_path, source):
+    record = tmp_path / "mesh_0.record"
+    run_once({"v": 1}, [source], [record], record_task(record)[0])
+
+    def dies() -> None:
+        assert not record.exists()  # the old one went before the work began
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_once({"v": 2}, [source], [record], dies)
+    assert why_stale({"v": 1}, [source], [record]) == "not run yet"  # not even for the old settings
+
+
+def test_kept_stamp_keeps_a_rewritten_output_up_to_date(tmp_path, source):
+    """A repair writes outputs again as their tasks made them: inside `kept_stamp` the record
+    gets its stamp back and a plain output's new state is recorded; outside, the plain output
+    is taken for changed."""
+    from pipeline.stamps import kept_stamp
+
+    record, plain = tmp_path / "mesh_0.record", tmp_path / "out.txt"
+    run_once({}, [source], [record], record_task(record)[0])
+    run_once({}, [source], [plain], make("p")[0](plain))
+    time.sleep(0.01)  # a new mtime (file times are a few ms coarse)
+
+    with kept_stamp(record):
+        record_task(record)[0]()  # as the task wrote it: no stamp
+    with kept_stamp(plain):
+        plain.write_text("p")
+    assert why_stale({}, [source], [record]) is None and why_stale({}, [source], [plain]) is None
+
+    time.sleep(0.01)
+    plain.write_text("p")
+    assert why_stale({}, [source], [plain]).startswith("output changed since it was made")
+
+
+def test_a_record_that_is_not_a_json_object_is_refused(tmp_path, source):
+    record = tmp_path / "mesh_0.record"
+    with pytest.raises(ValueError, match="must write a JSON object"):
+        run_once({}, [source], [record], record_task(record, content=[1, 2])[0])
+    assert why_stale({}, [source], [record]) is not None
