@@ -687,10 +687,17 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
 
 
 def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
-    """One task begins the export, one per region writes every scale, one per igneous meshing
-    task meshes (sharded: then one plans the mesh shards, as many merge them), the last checks
-    and sums up (apps/export.py). Each task's record is in the export's folder."""
-    from pipeline.export import RECORDS_DIR, export_regions, export_tasks, task_record_path
+    """One task begins the export, one per region writes every scale (sharded: and meshes it,
+    then one plans the mesh shards and a task per shard merges it; unsharded: one per igneous
+    meshing task meshes), the last checks and sums up (apps/export.py). Each task's record is
+    in the export's folder."""
+    from pipeline.export import (
+        RECORDS_DIR,
+        export_regions,
+        export_tasks,
+        mesh_shards,
+        task_record_path,
+    )
 
     shape = _eval_shape(config)
     base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
@@ -707,18 +714,19 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     }
     steps = [task_step("export[begin]", base, segmented, [begun], "export.begin_export", folder)]
     for k, (region, record) in enumerate(zip(regions, records["region"], strict=True)):
-        steps.append(task_step(f"export[region {k}]", {**base, "region": str(region)}, [begun, *segmented],
+        steps.append(task_step(f"export[region {k}]", {**base, "region": str(region), "index": k}, [begun, *segmented],
                            [record], "export.export_region", folder))  # fmt: skip
-    # Meshing reads only the full resolution, so it need not wait for the regions' scales.
+    # Unsharded meshing reads only the full resolution: it need not wait for the regions' scales.
     for j, mesh in enumerate(records["mesh"]):
         steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, segmented[1]], [mesh],
                            "export.export_meshes", folder))  # fmt: skip
-    for planned in records["plan"]:  # a mesh shard per meshing task
-        steps.append(task_step("export[mesh plan]", {**base, "shards": tasks["mesh"]}, records["mesh"], [planned],
+    shards = mesh_shards(tasks["region"])
+    for planned in records["plan"]:  # the mesh shards, from the regions' fragments
+        steps.append(task_step("export[mesh plan]", {**base, "shards": shards}, records["region"], [planned],
                                "export.plan_meshes", folder))  # fmt: skip
     for j, merge in enumerate(records["merge"]):
         merging = {**base, "merge": j, "merges": tasks["merge"]}
-        steps.append(task_step(f"export[mesh merge {j}]", merging, [*records["plan"], *records["mesh"]],
+        steps.append(task_step(f"export[mesh merge {j}]", merging, records["plan"],
                                [merge], "export.merge_meshes", folder))  # fmt: skip
     every = [record for kind in records.values() for record in kind]
     steps.append(task_step("export", {**base, "tasks": tasks}, [*segmented, *every],

@@ -1,11 +1,12 @@
 """Neuroglancer precomputed layers (image, segmentation with meshes) of the segmented volume, as
 small tasks (pipeline.export): one begins the export, one per region writes every scale of both
-layers, one per igneous meshing task meshes (for sharded meshes then one plans the shards and
-as many merge them), and the last one checks what they wrote, adds the segment properties and
-writes the summary. Each task records what it wrote in the export's folder. No task holds more
+layers (sharded: and meshes the region, then one plans the mesh shards and a task per shard
+merges it; unsharded: one per igneous meshing task meshes), and the last one checks what they
+wrote, adds the segment properties and writes the summary. Each task records what it wrote in the export's folder. No task holds more
 than a region (`ExportConfig.task_voxels` per axis) or a mesh shard, whatever the volume's size.
 
-Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z0:z1, ..." or
+Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z0:z1, ..." with
+"index", or
 "mesh": index, or "shards" (the plan), or "merge": index with "merges": count, or "tasks":
 {kind: count} (the last)};
 `folder` is the export's folder (an argument, so a moved run stays up to date)."""
@@ -44,9 +45,10 @@ def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def export_region(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the begun export's record, staged volume, the segmentation's full resolution;
-    outputs[0]: the region's record (its segments' voxel counts, the files it wrote)."""
+    outputs[0]: the record of region task `settings["index"]` (its segments' voxel counts, the
+    files it wrote: every scale, and sharded, its meshes' fragments)."""
     from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, save_region_record, write_region
+    from pipeline.export import ExportConfig, region_step, save_region_record
     from pipeline.roi import Roi
     from pipeline.stamps import run_once
 
@@ -56,33 +58,35 @@ def export_region(settings: dict, folder: str, inputs=(), outputs=()):
     def work() -> None:
         region = Roi.parse(settings["region"])
         config = from_dict(ExportConfig, settings["export"])
-        raw, labels = _read_region(volume, folder, region)
-        save_region_record(output, region, write_region(folder, region, raw, labels, config))
+        read = lambda roi: _read_region(volume, folder, roi)  # noqa: E731
+        save_region_record(
+            output, region, region_step(folder, settings["index"], region, read, config)
+        )
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
 
 
 @python_app(executors=[CPU_LABEL])
 def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the begun export's record, then the segmentation's full resolution (all it
-    meshes); outputs[0]: the record of what igneous's meshing task `settings["mesh"]`
-    wrote (legacy fragments, or a sharded mesh's fragments and spatial index)."""
+    """Unsharded exports' meshing. inputs: the begun export's record, then the segmentation's
+    full resolution (all it meshes); outputs[0]: the record of the legacy fragments igneous's
+    meshing task `settings["mesh"]` wrote."""
     from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, mesh_step, save_files_record
+    from pipeline.export import ExportConfig, mesh_part, save_files_record
     from pipeline.stamps import run_once
 
     output = outputs[0].filepath
 
     def work() -> None:
         config = from_dict(ExportConfig, settings["export"])
-        save_files_record(output, mesh_step(folder, config, settings["mesh"]))
+        save_files_record(output, mesh_part(folder, config, settings["mesh"]))
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
 
 
 @python_app(executors=[CPU_LABEL])
 def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: every meshing task's record (its fragments); outputs[0]: the sharded meshes'
+    """inputs: every region task's record (its fragments); outputs[0]: the sharded meshes'
     plan's record: which segments each of about `settings["shards"]` mesh shards holds,
     and where their fragments are."""
     from pipeline.export import plan_meshes, recorded_files, save_files_record
@@ -92,16 +96,17 @@ def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     output = outputs[0].filepath
 
     def work() -> None:
-        meshed = (recorded_files(p) for p in paths)
-        save_files_record(output, plan_meshes(folder, meshed, settings["shards"]))
+        regions = (recorded_files(p) for p in paths)
+        save_files_record(output, plan_meshes(folder, regions, settings["shards"]))
 
     return run_once(settings, paths, [output], work)
 
 
 @python_app(executors=[CPU_LABEL])
 def merge_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the plan's record, then every meshing task's; outputs[0]: the record of
-    the mesh shards merge task `settings["merge"]` (of `settings["merges"]`) wrote."""
+    """inputs: the plan's record (the regions' fragments it reads are the plan's); outputs[0]:
+    the record of the mesh shards merge task `settings["merge"]` (of `settings["merges"]`)
+    wrote."""
     from pipeline.config import from_dict
     from pipeline.export import ExportConfig, merge_part, save_files_record
     from pipeline.stamps import run_once

@@ -239,7 +239,7 @@ def check_stitching(result: dict) -> bool:
 
 def table(results: list[dict], key: str = "peak_rss_mib") -> str:
     """Per kind of task, the largest `key` (MiB) and its ratio to the first run's."""
-    kinds = list(results[0]["tasks"])
+    kinds = list(dict.fromkeys(k for r in results for k in r["tasks"]))  # every run's, in order
     first = results[0]
     lines = [
         "| volume | workers | blocks | wall time | s per 10^6 voxels | "
@@ -249,8 +249,10 @@ def table(results: list[dict], key: str = "peak_rss_mib") -> str:
     for r in results:
         memory = [
             f"{r['tasks'][k][key]:.0f} MiB ({r['tasks'][k][key] / first['tasks'][k][key]:.2f}x)"
+            if k in r["tasks"] and k in first["tasks"]
+            else f"{r['tasks'][k][key]:.0f} MiB"
             if k in r["tasks"]
-            else "-"  # an unsharded export has no mesh plan or merges
+            else "-"  # unsharded: no mesh plan nor merges; sharded: no meshing task of its own
             for k in kinds
         ]
         lines.append(

@@ -18,11 +18,12 @@ holds a chunk. The segmentation's full resolution is the stitching's output itse
 is then cut into tasks that the workflow spreads over its workers (apps/export.py), each holding
 no more than a region of `task_voxels` per axis: `begin_export` writes both layers' `info` with
 every scale and the mesh `info` (once: later tasks only read the files they share);
-`write_region`, one per region of `export_regions`, writes the image at every scale and the
-segmentation's coarser scales, downsampling them itself with tinybrain (what igneous's
-downsampling tasks call), so no task reads what another export task wrote; `mesh_step`, one per
-igneous meshing task, meshes the finished segmentation (sharded: its fragments, which
-`plan_meshes` then assigns to mesh shards and `merge_part` tasks merge, pipeline.export_meshes);
+`region_step`, one per region of `export_regions`, writes the image at every scale and the
+segmentation's coarser scales (`write_region`), downsampling them itself with tinybrain (what
+igneous's downsampling tasks call), so no task reads what another export task wrote, and
+sharded, meshes the region (its fragments, which `plan_meshes` then assigns to mesh shards and
+`merge_part` tasks merge, pipeline.export_meshes); unsharded, `mesh_part`, one per igneous
+meshing task, meshes the finished segmentation (legacy fragments);
 `finish_export` repairs what was lost since, adds legacy meshes' manifests, the segment
 properties (from the regions' counts) and, last, the summary. The export is complete when every
 record the summary counts is there and every file each lists is as recorded
@@ -74,6 +75,7 @@ from pipeline.export_layout import (
     xyz,
 )
 from pipeline.export_meshes import (
+    FRAGMENTS_SUFFIX,
     PLAN,
     begin_legacy_meshing,
     begin_sharded_meshing,
@@ -94,9 +96,12 @@ MANIFEST = "export.json"  # the summary, written last
 # (`*.record`, JSON). A format 2 export is not complete: made again.
 MANIFEST_FORMAT = 3
 RECORDS_DIR = "records"
-# Mesh shards a merge task makes, one after the other (it holds one at a time): fewer tasks, and
-# records, than shards, which stay about a meshing region's segments each.
-SHARDS_PER_MERGE = 8
+# Regions whose segments a mesh shard holds, about (murmurhash spreads them): its merge holds the
+# shard's encoded meshes (and one segment's fragments), so a shard of about as many segments as
+# a small export's one keeps that memory flat from 256^3 up.
+REGIONS_PER_MESH_SHARD = 2
+# Mesh shards a merge task makes, one after the other: fewer tasks (and records) than shards.
+MESH_SHARDS_PER_MERGE = 4
 # The export's tasks, in order; a record each (`task_record_path`). "plan" and "merge" are the
 # sharded meshes' (pipeline.export_meshes).
 TASK_KINDS = ("region", "mesh", "plan", "merge", "finish")
@@ -282,14 +287,19 @@ def export_tasks(
     segmentation_chunk_zyx: ZYX | None = None,
 ) -> dict[str, int]:
     """How many tasks of each kind (`TASK_KINDS`, but the last) write the export: a region task
-    per region (`export_regions`), a meshing task per igneous meshing region, and for sharded
-    meshes one plan (about a mesh shard per meshing task) and a merge task per
-    `SHARDS_PER_MERGE` shards."""
-    meshes = mesh_task_count(shape_zyx, config)
-    regions = export_regions(shape_zyx, voxel_size_nm, config, segmentation_chunk_zyx)
-    sharded = int(config.sharded)
-    merges = -(-meshes // SHARDS_PER_MERGE) * sharded
-    return {"region": len(regions), "mesh": meshes, "plan": sharded, "merge": merges}
+    per region (`export_regions`); sharded, the region tasks mesh their regions too, then one
+    plan task and a merge task per `MESH_SHARDS_PER_MERGE` mesh shards (`mesh_shards`);
+    unsharded, a meshing task per igneous meshing region."""
+    regions = len(export_regions(shape_zyx, voxel_size_nm, config, segmentation_chunk_zyx))
+    if config.sharded:
+        merges = -(-mesh_shards(regions) // MESH_SHARDS_PER_MERGE)
+        return {"region": regions, "mesh": 0, "plan": 1, "merge": merges}
+    return {"region": regions, "mesh": mesh_task_count(shape_zyx, config), "plan": 0, "merge": 0}
+
+
+def mesh_shards(regions: int) -> int:
+    """About how many mesh shards an export of `regions` regions asks for (`mesh_sharding`)."""
+    return -(-regions // REGIONS_PER_MESH_SHARD)
 
 
 def _resolution(voxel_size_nm: VoxelSize) -> list:
@@ -624,21 +634,35 @@ def recorded_files(path: str | Path) -> dict[str, list[int]]:
     return json.loads(Path(path).read_text())["files"]
 
 
-def mesh_step(folder: Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
-    """Meshing task `index`: igneous's legacy meshing, or its fragments of sharded meshes."""
+def region_step(
+    folder: Path,
+    index: int,
+    region: Roi,
+    read_region: Callable[[Roi], tuple[np.ndarray, np.ndarray]],
+    config: ExportConfig,
+) -> dict:
+    """Region task `index`: `write_region` with the region's voxels (`read_region(region)` ->
+    raw, segmentation), then for sharded meshes its meshes' fragments (`fragment_part`, once
+    its voxels are let go: the task holds one or the other). Returns its record."""
+    record = write_region(folder, region, *read_region(region), config)
     if config.sharded:
-        return fragment_part(folder, config, index)
-    return mesh_part(folder, config, index)
+        record["files"] |= fragment_part(folder, config, index, region)
+    return record
 
 
 def plan_meshes(
-    folder: str | Path, meshed: Iterable[dict[str, list[int]]], shards: int
+    folder: str | Path, regions: Iterable[dict[str, list[int]]], shards: int
 ) -> dict[str, list[int]]:
-    """Sharded meshes' plan (`mesh_shard_plan`: about `shards` shards) from what every meshing
-    task wrote (`meshed`: each one's files, in task order: its `.frags`, if any); returns the
-    files it wrote."""
+    """Sharded meshes' plan (`mesh_shard_plan`: about `shards` shards) from what every region
+    task wrote (`regions`: each one's files, in task order, its `.frags` among them if any);
+    returns the files it wrote."""
     folder = Path(folder)
-    fragments = {j: folder / name for j, files in enumerate(meshed) for name in files}
+    fragments = {
+        k: folder / name
+        for k, files in enumerate(regions)
+        for name in files
+        if name.endswith(FRAGMENTS_SUFFIX)
+    }
     mesh_shard_plan(folder, fragments, shards)
     mesh = folder / SEGMENTATION_LAYER / MESH_DIR
     written = [mesh / "info", mesh / PLAN]
@@ -674,7 +698,7 @@ def repair_export(
         record = None if regions else load_region_record(path)
         if record is None or damaged(folder, record["files"]):
             region = regions[k] if regions else record["region"]
-            record = write_region(folder, region, *read_region(region), config)
+            record = region_step(folder, k, region, read_region, config)
             _resave(save_region_record, path, region, record)
             repaired.append(f"region {region}")
         counts.append({"ids": record["ids"], "counts": record["counts"]})
@@ -682,16 +706,18 @@ def repair_export(
     for j in range(tasks.get("mesh", 0)):
         path = task_record_path(folder, "mesh", j)
         if rewritten or damaged(folder, recorded_files(path)):
-            _resave(save_files_record, path, mesh_step(folder, config, j))
+            _resave(save_files_record, path, mesh_part(folder, config, j))
             repaired.append(f"mesh {j}")
     if tasks.get("plan"):
         path = task_record_path(folder, "plan", 0)
         replan = bool(repaired) or damaged(folder, recorded_files(path))
         if replan:  # every shard is merged again: the plan's shards go
-            meshed = (
-                recorded_files(task_record_path(folder, "mesh", j)) for j in range(tasks["mesh"])
+            written = (
+                recorded_files(task_record_path(folder, "region", k))
+                for k in range(tasks["region"])
             )
-            _resave(save_files_record, path, plan_meshes(folder, meshed, tasks["mesh"]))
+            planned = plan_meshes(folder, written, mesh_shards(tasks["region"]))
+            _resave(save_files_record, path, planned)
             repaired.append("mesh plan")
         for j in range(tasks.get("merge", 0)):
             path = task_record_path(folder, "merge", j)
@@ -820,20 +846,20 @@ def export_precomputed(
         for region in regions:  # the stitching's part: a region, a shard, at a time
             writer.write(region.slices, segmentation[region.slices])
         scales = begin_export(tmp, shape, voxel_size, config)
-        records, meshed = [], []
+        records = []
         for k, region in enumerate(regions):
-            record = write_region(
-                tmp, region, raw[region.slices], segmentation[region.slices], config
+            record = region_step(
+                tmp, k, region, lambda r: (raw[r.slices], segmentation[r.slices]), config
             )
             save_region_record(task_record_path(tmp, "region", k), region, record)
             records.append(record)
             bar.update()
         for j in range(tasks["mesh"]):
-            meshed.append(mesh_step(tmp, config, j))
-            save_files_record(task_record_path(tmp, "mesh", j), meshed[-1])
+            save_files_record(task_record_path(tmp, "mesh", j), mesh_part(tmp, config, j))
             bar.update()
         if tasks["plan"]:
-            planned = plan_meshes(tmp, meshed, tasks["mesh"])
+            written = (r["files"] for r in records)
+            planned = plan_meshes(tmp, written, mesh_shards(tasks["region"]))
             save_files_record(task_record_path(tmp, "plan", 0), planned)
             bar.update()
         for j in range(tasks["merge"]):

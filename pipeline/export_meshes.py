@@ -11,18 +11,18 @@ segment per task and a manifest per segment. Three phases, each task holding a b
 
 1. `begin_sharded_meshing`, once: the mesh `info` and igneous's provenance entry, which the
    fragment tasks then only read.
-2. `fragment_part`, one per igneous meshing task (the regions of `mesh_part`): igneous's
-   MeshTask with `sharded=True` meshes its region into one `<task>.frags` file (a MapBuffer of
-   its segments' meshes).
+2. `fragment_part`, in each export region's task, once it has written the region's scales:
+   igneous's MeshTask with `sharded=True` meshes the region into one `<task>.frags` file (a
+   MapBuffer of its segments' meshes).
 3. `mesh_shard_plan`, once, after every fragment task: the `sharding` spec and one plan file
    (`PLAN`: each shard's segments, and for each segment the fragment tasks holding its
    meshes), written before `merge_shard` runs for each shard (igneous's
    MultiResShardedMeshMergeTask's steps, a segment at a time: its levels of detail, the shard
    file `<shard>.shard`). A merge task (`merge_part`) takes every shard whose number is its
-   index modulo their count. About a shard per meshing task, a fixed number of merge tasks:
-   the workflow's tasks are known before it runs.
+   index modulo their count: about a shard a merge task, a fixed number of them (the
+   workflow's tasks are known before it runs).
 
-Files under `segmentation/mesh/`: `info`, a `.frags` per task whose region holds a segment, the
+Files under `segmentation/mesh/`: `info`, a `.frags` per region holding a segment, the
 plan and a `.shard` per shard holding a mesh. Neuroglancer reads only `info` and the shards; the
 rest is what a merge re-run (a damaged shard) reads again. igneous's own way keeps a spatial
 index file per task and a `.labels` file per shard besides, and every merge task reads the
@@ -58,6 +58,7 @@ from pipeline.export_layout import (
     read_info,
     xyz,
 )
+from pipeline.roi import Roi
 from pipeline.volumes import ZYX
 
 if TYPE_CHECKING:  # imported where used: cloud-volume and igneous take seconds to import
@@ -95,24 +96,31 @@ def begin_legacy_meshing(folder: Path, config: ExportConfig) -> None:
             pass
 
 
-def _igneous_mesh_task(folder: Path, config: ExportConfig, index: int, sharded: bool):
-    """igneous's meshing task `index` of `create_meshing_tasks`'s set (a region of
-    `task_voxels` per axis, meshed at full resolution, in its order: x fastest), made here
-    without the shared files that writes (`begin_legacy_meshing`, `begin_sharded_meshing`) and
-    without making the other tasks: legacy fragments, or with `sharded` a `.frags` file of the
-    region's meshes, which the merge tasks read."""
-    from igneous.tasks import MeshTask
-
+def _mesh_region(folder: Path, config: ExportConfig, index: int) -> Roi:
+    """The region of igneous's meshing task `index` of `create_meshing_tasks`'s set (a region of
+    `task_voxels` per axis, in its order: x fastest; the last ones reach past the volume, which
+    igneous clamps)."""
     shape_zyx = layer_scales(read_info(folder, SEGMENTATION_LAYER))[0].shape_zyx
     grid_zyx = _mesh_grid_zyx(shape_zyx, config)
     count = math.prod(grid_zyx)
     if not 0 <= index < count:
         raise ValueError(f"meshing task {index} of {count}")
-    corner_zyx = np.array(np.unravel_index(index, grid_zyx)) * config.task_voxels
+    corner_zyx = tuple(int(i) * config.task_voxels for i in np.unravel_index(index, grid_zyx))
+    return Roi(corner_zyx, tuple(c + config.task_voxels for c in corner_zyx))
+
+
+def _igneous_mesh_task(folder: Path, config: ExportConfig, region: Roi, sharded: bool):
+    """igneous's meshing task of `region` (voxels, meshed at full resolution), made here as
+    `create_meshing_tasks` makes each of its set, without the shared files that writes
+    (`begin_legacy_meshing`, `begin_sharded_meshing`) and without making the other tasks:
+    legacy fragments, or with `sharded` a `.frags` file of the region's meshes, which the merge
+    tasks read."""
+    from igneous.tasks import MeshTask
+
     options = _meshing_options(config)
     return MeshTask(
-        shape=(config.task_voxels,) * 3,
-        offset=xyz(corner_zyx.tolist()),
+        shape=xyz(region.shape),
+        offset=xyz(region.start),
         layer_path=layer_url(folder, SEGMENTATION_LAYER),
         mip=options["mip"],
         simplification_factor=100 if options["simplification"] else 0,
@@ -139,7 +147,7 @@ def _igneous_mesh_task(folder: Path, config: ExportConfig, index: int, sharded: 
 def _mesh_task(folder: Path, config: ExportConfig, index: int):
     """igneous's legacy meshing task `index` (`_igneous_mesh_task`). It remembers the ids it
     wrote fragments for (`fragment_ids`)."""
-    task = _igneous_mesh_task(folder, config, index, sharded=False)
+    task = _igneous_mesh_task(folder, config, _mesh_region(folder, config, index), sharded=False)
     task.fragment_ids, upload = [], task._upload_individuals
 
     def recorded_upload(mesh_binaries: dict, generate_manifests: bool) -> None:
@@ -215,9 +223,12 @@ def _mesh_dir(folder: Path) -> Path:
     return folder / SEGMENTATION_LAYER / MESH_DIR
 
 
+FRAGMENTS_SUFFIX = ".frags"
+
+
 def _fragments_path(folder: Path, index: int) -> Path:
     """Where fragment task `index` keeps its region's meshes (a MapBuffer by segment id)."""
-    return _mesh_dir(folder) / f"{index}.frags"
+    return _mesh_dir(folder) / f"{index}{FRAGMENTS_SUFFIX}"
 
 
 # The shards' plan (`mesh_shard_plan`), in the mesh folder: one file whatever the shard count.
@@ -252,17 +263,18 @@ def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
             pass
 
 
-def fragment_part(folder: Path, config: ExportConfig, index: int) -> dict[str, list[int]]:
-    """Run igneous's meshing task `index` (of `pipeline.export.mesh_task_count`: a region of
-    `task_voxels` per axis, x fastest, as `create_meshing_tasks` orders them) with
-    `sharded=True` on a begun export (`begin_sharded_meshing`): its region's meshes in one
-    MapBuffer file, as igneous writes it, but named after the task (`<index>.frags`, so the plan
-    need not list names) and written atomically. Returns the file written (`file_record`), or
-    nothing for a region without a segment."""
+def fragment_part(
+    folder: Path, config: ExportConfig, index: int, region: Roi
+) -> dict[str, list[int]]:
+    """Run igneous's meshing task of `region` (export region `index`, whose region task calls
+    this) with `sharded=True` on a begun export (`begin_sharded_meshing`): its region's meshes
+    in one MapBuffer file, as igneous writes it, but named after the task (`<index>.frags`, so
+    the plan need not list names) and written atomically. Returns the file written
+    (`file_record`), or nothing for a region without a segment."""
     from mapbuffer import MapBuffer
 
     folder = Path(folder)
-    task = _igneous_mesh_task(folder, config, index, sharded=True)
+    task = _igneous_mesh_task(folder, config, region, sharded=True)
     path = _fragments_path(folder, index)
     path.unlink(missing_ok=True)  # a stale one (its region since emptied) is not this run's
 
@@ -281,9 +293,10 @@ def mesh_sharding(segment_count: int, shards: int) -> dict:
     calls it): 2^round(log2(`shards`)) shards, or more where the segments would overflow the
     indices sized for a 100 Mbit/s reader (8 KiB shard index, 32 KiB minishard indices);
     murmurhash spreads the segments (a shard's count varies by about its square root); draco
-    meshes stored raw. The export asks for a shard per meshing task, so a shard holds about a
-    meshing region's segments whatever the volume's size (igneous's command asks for one per
-    1000 segments: at 256^3 one shard would hold every segment, at 1024^3 a thousand)."""
+    meshes stored raw. The export asks for a shard per few regions (pipeline.export's
+    `REGIONS_PER_MESH_SHARD`), so a shard holds about as many segments whatever the volume's
+    size (igneous's command asks for one per 1000 segments: at 256^3 one shard would hold every
+    segment, at 1024^3 a thousand)."""
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
     from igneous.task_creation.common import compute_shard_params_for_hashed
 

@@ -243,7 +243,7 @@ def test_complete_only_while_every_recorded_file_is_there(exported, tmp_path):
     for damage in ("summary", "record", "rewritten record"):
         shutil.rmtree(copy)
         shutil.copytree(folder, copy)
-        record = copy / "records" / "mesh_0.record"
+        record = copy / "records" / "region_0.record"
         if damage == "summary":
             (copy / "export.json").unlink()
         elif damage == "record":
@@ -294,7 +294,7 @@ def test_failure_midway_leaves_no_destination_and_no_temporary(volume, tmp_path,
     def broken_mesh(*args, **kwargs):
         raise RuntimeError("meshing failed")
 
-    monkeypatch.setattr(export, "mesh_step", broken_mesh)
+    monkeypatch.setattr(export, "fragment_part", broken_mesh)
     with pytest.raises(RuntimeError, match="meshing failed"):
         export_precomputed(raw, segmentation, VOXEL, tmp_path / "out", CONFIG)
     assert os.listdir(tmp_path) == []
@@ -612,9 +612,8 @@ def test_a_task_killed_mid_shard_leaves_no_complete_export_and_its_rerun_complet
 
     if what == "region":  # the workflow's rerun of the task (its record is missing)
         region = export.export_regions(SHAPE, VOXEL, CONFIG)[0]
-        export.save_region_record(
-            record, region, export.write_region(out, region, raw, segmentation, CONFIG)
-        )
+        written = export.region_step(out, 0, region, read_region, CONFIG)
+        export.save_region_record(record, region, written)
     else:
         export.save_files_record(record, export.merge_part(out, CONFIG, 0, tasks["merge"]))
     repaired, counts = export.repair_export(out, tasks, read_region, SHAPE, VOXEL, CONFIG)

@@ -2,8 +2,10 @@
 cloud-volume as Neuroglancer would; few files; shared files written once; a damaged shard
 rewritten."""
 
+import dataclasses
 import json
 import shutil
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -17,7 +19,9 @@ from pipeline.export import ExportConfig, damaged, file_record
 
 SHAPE = (64, 96, 80)  # (z, y, x): every axis a different length
 VOXEL = (20.0, 10.0, 10.0)
-CONFIG = ExportConfig(task_voxels=32)  # 2 x 3 x 3 meshing tasks
+# Regions of 16 x 32 x 64 voxels (4 x 3 x 2, each a fragment task); legacy meshing 2 x 3 x 3 tasks.
+CONFIG = ExportConfig(task_voxels=32, chunk_voxels=8)
+REGIONS = export.export_regions(SHAPE, VOXEL, CONFIG)
 SPHERE, BOX, TUBE = 1, 2**40 + 3, 7  # one id beyond 32 bits
 CUBES = 1000  # the first of many small cubes: what makes legacy meshes many files
 SHARDS = 4  # a few shards, so a few merge tasks
@@ -26,8 +30,7 @@ ABSENT = 999
 
 def segmentation() -> np.ndarray:
     """A sphere, a box and a tube that cross task borders (the tube the whole volume along x,
-    its ends on the volume's faces), and small cubes on a lattice where there is room, each in
-    one task."""
+    its ends on the volume's faces), and small cubes on a lattice where there is room."""
     seg = np.zeros(SHAPE, np.uint64)
     z, y, x = ((np.ogrid[: SHAPE[0], : SHAPE[1], : SHAPE[2]][a] + 0.5) * VOXEL[a] for a in range(3))
     seg[(z - 600) ** 2 + (y - 500) ** 2 + (x - 420) ** 2 < 250**2] = SPHERE
@@ -70,14 +73,12 @@ def meshed(tmp_path_factory):
     layout = export.segmentation_layout(SHAPE, VOXEL, CONFIG, chunk)
     export.new_segmentation(folder, SHAPE, VOXEL, layout)
     writer = export.SegmentationWriter(folder)
-    for region in export.export_regions(SHAPE, VOXEL, CONFIG):
+    for region in REGIONS:
         writer.write(region.slices, seg[region.slices])
     sharded.begin_sharded_meshing(folder, CONFIG)
     begun = snapshot(folder, SHARED)
-    fragments = [
-        sharded.fragment_part(folder, CONFIG, i)
-        for i in range(export.mesh_task_count(SHAPE, CONFIG))
-    ]
+    # As each region task meshes its region, once it has written its scales.
+    fragments = [sharded.fragment_part(folder, CONFIG, k, r) for k, r in enumerate(REGIONS)]
     fragmented = snapshot(folder, SHARED)
     count = sharded.mesh_shard_plan(folder, fragment_files(folder, fragments), SHARDS)
     planned = snapshot(folder, SHARED + [PLAN])
@@ -144,7 +145,7 @@ def test_a_segment_absent_from_the_volume_has_no_mesh(meshed):
 
 def test_few_files_each_written_by_one_task_and_far_fewer_than_legacy(meshed, tmp_path):
     folder, seg = meshed["folder"], meshed["seg"]
-    tasks = export.mesh_task_count(SHAPE, CONFIG)
+    tasks = len(REGIONS)
     shards = len(meshed["shards"])
     recorded = {}
     for files in meshed["fragments"] + meshed["shards"]:
@@ -156,17 +157,18 @@ def test_few_files_each_written_by_one_task_and_far_fewer_than_legacy(meshed, tm
     # a shard's segments).
     assert written == recorded.keys() | {PLAN, f"{MESH}/info"}
     frags = [n for n in recorded if n.endswith(".frags")]
-    assert len(frags) == tasks == 18  # every region holds a segment
+    assert len(frags) == tasks == 24  # every region holds a segment
     assert sum(n.endswith(".shard") for n in recorded) == shards
-    assert len(written) == tasks + shards + 2 == 24
+    assert len(written) == tasks + shards + 2 == 30
 
     # Legacy meshes of the same segmentation: a fragment per segment per task, a manifest each.
     legacy = tmp_path / "legacy"
     shutil.copytree(folder, legacy)
     export.begin_export(legacy, SHAPE, VOXEL, CONFIG)
-    fragments = sum(len(export.mesh_part(legacy, CONFIG, i)) for i in range(tasks))
+    legacy_tasks = export.mesh_task_count(SHAPE, CONFIG)
+    fragments = sum(len(export.mesh_part(legacy, CONFIG, i)) for i in range(legacy_tasks))
     legacy_files = fragments + len(segment_ids(seg)) + 1  # + manifests + info
-    assert legacy_files > 10 * len(written)  # 707 files here, 24 sharded
+    assert legacy_files > 10 * len(written)  # 707 files here, 30 sharded
 
 
 def test_tasks_write_no_shared_file_and_the_info_once_before_merging(meshed):
@@ -182,27 +184,32 @@ def test_tasks_write_no_shared_file_and_the_info_once_before_merging(meshed):
 
 
 def test_fragment_tasks_are_igneous_own(meshed, tmp_path):
+    """igneous's own task set over regions of the same shape holds each region task's meshing
+    task (at the volume's end igneous clamps a task's box; the regions are clipped)."""
     from igneous.task_creation import create_meshing_tasks
 
     folder = meshed["folder"]
     copy = tmp_path / "copy"  # igneous's task maker rewrites the shared files
     shutil.copytree(folder, copy)
-    theirs = list(
-        create_meshing_tasks(
-            f"file://{copy / 'segmentation'}",
-            shape=(CONFIG.task_voxels,) * 3,
-            sharded=True,
-            **sharded._meshing_options(CONFIG),
-        )
+    theirs = create_meshing_tasks(
+        f"file://{copy / 'segmentation'}",
+        shape=export.xyz(REGIONS[0].shape),
+        sharded=True,
+        **sharded._meshing_options(CONFIG),
     )
-    assert len(theirs) == export.mesh_task_count(SHAPE, CONFIG)
-    for index, igneous_task in enumerate(theirs):
-        expected = igneous_task.payload()
-        expected["layer_path"] = expected["layer_path"].replace(str(copy), str(folder))
-        mine = sharded._igneous_mesh_task(folder, CONFIG, index, sharded=True).payload()
-        assert mine | {"class": expected["class"]} == expected
-    with pytest.raises(ValueError, match="meshing task 18 of 18"):
-        sharded.fragment_part(folder, CONFIG, 18)
+    expected = {}
+    for task in theirs:
+        payload = task.payload()
+        payload["layer_path"] = payload["layer_path"].replace(str(copy), str(folder))
+        offset, shape = list(payload["offset"]), list(payload["shape"])
+        end = [min(o + n, s) for o, n, s in zip(offset, shape, export.xyz(SHAPE), strict=True)]
+        payload["shape"] = [e - o for e, o in zip(end, offset, strict=True)]
+        expected[tuple(offset)] = payload
+    mine = [sharded._igneous_mesh_task(folder, CONFIG, r, sharded=True).payload() for r in REGIONS]
+    assert len(mine) == len(expected) == 24
+    for payload in mine:
+        payload["shape"] = list(payload["shape"])
+        assert payload | {"class": ANY} == expected[tuple(payload["offset"])]
 
 
 def test_a_merge_rerun_rewrites_its_truncated_shard(meshed, tmp_path):
@@ -280,9 +287,9 @@ def test_a_large_mesh_gets_a_level_of_detail_per_scale(meshed, tmp_path, monkeyp
 def test_a_fragment_task_rerun_on_a_planned_export_writes_what_it_records(meshed, tmp_path):
     folder = tmp_path / "export"  # planned: a fragment task runs on its sharded `info` too
     shutil.copytree(meshed["folder"], folder)
-    config = ExportConfig(task_voxels=CONFIG.task_voxels, gzip=True)
+    config = dataclasses.replace(CONFIG, gzip=True)  # fragments are never gzipped
     before = (folder / MESH / "0.frags").read_bytes()
-    files = sharded.fragment_part(folder, config, 0)
+    files = sharded.fragment_part(folder, config, 0, REGIONS[0])
     assert list(files) == [f"{MESH}/0.frags"] and not damaged(folder, files)
     assert (folder / MESH / "0.frags").read_bytes() == before
 

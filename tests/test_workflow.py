@@ -5,7 +5,7 @@ import sys
 
 import processes
 import pytest
-from workflow_runs import IMPORT_TRACE, ROOT, TINY, imported, workflow
+from workflow_runs import IMPORT_TRACE, ROOT, TINY, alone_on, imported, workflow
 
 
 @pytest.mark.mpi
@@ -39,7 +39,8 @@ class TestLocalRun:
 
     def test_resume_without_config_uses_the_runs_own_settings(self, tiny_run):
         saved = (tiny_run / "config.json").read_text()
-        done = workflow("--run-dir", str(tiny_run), "--resume")
+        with alone_on(tiny_run):
+            done = workflow("--run-dir", str(tiny_run), "--resume")
         assert "nothing to do: every task is up to date" in done.stdout  # not the demo's settings
         assert (tiny_run / "config.json").read_text() == saved
 
@@ -49,10 +50,11 @@ class TestLocalRun:
         assert f"{tiny_run}/runinfo/000/parsl.log" in done.stdout
 
     def test_rerun_without_resume_is_refused(self, tiny_run):
-        done = processes.run(
-            [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(tiny_run)],
-            cwd=ROOT, timeout=900,
-        )  # fmt: skip
+        with alone_on(tiny_run):
+            done = processes.run(
+                [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(tiny_run)],
+                cwd=ROOT, timeout=900,
+            )  # fmt: skip
         assert done.returncode == 2 and "add --resume" in done.stderr
 
 

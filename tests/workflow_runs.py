@@ -1,5 +1,6 @@
 """Running `workflow.py` from tests: the command, a run's outputs, copies and variants of runs."""
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import processes
+from filelock import FileLock
 
 from pipeline.export import segmentation_spec
 from pipeline.volumes import open_volume
@@ -23,6 +25,15 @@ def workflow(
     done = processes.run([sys.executable, "workflow.py", *args], cwd=ROOT, timeout=timeout, env=env)
     assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+@contextlib.contextmanager
+def alone_on(shared_run: Path):
+    """Hold conftest's shared run (`tiny_run`) while a workflow runs on it: tests in another
+    pytest-xdist process may run one on it at the same time, and a run dir refuses a second
+    workflow (its lock). The lock is the one its maker held."""
+    with FileLock(shared_run.parent.parent / "tiny.lock"):
+        yield
 
 
 # Python lists every module it imports on stderr ("import time: ... | name") with this set.
