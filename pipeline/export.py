@@ -88,7 +88,7 @@ from pipeline.export_meshes import (
 )
 from pipeline.roi import Roi, tiles
 from pipeline.shards import ShardPlan, plan_shards, shard_zyx
-from pipeline.stamps import STAMPED_INSIDE_SUFFIX, kept_stamp
+from pipeline.stamps import STAMPED_INSIDE_SUFFIX, kept_stamp, release_memory
 from pipeline.volumes import ZYX, VoxelSize
 
 MANIFEST = "export.json"  # the summary, written last
@@ -643,9 +643,11 @@ def region_step(
 ) -> dict:
     """Region task `index`: `write_region` with the region's voxels (`read_region(region)` ->
     raw, segmentation), then for sharded meshes its meshes' fragments (`fragment_part`, once
-    its voxels are let go: the task holds one or the other). Returns its record."""
+    its voxels are let go and their memory handed back: the task holds one or the other).
+    Returns its record."""
     record = write_region(folder, region, *read_region(region), config)
     if config.sharded:
+        release_memory()
         record["files"] |= fragment_part(folder, config, index, region)
     return record
 

@@ -62,6 +62,7 @@ from pipeline.roi import Roi
 from pipeline.volumes import ZYX
 
 if TYPE_CHECKING:  # imported where used: cloud-volume and igneous take seconds to import
+    from cloudvolume import Mesh
     from cloudvolume.lib import Bbox
 
 
@@ -329,12 +330,30 @@ def _mesh_info(folder: Path) -> dict:
     return json.loads((_mesh_dir(folder) / "info").read_text())
 
 
+class _FileBytes:
+    """A file's bytes, read where a MapBuffer slices them (its index, then one value at a time).
+    Given the file itself, MapBuffer maps it whole, and every page it reads stays resident as
+    the process's memory: a merge task reading its segments across every region's fragments
+    would hold them all."""
+
+    def __init__(self, file: "io.BufferedReader") -> None:
+        self._file, self._size = file, os.fstat(file.fileno()).st_size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, where: slice) -> bytes:
+        start, stop, _ = where.indices(self._size)
+        self._file.seek(start)
+        return self._file.read(max(0, stop - start))
+
+
 def _fragment_ids(path: Path) -> np.ndarray:
     """The segment ids a `.frags` file holds meshes of (its index only, not its meshes)."""
     from mapbuffer import MapBuffer
 
     with open(path, "rb") as f:
-        return np.fromiter(MapBuffer(f).keys(), np.uint64)
+        return np.fromiter(MapBuffer(_FileBytes(f)).keys(), np.uint64)
 
 
 def mesh_shard_plan(folder: Path, fragments: dict[int, Path], shards: int) -> int:
@@ -452,6 +471,17 @@ def _shard_segments(folder: Path, shard: int) -> Iterator[tuple[int, np.ndarray]
         yield int(segment), np.asarray(plan[tasks_at + starts[k] : tasks_at + starts[k + 1]])
 
 
+def _fragment(folder: Path, task: int, segment: int) -> "Mesh":
+    """`segment`'s mesh in fragment task `task`'s file, read alone (`_FileBytes`): the file is
+    opened and closed again, so a merge holds no file open between segments (a shard's segments
+    come from regions all over the volume)."""
+    from cloudvolume import Mesh
+    from mapbuffer import MapBuffer
+
+    with open(_fragments_path(folder, task), "rb") as f:
+        return MapBuffer(_FileBytes(f), frombytesfn=Mesh.from_precomputed)[segment]
+
+
 def _sharding(folder: Path) -> dict:
     info = _mesh_info(folder)
     if "sharding" not in info:
@@ -482,7 +512,6 @@ def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[s
     from cloudvolume import CloudVolume, Mesh
     from cloudvolume.datasource.precomputed.sharding import synthesize_shard_files
     from igneous.tasks.mesh.multires import process_mesh
-    from mapbuffer import MapBuffer
 
     folder = Path(folder)
     spec = _sharding(folder)
@@ -494,25 +523,16 @@ def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[s
     volume = CloudVolume(layer_url(folder, SEGMENTATION_LAYER), progress=False)
     volume.mip = volume.mesh.meta.mip
     encoded, manifest_at = {}, {}
-    with contextlib.ExitStack() as opened:
-        fragments: dict[int, MapBuffer] = {}  # read where needed, not loaded
-
-        def fragment(task: int, segment: int) -> Mesh:
-            if task not in fragments:
-                f = opened.enter_context(open(_fragments_path(folder, task), "rb"))
-                fragments[task] = MapBuffer(f, frombytesfn=Mesh.from_precomputed)
-            return fragments[task][segment]
-
-        for segment, tasks in _shard_segments(folder, shard_number):
-            parts = [fragment(int(task), segment) for task in tasks]
-            mesh = Mesh.concatenate(*parts, segid=segment).consolidate()
-            manifest, meshes = process_mesh(
-                volume, segment, mesh, config.num_scales - 1, MIN_CHUNK_VOXELS,
-                draco_compression_level=DRACO_COMPRESSION_LEVEL,
-            )  # fmt: skip
-            if manifest is not None and len(meshes) > 0:  # igneous's `create_mesh_shard`
-                manifest_at[segment] = len(manifest)
-                encoded[segment] = meshes + manifest.to_binary()
+    for segment, tasks in _shard_segments(folder, shard_number):
+        parts = [_fragment(folder, int(task), segment) for task in tasks]
+        mesh = Mesh.concatenate(*parts, segid=segment).consolidate()
+        manifest, meshes = process_mesh(
+            volume, segment, mesh, config.num_scales - 1, MIN_CHUNK_VOXELS,
+            draco_compression_level=DRACO_COMPRESSION_LEVEL,
+        )  # fmt: skip
+        if manifest is not None and len(meshes) > 0:  # igneous's `create_mesh_shard`
+            manifest_at[segment] = len(manifest)
+            encoded[segment] = meshes + manifest.to_binary()
     if not encoded:
         return {}
     shards = synthesize_shard_files(volume.mesh.reader.spec, encoded, manifest_at)

@@ -4,6 +4,7 @@ rewritten."""
 
 import dataclasses
 import json
+import os
 import shutil
 from unittest.mock import ANY
 
@@ -237,6 +238,29 @@ def test_a_merge_rerun_rewrites_its_truncated_shard(meshed, tmp_path):
     plan.unlink()
     with pytest.raises(PrecomputedError, match="plan.npy: no whole plan"):
         sharded.merge_shard(folder, CONFIG, 0)
+
+
+def test_a_merge_maps_no_fragment_file(meshed, tmp_path, monkeypatch):
+    """MapBuffer maps a file it is given whole, and the pages read stay the process's memory: a
+    merge reading its segments from every region's fragments would hold them all. It reads a
+    segment's bytes alone."""
+    import mmap
+
+    folder = tmp_path / "export"
+    shutil.copytree(meshed["folder"], folder)
+    mapped = []
+
+    class Recorded(mmap.mmap):  # a type still: MapBuffer asks isinstance(buffer, mmap.mmap)
+        def __new__(cls, fileno, *args, **kwargs):
+            mapped.append(os.readlink(f"/proc/self/fd/{fileno}"))
+            return super().__new__(cls, fileno, *args, **kwargs)
+
+    monkeypatch.setattr(mmap, "mmap", Recorded)
+    number, files = next((n, f) for n, f in enumerate(meshed["shards"]) if f)
+    ((name, _),) = files.items()
+    assert sharded.merge_shard(folder, CONFIG, number).keys() == files.keys()
+    assert (folder / name).read_bytes() == (meshed["folder"] / name).read_bytes()
+    assert mapped and not [m for m in mapped if m.endswith(".frags")]  # the plan is mapped
 
 
 def test_a_shard_is_what_igneous_makes_of_the_same_fragments(meshed):
