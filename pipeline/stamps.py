@@ -541,18 +541,6 @@ def _save_stamp(output: str | os.PathLike, record: dict) -> None:
         tmp.write_text(text)
 
 
-def _put_back(output: Path, stamp: dict | None) -> None:
-    """Save `stamp` again as `output`'s, with the output's state as it is now (none where the
-    output holds its stamp); nothing without a stamp, or one that records no such output."""
-    if stamp is None:
-        return
-    if not holds_stamp(output):
-        if output.name not in stamp.get("outputs", {}):
-            return
-        stamp["outputs"][output.name] = output_state(output)
-    _save_stamp(output, stamp)
-
-
 @contextlib.contextmanager
 def kept_stamp(output: str | os.PathLike) -> Iterator[None]:
     """Around a repair that writes `output` again as its task made it (the same content; a new
@@ -563,15 +551,13 @@ def kept_stamp(output: str | os.PathLike) -> Iterator[None]:
     output = _as_path(output)
     stamp = read_stamp(output)
     yield
-    _put_back(output, stamp)
-
-
-def restate_output(output: str | os.PathLike) -> None:
-    """After a repair wrote `output` again as its task made it (the same content, a new mtime),
-    record its new state in its task's stamp, identity and token kept. A rewrite that loses
-    the stamp (of an output that holds it) is made inside `kept_stamp` instead."""
-    output = _as_path(output)
-    _put_back(output, read_stamp(output))
+    if stamp is None:
+        return
+    if not holds_stamp(output):
+        if output.name not in stamp.get("outputs", {}):
+            return
+        stamp["outputs"][output.name] = output_state(output)
+    _save_stamp(output, stamp)
 
 
 def run_once(
