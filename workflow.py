@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
 from pipeline.errors import ConfigError, FFNError
-from pipeline.stamps import STAMPED_INSIDE_SUFFIX, Task, plan
+from pipeline.stamps import STAMPED_INSIDE_SUFFIX, Task, as_path, plan
 
 if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
     from pipeline.blocks import BlockGrid
@@ -264,14 +264,11 @@ def task_step(
     """The step of task `name` (its stage: the name up to "["), run by `apps.<app>`; `regions`:
     the parts of its inputs it reads, as its app tells `stamps.run_once`."""
     stage = name.partition("[")[0]
-    task = Task(name, stage, settings, _paths(inputs), _paths(outputs), regions)
+    # A path already a Path is kept, not parsed again (`as_path`): a block's result is an input
+    # of its 26 neighbours' tasks, and at 1024³ parsing them again doubled the steps' building.
+    inputs, outputs = tuple(map(as_path, inputs)), tuple(map(as_path, outputs))
+    task = Task(name, stage, settings, inputs, outputs, regions)
     return Step(task, app, args, kwargs)
-
-
-def _paths(paths: list) -> tuple[Path, ...]:
-    """As Paths; one already is kept, not parsed again (a block's result is an input of its 26
-    neighbours' tasks: at 1024³ building the steps took twice as long)."""
-    return tuple(p if isinstance(p, Path) else Path(p) for p in paths)
 
 
 def _training_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:

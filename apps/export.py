@@ -2,13 +2,13 @@
 small tasks (pipeline.export): one begins the export, one per region writes every scale of both
 layers (sharded: and meshes the region, then one plans the mesh shards and a task per shard
 merges it; unsharded: one per igneous meshing task meshes), and the last one checks what they
-wrote, adds the segment properties and writes the summary. Each task records what it wrote in the export's folder. No task holds more
-than a region (`ExportConfig.task_voxels` per axis) or a mesh shard, whatever the volume's size.
+wrote, adds the segment properties and writes the summary. Each task records what it wrote in
+the export's folder. No task holds more than a region (`ExportConfig.task_voxels` per axis) or a
+mesh shard, whatever the volume's size.
 
 Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z0:z1, ..." with
-"index", or
-"mesh": index, or "shards" (the plan), or "merge": index with "merges": count, or "tasks":
-{kind: count} (the last)};
+"index", or "mesh": index, or "shards" (the plan), or "merge": index with "merges": count, or
+"tasks": {kind: count} (the last)};
 `folder` is the export's folder (an argument, so a moved run stays up to date)."""
 
 from parsl import python_app

@@ -230,25 +230,25 @@ def digest_files(paths: Iterable[str | os.PathLike]) -> str:
     return sha.hexdigest()
 
 
-def _as_path(path: str | os.PathLike) -> Path:
+def as_path(path: str | os.PathLike) -> Path:
     """`path` as a Path; one already is kept, not parsed again (planning a run of thousands of
     tasks spent a third of its time there)."""
     return path if isinstance(path, Path) else Path(path)
 
 
 def stamp_path(output: str | os.PathLike) -> Path:
-    output = _as_path(output)
+    output = as_path(output)
     return output.with_name(output.name + STAMP_SUFFIX)
 
 
 def holds_stamp(output: str | os.PathLike) -> bool:
     """Whether `output` holds its stamp itself (STAMPED_INSIDE_SUFFIX), by its name alone."""
-    return _as_path(output).name.endswith(STAMPED_INSIDE_SUFFIX)
+    return as_path(output).name.endswith(STAMPED_INSIDE_SUFFIX)
 
 
 def _stamp_file(output: str | os.PathLike) -> Path:
     """The file `output`'s stamp is in: the output itself where it holds it, else beside it."""
-    return _as_path(output) if holds_stamp(output) else stamp_path(output)
+    return as_path(output) if holds_stamp(output) else stamp_path(output)
 
 
 def _file_state(path: Path) -> list[int]:
@@ -258,7 +258,7 @@ def _file_state(path: Path) -> list[int]:
 
 def output_state(path: str | os.PathLike) -> object:
     """What must be unchanged for an output to be trusted; None when it is missing."""
-    path = _as_path(path)
+    path = as_path(path)
     if path.is_file():
         return _file_state(path)
     if path.is_dir():  # a folder (the export)
@@ -462,7 +462,7 @@ def why_stale(
     settings = _plain(settings)
     stamp = stamps(outputs[0])
     if stamp is None:
-        if not any(_as_path(o).exists() for o in outputs):
+        if not any(as_path(o).exists() for o in outputs):
             return "not run yet"
         return "outputs not stamped (interrupted, or made by an older version)"
     tokens = input_tokens(inputs, regions, stamps)
@@ -477,7 +477,7 @@ def why_stale(
         ]
         return "input changed: " + ", ".join(changed or ["inputs"])
     recorded = stamp.get("outputs", {})
-    for output in map(_as_path, outputs):
+    for output in map(as_path, outputs):
         if holds_stamp(output):
             held = stamps(output)
             if held is None and not output.exists():
@@ -526,7 +526,7 @@ def _save_stamp(output: str | os.PathLike, record: dict) -> None:
     (its task must have written a JSON object there), else beside it."""
     if holds_stamp(output):
         try:
-            held = json.loads(_as_path(output).read_text())
+            held = json.loads(as_path(output).read_text())
         except ValueError:
             held = None
         if not isinstance(held, dict):
@@ -548,7 +548,7 @@ def kept_stamp(output: str | os.PathLike) -> Iterator[None]:
     back after, identity and token kept, with the output's new state, so the task and what
     reads its output stay up to date. Nothing where it had no stamp (made outside a run), nor
     when the block raises (the output is not as its task made it)."""
-    output = _as_path(output)
+    output = as_path(output)
     stamp = read_stamp(output)
     yield
     if stamp is None:
