@@ -23,6 +23,9 @@ tuning volume), --decisions FILE reuses the fills of an earlier --output instead
 one fill per side with the largest (`pipeline.agglomeration.pair_measures`), so the sweep also
 tells what a smaller budget costs and scores, and what larger minimum contacts would (a subset
 of the same pairs).
+--oracle needs no fills: it scores what perfect decisions would give (merge a candidate pair when
+its two segments' majority ground-truth ids agree) at several minimum contacts, the most any
+thresholds on the fills' measures could reach; a ceiling to read before tuning them.
 Prints VI split / merge before and after, the pairs tested and merged (and how many of the
 merged pairs are truly one object: the same majority ground-truth id), the FOV evaluations and
 time of both passes, and the CPU.
@@ -73,6 +76,7 @@ SWEEP_RECOVERED = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SWEEP_JACCARD = (0.3, 0.5, 0.7, 0.8)
 # Larger minimum contacts than the fills were made with: a subset of the same pairs, no filling.
 SWEEP_MIN_CONTACT = (50, 100, 200, 500, 1000, 2000)
+ORACLE_MIN_CONTACT = (1, 10, 50, 100, 200, 500, 1000)
 
 
 @dataclasses.dataclass
@@ -99,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--output", type=Path, default=None, help="write the results here as JSON")
     add("--decisions", type=Path, default=None, help="an earlier --output: its fills, reused")
     add("--sweep", action="store_true", help="print the scores over a grid of thresholds")
+    add("--oracle", action="store_true", help="only score perfect decisions (no fills)")
     add(
         "--budgets",
         type=int,
@@ -234,6 +239,27 @@ def sweep(
     return rows
 
 
+def oracle(first: FirstPass, config: AgglomerationConfig) -> list[dict]:
+    """Scores if every candidate pair were decided by the ground truth (merged when both
+    segments' majority ids agree), at each minimum contact: agglomeration's ceiling."""
+    truth = majority_truth(first.segmentation, first.labels)
+    table = candidate_pairs(first.segmentation, min_contact=1, max_gap=config.max_gap)
+    one_object = np.array([truth.get(int(a), -1) == truth.get(int(b), -2) for a, b in table.ids])
+    rows = []
+    for min_contact in ORACLE_MIN_CONTACT:
+        tested = table.contacts >= min_contact
+        merged = table.ids[tested & one_object]
+        after = scores(agglomerated(first.segmentation, merged), first)
+        rows.append({"min_contact": min_contact, "pairs": int(tested.sum()),
+                     "merged": len(merged)} | after)  # fmt: skip
+        print(
+            f"oracle min_contact {min_contact:4d}: {int(tested.sum()):5d} pairs, {len(merged):4d} "
+            f"one object  VI {after['vi_split']:.3f} / {after['vi_merge']:.3f} / {after['vi']:.3f}"
+            f"  ARE {after['adapted_rand_error']:.3f}"
+        )
+    return rows
+
+
 def _decisions(records: list[dict]) -> list[PairDecision]:
     fields = {f.name for f in dataclasses.fields(PairDecision)}
     return [PairDecision(**{k: v for k, v in d.items() if k in fields}) for d in records]
@@ -248,6 +274,13 @@ def main() -> None:
         first = run_first_pass(args.run_dir)
     else:
         first = synthetic_first_pass(args.synthetic_seed, args.workdir)
+    if args.oracle:
+        print("before", scores(first.segmentation, first))
+        rows = oracle(first, config)
+        if args.output is not None:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps({"source": str(args.run_dir), "oracle": rows}))
+        return
     budget = config.max_fov_evaluations_per_fill
     if args.decisions:
         kept = json.loads(args.decisions.read_text())

@@ -2,30 +2,41 @@
 
 Run by hand (not a test), from the repository root:
 
-    PATH=.venv/bin:$PATH python bench/segment_real.py [--no-runs]
+    PATH=.venv/bin:$PATH python bench/segment_real.py [--no-runs] [--whole]
 
 Runs (or, finished, reuses: a finished run's resume takes seconds) the workflow runs
   configs/flyem.toml            FFN trained here from scratch (train / select / eval parts of one file)
   configs/flyem_fib25.toml      the FFN authors' FIB-25 weights, inference only
   configs/flyem_fib25_bf16.toml the same in bfloat16 (fast on CPUs with AMX)
   configs/flyem_finetune.toml   the FIB-25 weights fine-tuned on the training part
-then the baselines on the staged parts of the first run:
+Each run gives a row per segmentation it scores: with FFN's second pass on (`[agglomeration]`),
+its first pass and the pass's result. For the bf16 run, a copy of it is resumed with consensus
+on too (its first pass reused): rows for FFN + consensus and + consensus + agglomeration.
+Then the baselines:
   * a seeded watershed over a random-forest boundary map (pipeline.boundary_watershed) learned
-    on the training part, its parameters tuned by VI on the selection part;
+    on the training part, its parameters tuned by VI on the selection part: the one the runs'
+    own evaluation made (`baseline/learned_watershed.h5`);
   * the workflow's own watershed (distance transform of FFN's edge map, defaults untuned), as the
-    evaluation stage scores it;
+    evaluation stage of configs/flyem.toml's run scored it;
 and the authors' reference segmentation (../shared/data/flyem_medulla_google_ffn_fib25.h5),
 cut to the same part. All are scored on the evaluated part only (its context excluded); besides
 the scores, each segmentation's unsegmented share within 16 voxels of the file's own faces (where
 FFN as published seeds nothing) and how it differs from the authors' segmentation (VI with theirs
 as the truth: split = ours cut their objects, merge = ours joined them).
+
+--whole scores all 125 sections instead: configs/flyem_fib25_bf16_whole.toml's run (first pass
+and second pass), the learned watershed (learned on the training part and tuned on the
+selection part of the bf16 run's staged parts, so it has seen the labels of most of these
+voxels: flattered) and the authors' segmentation.
 Prints a Markdown table and writes everything to --output (JSON).
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.atomic import atomic_path  # noqa: E402
 from pipeline.boundary_watershed import learned_watershed  # noqa: E402
+from pipeline.config import save_json  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
 from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
@@ -51,6 +63,15 @@ CONFIGS = {
     "FIB-25 weights": "configs/flyem_fib25.toml",
     "FIB-25 weights, bf16": "configs/flyem_fib25_bf16.toml",
     "FIB-25 fine-tuned": "configs/flyem_finetune.toml",
+}
+# Runs copied and resumed with consensus on as well (their first pass reused).
+WITH_CONSENSUS = ("FIB-25 weights, bf16",)
+WHOLE = ("FIB-25 weights, bf16, all 125 sections", "configs/flyem_fib25_bf16_whole.toml")
+# evaluation.json's keys for the steps before a second pass's result: their rows' suffixes and
+# the folders (under the run dir) of the segmentations they score.
+STEPS_BEFORE = {
+    "ffn_first_pass": (", first pass", "agglomerate/first_pass"),
+    "ffn_consensus": (" + consensus", "agglomerate/consensus"),
 }
 # The converted FIB-25 weights the configs name (absolute, as a loaded config names them), and
 # the precision each was converted with.
@@ -68,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--no-runs", action="store_true", help="only read finished runs, start none")
+    add("--whole", action="store_true", help="score all 125 sections (configs' WHOLE run)")
     add("--runs-dir", type=Path, default=ROOT / "data" / "runs")
     add("--output", type=Path, default=ROOT / "data" / "bench" / "segment_real.json")
     return parser
@@ -87,19 +109,75 @@ def _run_workflow(config: str) -> None:
     )
 
 
-def _ffn_row(run_dir: Path) -> dict:
+def _run_with_consensus(run_dir: Path) -> Path:
+    """A copy of a finished run resumed with consensus on: only the second inference pass and
+    the steps after it run."""
+    copy = run_dir.with_name(run_dir.name + "-consensus")
+    if not copy.exists():
+        shutil.copytree(run_dir, copy, symlinks=True)
+    settings = load_run_config(run_dir / "config.json")
+    second = dataclasses.replace(settings.agglomeration, consensus=True)
+    config = save_json(
+        copy.with_suffix(".json"), dataclasses.replace(settings, agglomeration=second)
+    )
+    subprocess.run(
+        [sys.executable, "workflow.py", "--run-dir", str(copy), "--config", str(config), "--resume"],
+        cwd=ROOT, check=True,
+    )  # fmt: skip
+    return copy
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
+    """A finished run's rows: what it exported, and with FFN's second pass on, each step before."""
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
-    stitched = json.loads((run_dir / "inference" / "stitch.json").read_text())
+    second = load_run_config(run_dir / "config.json").agglomeration
     times = stage_wall_times(run_dir / "monitoring.db")
-    part = read_staged(run_dir / "staged" / "eval.h5").scored.slices
-    return {
-        "segmentation": _read_spec(segmentation_spec(run_dir / "precomputed"))[part],
-        "scores": evaluation["ffn"],
-        "fov_evaluations": stitched["inference"]["fov_evaluations"],
+    part, _ = _staged(run_dir)
+    first_pass = {
+        "fov_evaluations": _read_json(run_dir / "inference/stitch.json")["inference"]["fov_evaluations"],
         "train_s": times.get("train"),
         "select_s": times.get("select"),
         "infer_s": times.get("infer"),
-    }
+    }  # fmt: skip
+    rows = {}
+    for key, (suffix, folder) in STEPS_BEFORE.items():
+        if key in evaluation:
+            rows[name + suffix] = first_pass | {
+                "segmentation": _read_spec(segmentation_spec(run_dir / folder))[part],
+                "scores": evaluation[key],
+            }
+    steps = [(" + consensus", second.consensus), (" + agglomeration", second.enabled)]
+    rows[name + "".join(label for label, on in steps if on)] = (
+        first_pass
+        | _second_pass(run_dir, times)
+        | {
+            "segmentation": _read_spec(segmentation_spec(run_dir / "precomputed"))[part],
+            "scores": evaluation["ffn"],
+        }
+    )
+    return rows
+
+
+def _second_pass(run_dir: Path, times: dict[str, float]) -> dict:
+    """What FFN's second pass cost: a consensus's second inference pass, agglomeration's pairs."""
+    cost = {}
+    again = _read_json(run_dir / "inference/second/stitch.json")
+    if again:  # the copy's resume ran only the second inference pass
+        cost["consensus_fov_evaluations"] = again["inference"]["fov_evaluations"]
+        cost["consensus_s"] = (times.get("infer") or 0) + (times.get("consensus") or 0)
+    agglomerated = _read_json(run_dir / "agglomerate/agglomerate.json")
+    if agglomerated:
+        cost |= {
+            "pairs": agglomerated["pairs"],
+            "merged_pairs": agglomerated["merged_pairs"],
+            "agglomeration_fov_evaluations": agglomerated["fov_evaluations"],
+            "agglomeration_s": times.get("agglomerate"),
+        }
+    return cost
 
 
 def _read(path: Path, name: str) -> np.ndarray:
@@ -111,36 +189,60 @@ def _read_spec(spec: str) -> np.ndarray:
         return array[...]
 
 
-def _forest_watershed(staged: Path) -> dict:
-    """Learn on the training part, tune on the selection part, segment the evaluated part."""
-    result = learned_watershed(
-        (_read(staged / "train.h5", "raw"), _read(staged / "train.h5", "labels")),
-        (_read(staged / "select.h5", "raw"), _read(staged / "select.h5", "labels")),
-        _read(staged / "eval.h5", "raw"),
-    )
-    part = read_staged(staged / "eval.h5").scored.slices
-    truth = _read(staged / "eval.h5", "labels")[part]
-    segmentation = result.segmentation[part]
+def _staged(run_dir: Path) -> tuple[tuple[slice, ...], np.ndarray]:
+    """A run's scored part (slices of its staged volume) and the ground truth there."""
+    staged = read_staged(run_dir / "staged/eval.h5")
+    part = staged.scored.slices if staged.scored else (slice(None),) * 3
+    return part, _read_spec(staged.labels)[part]
+
+
+def _scored(segmentation: np.ndarray, truth: np.ndarray) -> dict:
     return {
         "segmentation": segmentation,
         "scores": score_segmentation(segmentation, truth).to_dict(),
+    }
+
+
+def _runs_watershed(run_dir: Path) -> dict:
+    """The learned watershed a run's evaluation made (learned on the training part, tuned on the
+    selection part, segmenting the staged evaluated volume), cut to the scored part."""
+    part, truth = _staged(run_dir)
+    record = json.loads((run_dir / "baseline/learned_watershed.json").read_text())
+    segmentation = _read(run_dir / "baseline/learned_watershed.h5", "segmentation")[part]
+    return _scored(segmentation, truth) | {
+        "params": record["params"],
+        "tuning_trials": len(record["tuning_trials"]),
+        "train_s": record["seconds"]["train"],
+        "select_s": record["seconds"]["tune"],
+        "infer_s": record["seconds"]["segment"],
+    }
+
+
+def _forest_watershed(parts: Path, run_dir: Path) -> dict:
+    """Learn on the training part, tune on the selection part (both staged in `parts`), segment
+    the run's staged volume."""
+    staged = read_staged(run_dir / "staged/eval.h5")
+    result = learned_watershed(
+        (_read(parts / "train.h5", "raw"), _read(parts / "train.h5", "labels")),
+        (_read(parts / "select.h5", "raw"), _read(parts / "select.h5", "labels")),
+        _read_spec(staged.raw),
+    )
+    part, truth = _staged(run_dir)
+    return _scored(result.segmentation[part], truth) | {
         "params": result.params.__dict__,
-        "tuning_trials": result.trials,
+        "tuning_trials": len(result.trials),
         "train_s": result.seconds["train"],
         "select_s": result.seconds["tune"],
         "infer_s": result.seconds["segment"],
     }
 
 
-def _reference(eval_roi: str, staged_eval: Path) -> dict:
+def _reference(eval_roi: str | None, run_dir: Path) -> dict:
     path, dataset = str(REFERENCE).rsplit(":", 1)
-    roi = Roi.parse(eval_roi)
     with h5py.File(path, "r") as f:
-        reference = f[dataset][roi.slices]
-    part = read_staged(staged_eval).scored.slices
-    truth = _read(staged_eval, "labels")[part]
-    reference = reference.astype(np.uint64)
-    return {"segmentation": reference, "scores": score_segmentation(reference, truth).to_dict()}
+        reference = f[dataset][Roi.parse(eval_roi).slices if eval_roi else ()]
+    _, truth = _staged(run_dir)
+    return _scored(reference.astype(np.uint64), truth)
 
 
 def _face_shell(roi: Roi, file_shape: tuple[int, ...], width: int = FACE_SHELL) -> np.ndarray:
@@ -184,12 +286,26 @@ def _versus(value: dict | None) -> str:
     return "–" if value is None else f"{value['vi_split']:.2f} / {value['vi_merge']:.2f}"
 
 
+def _second_pass_cell(row: dict) -> str:
+    cells = []
+    if "consensus_fov_evaluations" in row:
+        cells.append(
+            f"consensus: {row['consensus_fov_evaluations']:,} FOVs, {_seconds(row['consensus_s'])}"
+        )
+    if "pairs" in row:
+        cells.append(
+            f"agglomeration: {row['pairs']} pairs, {row['merged_pairs']} merged, "
+            f"{row['agglomeration_fov_evaluations']:,} FOVs, {_seconds(row['agglomeration_s'])}"
+        )
+    return "; ".join(cells) or "–"
+
+
 def table(rows: dict[str, dict]) -> str:
     lines = [
         "| method | VI split / merge / total | adapted Rand error | unsegmented | segments "
         "| unsegmented within 16 of the file's faces | against the authors' (VI split / merge) "
-        "| FOV evaluations | training | selection / tuning | inference |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| FOV evaluations | training | selection / tuning | inference | second pass |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         s = row["scores"]
@@ -200,54 +316,85 @@ def table(rows: dict[str, dict]) -> str:
             f"| {s['segments']} | {_share(row.get('shell_unsegmented_fraction'))} "
             f"| {_versus(row.get('versus_reference'))} | {'–' if fovs is None else f'{fovs:,}'} "
             f"| {_seconds(row.get('train_s'))} | {_seconds(row.get('select_s'))} "
-            f"| {_seconds(row.get('infer_s'))} |"
+            f"| {_seconds(row.get('infer_s'))} | {_second_pass_cell(row)} |"
         )
     return "\n".join(lines)
+
+
+LEARNED_ROW = "watershed on a random-forest boundary map (tuned on the selection part)"
+
+
+def _part_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
+    """Every finished run's rows on the evaluated part, then the baselines'; and a run dir whose
+    staged volume is that part."""
+    if not args.no_runs:
+        for config in CONFIGS.values():
+            _run_workflow(config)
+    rows, runs = {}, {}
+    for name, config in CONFIGS.items():
+        run_dir = args.runs_dir / load_run_config(config).name
+        if not (run_dir / "evaluation.json").is_file():
+            print(f"{name}: no finished run in {run_dir}, left out", file=sys.stderr)
+            continue
+        runs[name] = run_dir
+        rows |= _ffn_rows(name, run_dir)
+        if name in WITH_CONSENSUS:
+            copy = run_dir.with_name(run_dir.name + "-consensus")
+            if not args.no_runs:
+                _run_with_consensus(run_dir)
+            if (copy / "evaluation.json").is_file():  # its times of the first pass: the run's
+                base = rows.get(f"{name}, first pass") or rows[name]
+                first = {k: base[k] for k in ("train_s", "select_s", "infer_s")}
+                rows |= {k: v | first for k, v in _ffn_rows(name, copy).items() if k not in rows}
+    if not runs:
+        sys.exit(f"no finished run in {args.runs_dir}")
+    learned = [r for r in runs.values() if (r / "baseline/learned_watershed.h5").is_file()]
+    if learned:
+        rows[LEARNED_ROW] = _runs_watershed(learned[0])
+    scratch = runs.get("FFN trained here")
+    if scratch is not None:
+        evaluation = json.loads((scratch / "evaluation.json").read_text())
+        rows["watershed on the image's edge distance (workflow's, untuned)"] = {
+            "scores": evaluation["watershed"],
+            "infer_s": evaluation["watershed_seconds"],
+        }
+    return rows, next(iter(runs.values()))
+
+
+def _whole_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
+    """The whole-file run's rows, and the learned watershed on the same voxels (its training and
+    selection parts staged by the bf16 run)."""
+    name, config = WHOLE
+    if not args.no_runs:
+        _run_workflow(config)
+    run_dir = args.runs_dir / load_run_config(config).name
+    rows = _ffn_rows(name, run_dir)
+    parts = args.runs_dir / load_run_config(CONFIGS["FIB-25 weights, bf16"]).name / "staged"
+    rows[LEARNED_ROW + ", both parts inside this cube"] = _forest_watershed(parts, run_dir)
+    return rows, run_dir
 
 
 def main() -> int:
     args = _parser().parse_args()
     os.chdir(ROOT)
-    if not args.no_runs:
-        for config in CONFIGS.values():
-            _run_workflow(config)
-    rows = {}
-    for name, config in CONFIGS.items():
-        run_dir = args.runs_dir / load_run_config(config).name
-        if (run_dir / "evaluation.json").is_file():
-            rows[name] = _ffn_row(run_dir)
-        else:
-            print(f"{name}: no finished run in {run_dir}, left out", file=sys.stderr)
-    scratch = load_run_config(CONFIGS["FFN trained here"])
-    staged = args.runs_dir / scratch.name / "staged"
-    rows["watershed on a random-forest boundary map (tuned on the selection part)"] = (
-        _forest_watershed(staged)
-    )
-    evaluated = args.runs_dir / scratch.name / "evaluation.json"
-    if evaluated.is_file():
-        evaluation = json.loads(evaluated.read_text())
-        rows["watershed on the image's edge distance (workflow's, untuned)"] = {
-            "scores": evaluation["watershed"],
-            "infer_s": evaluation["watershed_seconds"],
-        }
-    else:
-        print(f"the workflow's watershed: no {evaluated}, left out", file=sys.stderr)
-    rows[REFERENCE_ROW] = _reference(scratch.data.eval_roi, staged / "eval.h5")
-    roi = Roi.parse(scratch.data.eval_roi)
-    truth = _read(staged / "eval.h5", "labels")[read_staged(staged / "eval.h5").scored.slices]
+    rows, scored_run = (_whole_rows if args.whole else _part_rows)(args)
+    eval_roi = load_run_config(scored_run / "config.json").data.eval_roi
+    rows[REFERENCE_ROW] = _reference(eval_roi, scored_run)
     with h5py.File(str(REFERENCE).rsplit(":", 1)[0], "r") as f:
         file_shape = f["segmentation"].shape
-    _compare(rows, truth, _face_shell(roi, file_shape))
+    roi = Roi.parse(eval_roi) if eval_roi else Roi((0, 0, 0), file_shape)
+    _compare(rows, _staged(scored_run)[1], _face_shell(roi, file_shape))
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "eval_roi": scratch.data.eval_roi,
+        "eval_roi": eval_roi,
         "rows": rows,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(args.output) as tmp:
+    output = args.output.with_stem(args.output.stem + "_whole") if args.whole else args.output
+    with atomic_path(output) as tmp:
         tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
     print(table(rows))
-    print(f"\n{result['machine']}; all times wall-clock on it; written to {args.output}")
+    print(f"\n{result['machine']}; all times wall-clock on it; written to {output}")
     return 0
 
 

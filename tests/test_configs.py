@@ -35,23 +35,41 @@ def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, tmp_path
 
 def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
-    scored = [c for c in flyem if not c.name.endswith("-selection")]
+    scored = [c for c in flyem if not c.name.endswith(("-selection", "-whole"))]
     assert len(scored) == 4
     assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in scored}) == 1
     # And their reports' baseline, the learned watershed, learns and is tuned on the same parts.
     assert len({(c.data.train_roi, c.data.select_roi) for c in scored}) == 1
 
 
-def test_the_run_where_second_pass_settings_are_chosen_scores_only_the_selection_part():
-    """configs/flyem_fib25_selection.toml scores a part of the selection part, apart from the
+@pytest.mark.parametrize("name", ["flyem_fib25_selection.toml", "flyem_fib25_bf16_selection.toml"])
+def test_the_runs_where_second_pass_settings_are_chosen_score_only_the_selection_part(name):
+    """The selection-part FIB-25 configs score a part of the selection part, apart from the
     evaluated part (its context may reach the image there: only image, never labels)."""
     parts = load_run_config(ROOT / "configs" / "flyem.toml").data
-    tuning = load_run_config(ROOT / "configs" / "flyem_fib25_selection.toml").data
+    tuning = load_run_config(ROOT / "configs" / name).data
     selection, scored = Roi.parse(parts.select_roi), Roi.parse(tuning.eval_roi)
     assert all(a <= b for a, b in zip(selection.start, scored.start, strict=True))
     assert all(b <= a for a, b in zip(selection.stop, scored.stop, strict=True))
     assert not scored.overlaps(Roi.parse(parts.eval_roi))
     assert (tuning.eval_raw, tuning.eval_labels) == (parts.train_raw, parts.train_labels)
+
+
+def test_the_fib25_runs_that_are_scored_share_one_second_pass_chosen_on_the_selection_part():
+    """The settings chosen on the selection part are the ones every scored FIB-25 run uses,
+    the whole file's too; the selection runs themselves leave the pass off (their first pass is
+    what the settings are chosen on)."""
+    fib25 = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem_fib25")]
+    scored = [c.agglomeration for c in fib25 if not c.name.endswith("-selection")]
+    tuning = [c.agglomeration for c in fib25 if c.name.endswith("-selection")]
+    assert len(scored) == 3 and len(set(scored)) == 1 and scored[0].enabled
+    assert len(tuning) == 2 and not any(c.enabled or c.consensus for c in tuning)
+
+
+def test_the_whole_file_run_scores_every_section_and_learns_nothing_there():
+    whole = load_run_config(ROOT / "configs" / "flyem_fib25_bf16_whole.toml").data
+    assert not whole.eval_roi
+    assert not (whole.train_raw or whole.select_raw or whole.train_roi or whole.select_roi)
 
 
 def test_the_demo_fine_tunes_the_shipped_model_and_a_config_file_starts_from_scratch():
