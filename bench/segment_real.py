@@ -342,7 +342,9 @@ def _part_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
             copy = run_dir.with_name(run_dir.name + "-consensus")
             if not args.no_runs:
                 _run_with_consensus(run_dir)
-            if (copy / "evaluation.json").is_file():  # its times of the first pass: the run's
+            # Scored with consensus (not the copied run's own evaluation): its first pass's
+            # times are the run's.
+            if "ffn_consensus" in _read_json(copy / "evaluation.json"):
                 base = rows.get(f"{name}, first pass") or rows[name]
                 first = {k: base[k] for k in ("train_s", "select_s", "infer_s")}
                 rows |= {k: v | first for k, v in _ffn_rows(name, copy).items() if k not in rows}
