@@ -67,7 +67,7 @@ from pipeline.inference import (  # noqa: E402
 from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.run_config import load_run_config  # noqa: E402
 from pipeline.selection import chosen_checkpoint  # noqa: E402
-from pipeline.staging import read_staged  # noqa: E402
+from pipeline.staging import StagedVolume, read_staged  # noqa: E402
 from pipeline.synthetic import SyntheticConfig, generate  # noqa: E402
 from pipeline.volumes import open_volume  # noqa: E402
 
@@ -142,20 +142,32 @@ def synthetic_first_pass(seed: int, workdir: Path) -> FirstPass:
         )  # fmt: skip
 
 
+def staged_eval(run_dir: Path) -> StagedVolume:
+    """A run's evaluated volume: its copy, or the record of it read in place."""
+    copy = run_dir / "staged/eval.h5"
+    return read_staged(copy if copy.is_file() else run_dir / "staged/eval.json")
+
+
 def run_first_pass(run_dir: Path) -> FirstPass:
     """A finished workflow run's staged volume and stitched segmentation (whole staged region)."""
-    staged_path = next(p for p in (run_dir / "staged/eval.h5", run_dir / "staged/eval.json") if p.exists())  # fmt: skip
-    staged = read_staged(staged_path)
+    staged = staged_eval(run_dir)
     if not staged.labels:
         sys.exit(f"{run_dir}: its evaluated volume has no labels; nothing to score")
     stitched = json.loads((run_dir / "inference/stitch.json").read_text())
+    config = load_run_config(run_dir / "config.json")
+    # What the run's own agglomeration started from (its consensus, or its first pass); without
+    # agglomeration, what it exported.
+    second = config.agglomeration
+    start = "precomputed"
+    if second.enabled:
+        start = "agglomerate/consensus" if second.consensus else "agglomerate/first_pass"
     return FirstPass(
         _read(staged.raw),
         _read(staged.labels),
-        _read(segmentation_spec(run_dir / "precomputed")),
+        _read(segmentation_spec(run_dir / start)),
         staged.scored.slices if staged.scored else (slice(None),) * 3,
         chosen_checkpoint(run_dir / "selection.json"),
-        load_run_config(run_dir / "config.json").inference,
+        config.inference,
         int(stitched["inference"]["fov_evaluations"]),
         None,
     )
@@ -279,7 +291,8 @@ def main() -> None:
         rows = oracle(first, config)
         if args.output is not None:
             args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps({"source": str(args.run_dir), "oracle": rows}))
+            source = str(args.run_dir or f"synthetic seed {args.synthetic_seed}")
+            args.output.write_text(json.dumps({"source": source, "oracle": rows}))
         return
     budget = config.max_fov_evaluations_per_fill
     if args.decisions:

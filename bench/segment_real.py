@@ -47,6 +47,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agglomerate import staged_eval  # noqa: E402  (bench/agglomerate.py)
+
 from pipeline.atomic import atomic_path  # noqa: E402
 from pipeline.boundary_watershed import learned_watershed  # noqa: E402
 from pipeline.config import save_json  # noqa: E402
@@ -55,7 +57,6 @@ from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
 from pipeline.roi import Roi  # noqa: E402
 from pipeline.run_config import load_run_config  # noqa: E402
-from pipeline.staging import read_staged  # noqa: E402
 from pipeline.volumes import open_volume  # noqa: E402
 
 CONFIGS = {
@@ -191,7 +192,7 @@ def _read_spec(spec: str) -> np.ndarray:
 
 def _staged(run_dir: Path) -> tuple[tuple[slice, ...], np.ndarray]:
     """A run's scored part (slices of its staged volume) and the ground truth there."""
-    staged = read_staged(run_dir / "staged/eval.h5")
+    staged = staged_eval(run_dir)
     part = staged.scored.slices if staged.scored else (slice(None),) * 3
     return part, _read_spec(staged.labels)[part]
 
@@ -221,7 +222,7 @@ def _runs_watershed(run_dir: Path) -> dict:
 def _forest_watershed(parts: Path, run_dir: Path) -> dict:
     """Learn on the training part, tune on the selection part (both staged in `parts`), segment
     the run's staged volume."""
-    staged = read_staged(run_dir / "staged/eval.h5")
+    staged = staged_eval(run_dir)
     result = learned_watershed(
         (_read(parts / "train.h5", "raw"), _read(parts / "train.h5", "labels")),
         (_read(parts / "select.h5", "raw"), _read(parts / "select.h5", "labels")),
