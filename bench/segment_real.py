@@ -144,17 +144,26 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
         "select_s": times.get("select"),
         "infer_s": times.get("infer"),
     }  # fmt: skip
+    cost = _second_pass(run_dir, times)
+    before = {  # what each step before the last cost
+        "ffn_first_pass": {},
+        "ffn_consensus": {k: v for k, v in cost.items() if k.startswith("consensus")},
+    }
     rows = {}
     for key, (suffix, folder) in STEPS_BEFORE.items():
         if key in evaluation:
-            rows[name + suffix] = first_pass | {
-                "segmentation": _read_spec(segmentation_spec(run_dir / folder))[part],
-                "scores": evaluation[key],
-            }
+            rows[name + suffix] = (
+                first_pass
+                | before[key]
+                | {
+                    "segmentation": _read_spec(segmentation_spec(run_dir / folder))[part],
+                    "scores": evaluation[key],
+                }
+            )
     steps = [(" + consensus", second.consensus), (" + agglomeration", second.enabled)]
     rows[name + "".join(label for label, on in steps if on)] = (
         first_pass
-        | _second_pass(run_dir, times)
+        | cost
         | {
             "segmentation": _read_spec(segmentation_spec(run_dir / "precomputed"))[part],
             "scores": evaluation["ffn"],
