@@ -24,7 +24,6 @@ everything to --output (JSON).
 import argparse
 import csv
 import dataclasses
-import json
 import math
 import subprocess
 import sys
@@ -36,11 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agglomerate import FirstPass, agglomerated, fill_pairs, scores, sweep  # noqa: E402
-from machine import cpu_name  # noqa: E402  (bench/machine.py)
+from machine import cpu_name, write_result  # noqa: E402  (bench/machine.py)
 
 import pipeline  # noqa: E402, F401  (sets TensorFlow's oneDNN flag before TF loads)
 from pipeline.agglomeration import AgglomerationConfig, merged_pairs  # noqa: E402
-from pipeline.atomic import atomic_path  # noqa: E402
 from pipeline.config import save_json  # noqa: E402
 from pipeline.errors import InferenceError  # noqa: E402
 from pipeline.inference import (  # noqa: E402
@@ -226,11 +224,8 @@ def main() -> int:
         | {"selection_part": best},
         "points": points,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(args.output) as tmp:
-        tmp.write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(table(points))
-    print(f"\nCPU: {result['cpu']}; written to {args.output}")
+    print(f"\nCPU: {result['cpu']}; written to {write_result(args.output, result)}")
     return 0
 
 

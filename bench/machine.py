@@ -1,7 +1,11 @@
-"""What the benchmarks say of the machine they ran on (speeds differ between sessions' CPUs)."""
+"""What the benchmarks say of the machine they ran on (speeds differ between sessions' CPUs),
+and how they keep what they measured."""
 
+import json
 import platform
 from pathlib import Path
+
+from pipeline.atomic import atomic_path
 
 
 def cpu_name() -> str:
@@ -13,3 +17,11 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def write_result(path: Path, result: dict) -> Path:
+    """`result` as JSON at `path` (numpy numbers as floats), written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    return path

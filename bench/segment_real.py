@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agglomerate import staged_eval  # noqa: E402  (bench/agglomerate.py)
+from machine import write_result  # noqa: E402  (bench/machine.py)
 
-from pipeline.atomic import atomic_path  # noqa: E402
 from pipeline.boundary_watershed import learned_watershed  # noqa: E402
 from pipeline.config import save_json  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
@@ -401,12 +401,11 @@ def main() -> int:
         "eval_roi": eval_roi,
         "rows": rows,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     output = args.output.with_stem(args.output.stem + "_whole") if args.whole else args.output
-    with atomic_path(output) as tmp:
-        tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
     print(table(rows))
-    print(f"\n{result['machine']}; all times wall-clock on it; written to {output}")
+    print(
+        f"\n{result['machine']}; all times wall-clock on it; written to {write_result(output, result)}"
+    )
     return 0
 
 
