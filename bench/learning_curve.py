@@ -47,6 +47,7 @@ from pipeline.inference import (  # noqa: E402
     segment,
 )
 from pipeline.run_config import RunConfig, load_run_config  # noqa: E402
+from pipeline.selection import list_checkpoints  # noqa: E402
 from pipeline.staging import read_staged  # noqa: E402
 from pipeline.volumes import open_volume  # noqa: E402
 
@@ -98,13 +99,6 @@ def training_minutes(metrics_csv: Path) -> dict[int, tuple[float, float]]:
         previous = wall_s
         minutes[step] = ((offset + wall_s) / 60, loss)
     return minutes
-
-
-def checkpoints(train_dir: Path) -> dict[int, Path]:
-    found = {}
-    for index in (train_dir / "checkpoints").glob("ckpt-*.index"):
-        found[int(index.stem.split("-")[1])] = index.with_suffix("")
-    return found
 
 
 def first_pass(checkpoint: Path, staged_path: Path, recipe: RunConfig) -> FirstPass:
@@ -194,7 +188,8 @@ def main() -> int:
         steps = math.ceil(rate * max(args.minutes) / CHECKPOINT_EVERY) * CHECKPOINT_EVERY
         train(run_dir, recipe, max(steps, last + CHECKPOINT_EVERY))
         minutes = training_minutes(metrics)
-    kept = {step: path for step, path in checkpoints(run_dir / "train").items() if step in minutes}
+    every = {int(path.name.split("-")[1]): path for path in list_checkpoints(run_dir / "train")}
+    kept = {step: path for step, path in every.items() if step in minutes}
     chosen_steps = [min(kept, key=lambda s: abs(minutes[s][0] - mark)) for mark in args.minutes]
     try:
         selection = first_pass(kept[chosen_steps[-1]], run_dir / "staged/select.h5", recipe)
