@@ -117,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read(spec: str) -> np.ndarray:
+def read_array(spec: str) -> np.ndarray:
+    """A whole volume (`pipeline.volumes` spec) in memory."""
     with open_volume(spec) as array:
         return array[...]
 
@@ -162,9 +163,9 @@ def run_first_pass(run_dir: Path) -> FirstPass:
     if second.enabled:
         start = "agglomerate/consensus" if second.consensus else "agglomerate/first_pass"
     return FirstPass(
-        _read(staged.raw),
-        _read(staged.labels),
-        _read(segmentation_spec(run_dir / start)),
+        read_array(staged.raw),
+        read_array(staged.labels),
+        read_array(segmentation_spec(run_dir / start)),
         staged.scored.slices if staged.scored else (slice(None),) * 3,
         chosen_checkpoint(run_dir / "selection.json"),
         config.inference,

@@ -29,12 +29,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agglomerate import FirstPass, agglomerated, fill_pairs, scores, sweep  # noqa: E402
+from agglomerate import FirstPass, agglomerated, fill_pairs, read_array, scores, sweep  # noqa: E402
 from machine import cpu_name, write_result  # noqa: E402  (bench/machine.py)
 
 import pipeline  # noqa: E402, F401  (sets TensorFlow's oneDNN flag before TF loads)
@@ -49,7 +47,6 @@ from pipeline.inference import (  # noqa: E402
 from pipeline.run_config import RunConfig, load_run_config  # noqa: E402
 from pipeline.selection import list_checkpoints  # noqa: E402
 from pipeline.staging import read_staged  # noqa: E402
-from pipeline.volumes import open_volume  # noqa: E402
 
 RECIPE = ROOT / "configs/flyem.toml"
 CALIBRATION_STEPS = 1000
@@ -65,11 +62,6 @@ def _parser() -> argparse.ArgumentParser:
     add("--run-dir", type=Path, default=ROOT / "data/runs/flyem-curve")
     add("--output", type=Path, default=ROOT / "data/bench/learning_curve.json")
     return parser
-
-
-def _read(spec: str) -> np.ndarray:
-    with open_volume(spec) as array:
-        return array[...]
 
 
 def train(run_dir: Path, recipe: RunConfig, max_steps: int) -> None:
@@ -104,7 +96,7 @@ def training_minutes(metrics_csv: Path) -> dict[int, tuple[float, float]]:
 def first_pass(checkpoint: Path, staged_path: Path, recipe: RunConfig) -> FirstPass:
     """The checkpoint's segmentation of a staged part, in one block as the workflow's."""
     staged = read_staged(staged_path)
-    raw, labels = _read(staged.raw), _read(staged.labels)
+    raw, labels = read_array(staged.raw), read_array(staged.labels)
     model = checkpoint_model_config(checkpoint)
     segmentation, stats = segment(raw, predictor_from_checkpoint(checkpoint, model), model, recipe.inference)  # fmt: skip
     scored = staged.scored.slices if staged.scored else (slice(None),) * 3

@@ -47,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agglomerate import staged_eval  # noqa: E402  (bench/agglomerate.py)
+from agglomerate import read_array, staged_eval  # noqa: E402  (bench/agglomerate.py)
 from machine import write_result  # noqa: E402  (bench/machine.py)
 
 from pipeline.boundary_watershed import learned_watershed  # noqa: E402
@@ -57,7 +57,6 @@ from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
 from pipeline.roi import Roi  # noqa: E402
 from pipeline.run_config import load_run_config  # noqa: E402
-from pipeline.volumes import open_volume  # noqa: E402
 
 CONFIGS = {
     "FFN trained here": "configs/flyem.toml",
@@ -156,7 +155,7 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
                 first_pass
                 | before[key]
                 | {
-                    "segmentation": _read_spec(segmentation_spec(run_dir / folder))[part],
+                    "segmentation": read_array(segmentation_spec(run_dir / folder))[part],
                     "scores": evaluation[key],
                 }
             )
@@ -165,7 +164,7 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
         first_pass
         | cost
         | {
-            "segmentation": _read_spec(segmentation_spec(run_dir / "precomputed"))[part],
+            "segmentation": read_array(segmentation_spec(run_dir / "precomputed"))[part],
             "scores": evaluation["ffn"],
         }
     )
@@ -191,19 +190,14 @@ def _second_pass(run_dir: Path, times: dict[str, float]) -> dict:
 
 
 def _read(path: Path, name: str) -> np.ndarray:
-    return _read_spec(f"{path}:{name}")
-
-
-def _read_spec(spec: str) -> np.ndarray:
-    with open_volume(spec) as array:
-        return array[...]
+    return read_array(f"{path}:{name}")
 
 
 def _staged(run_dir: Path) -> tuple[tuple[slice, ...], np.ndarray]:
     """A run's scored part (slices of its staged volume) and the ground truth there."""
     staged = staged_eval(run_dir)
     part = staged.scored.slices if staged.scored else (slice(None),) * 3
-    return part, _read_spec(staged.labels)[part]
+    return part, read_array(staged.labels)[part]
 
 
 def _scored(segmentation: np.ndarray, truth: np.ndarray) -> dict:
@@ -235,7 +229,7 @@ def _forest_watershed(parts: Path, run_dir: Path) -> dict:
     result = learned_watershed(
         (_read(parts / "train.h5", "raw"), _read(parts / "train.h5", "labels")),
         (_read(parts / "select.h5", "raw"), _read(parts / "select.h5", "labels")),
-        _read_spec(staged.raw),
+        read_array(staged.raw),
     )
     part, truth = _staged(run_dir)
     return _scored(result.segmentation[part], truth) | {
