@@ -89,6 +89,7 @@ _LAYOUT = {
     "consensus_summary": "agglomerate/consensus.json",
     "agglomerate_dir": "agglomerate",
     "agglomerate_summary": "agglomerate/agglomerate.json",
+    "boundary_map": "agglomerate/boundary_map.h5",
     "evaluation": "evaluation.json",
     "learned_baseline": "baseline/learned_watershed.h5",
     "learned_baseline_record": "baseline/learned_watershed.json",
@@ -458,7 +459,7 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     ]  # fmt: skip
     if not config.pretrained_model:
         steps += _training_steps(config, paths, site)
-    elif _learns_baseline(config):
+    elif _learns_baseline(config) or config.agglomeration.fill_unsegmented:
         steps += _labelled_parts(config, paths)
     blocks = plan_blocks(_eval_shape(config), config.blocks)
     passes = inference_passes(config, paths)
@@ -673,11 +674,22 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
                         "agglomerate.decide_core", first_pass) for k in cores]  # fmt: skip
     steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
                            "agglomerate.merge_pairs", export))  # fmt: skip
-    steps += [task_step(f"agglomerate[relabel {k}]", {**base, "part": k}, [merges, stitched],
+    # The fill of unsegmented voxels: a boundary map learned on the training part, then flooded
+    # part by part. Without it, the parts' settings are as before it was added (runs stay done).
+    maps, written = [], base
+    if config.agglomeration.fill_unsegmented:
+        maps, written = (
+            [paths.boundary_map],
+            {**base, "agglomeration": config.agglomeration.part_settings()},
+        )
+        # The forest's settings are pipeline.boundary_watershed's defaults.
+        steps.append(task_step("agglomerate[boundary map]", {"boundary": "learned forest"},
+                               [paths.train_volume, paths.eval_volume], maps, "agglomerate.boundary_map"))  # fmt: skip
+    steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *maps],
                         [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
               for k in range(len(parts))]  # fmt: skip
-    finish = {**thresholds, "parts": len(parts)}
-    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *records, *decisions],
+    finish = {**thresholds, "parts": len(parts), "cores": len(blocks)}
+    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *records, *decisions, *maps],
                            [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],
                            "agglomerate.finish_agglomeration", first_pass, export))  # fmt: skip
     return steps

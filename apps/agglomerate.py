@@ -61,6 +61,19 @@ def join_pairs(settings: dict, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
+def boundary_map(settings: dict, inputs=(), outputs=()):
+    """inputs: the staged training part, the staged volume; outputs[0]: the volume's boundary
+    map (HDF5), which the fill of unsegmented voxels floods."""
+    from pipeline.evaluation import boundary_map as write_map
+    from pipeline.staging import read_staged
+    from pipeline.stamps import run_once
+
+    train, volume = (read_staged(f.filepath) for f in inputs)
+    return run_once(settings, [f.filepath for f in inputs], [outputs[0].filepath],
+                    lambda: write_map(train, volume, outputs[0].filepath))  # fmt: skip
+
+
+@python_app(executors=[CPU_LABEL])
 def decide_core(settings: dict, first_pass: str, inputs=(), outputs=()):
     """settings also: {"inference": InferenceConfig}; inputs: the staged volume, the first
     pass's full resolution, the pairs, selection.json; outputs[0]: the decisions of the pairs
@@ -122,9 +135,9 @@ def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
-    """inputs: the merge table, the first pass's full resolution; outputs[0]: part k's record
-    (.json). Writes part k of the layer (pipeline.stitching.layer_part), merged, into the
-    export's segmentation layer."""
+    """inputs: the merge table, the first pass's full resolution, with the fill the boundary map;
+    outputs[0]: part k's record (.json). Writes part k of the layer
+    (pipeline.stitching.layer_part), merged (and filled), into the export's segmentation layer."""
     from apps.stitch import writer_of
     from pipeline.agglomeration import load_merges
     from pipeline.stamps import digest, run_once
@@ -132,13 +145,13 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
 
     merges = inputs[0].filepath
     output = outputs[0].filepath
-    blocks, _ = grid_of(settings)
+    blocks, config = grid_of(settings)
 
     def work() -> str:
         layer, k = writer_of(settings, folder), settings["part"]
         merged = load_merges(merges)
-        with layer_reader(first_pass) as read:
-            record = _write_merged(k, blocks, layer, read, merged)
+        with layer_reader(first_pass) as read, boundary_reader(config, inputs[2:]) as boundary:
+            record = _write_merged(k, blocks, layer, read, merged, boundary, config.fill_margin)
         save_core_record(output, record)
         return digest(record["chunks"])
 
@@ -148,7 +161,8 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
 @python_app(executors=[CPU_LABEL])
 def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, the merge table, the first pass's full resolution, every
-    part's record (settings["parts"] of them), then every core's decisions (plan order);
+    part's record (settings["parts"] of them), every core's decisions (plan order), then with
+    the fill the boundary map;
     outputs: agglomerate.json and the folder of the export layer's full resolution. Rewrites
     any part whose files changed after its task wrote them (the whole layer if it was lost)."""
     import json
@@ -163,7 +177,8 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
 
     paths = [f.filepath for f in inputs]
     count = settings["parts"]
-    records, decisions = paths[3 : 3 + count], paths[3 + count :]
+    records = paths[3 : 3 + count]
+    decisions = paths[3 + count : 3 + count + settings["cores"]]
     summary, full_resolution = (f.filepath for f in outputs)
     blocks, config = grid_of(settings)
 
@@ -172,11 +187,14 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         layer = writer_of(settings, folder)
         merges = load_merges(paths[1])
-        with layer_reader(first_pass) as read:
+        maps = inputs[3 + count + settings["cores"] :]
+        with layer_reader(first_pass) as read, boundary_reader(config, maps) as boundary:
             repaired, token = check_written_parts(
                 (load_core_record(p) for p in records),
                 layer,
-                lambda k: _write_merged(k, blocks, layer, read, merges),
+                lambda k: _write_merged(
+                    k, blocks, layer, read, merges, boundary, config.fill_margin
+                ),
             )
         decided = [d for p in decisions for d in load_decisions(p)]
         record = {
@@ -187,6 +205,7 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
             "merged_objects": len(set(merges[1].tolist())),  # what they became
             "fov_evaluations": sum(d.fov_evaluations for d in decided),
             "repaired_parts": repaired,
+            "filled_unsegmented": config.fill_unsegmented,
         }
         with atomic_path(summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
@@ -195,14 +214,21 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     return run_once(settings, paths, [summary, full_resolution], work)
 
 
-def _write_merged(k: int, blocks, layer, read, merges) -> dict:
+def _write_merged(k: int, blocks, layer, read, merges, boundary, margin: int) -> dict:
     """Part k of `layer` (pipeline.stitching.layer_part) written from the first pass (`read`)
-    with `merges` applied; its record."""
-    from pipeline.agglomeration import relabel
+    with `merges` applied, its unsegmented voxels filled over `boundary` if given; its record."""
+    from pipeline.agglomeration import filled_part, relabel
     from pipeline.stitching import layer_part, write_part_labels
 
-    part = layer_part(k, blocks, layer.layout)
-    return write_part_labels(k, part, lambda box: relabel(read(box), *merges), layer)
+    def merged(box):
+        return relabel(read(box), *merges)
+
+    def labels_of(box):
+        if boundary is None:
+            return merged(box)
+        return filled_part(box, blocks.volume_shape, margin, merged, boundary)
+
+    return write_part_labels(k, layer_part(k, blocks, layer.layout), labels_of, layer)
 
 
 def grid_of(settings: dict):
@@ -221,6 +247,18 @@ def chunks_of(settings: dict) -> tuple[int, int, int]:
     from pipeline.config import from_dict
 
     return from_dict(BlockConfig, settings["blocks"]).chunks
+
+
+@contextmanager
+def boundary_reader(config, maps):
+    """A reader of the boundary map (box -> P(boundary)) when the fill is on, else None."""
+    from pipeline.volumes import open_volume
+
+    if not config.fill_unsegmented:
+        yield None
+        return
+    with open_volume(f"{maps[0].filepath}:boundary") as array:
+        yield array.__getitem__
 
 
 @contextmanager

@@ -122,6 +122,16 @@ def boundary_probability(
     return forest.predict_proba(features)[:, boundary].astype(np.float32).reshape(raw.shape)
 
 
+def learned_boundary_map(
+    train: tuple[np.ndarray, np.ndarray],
+    raw: np.ndarray,
+    config: BoundaryForestConfig | None = None,
+) -> np.ndarray:
+    """P(boundary) of `raw` by a forest learned on `train` (image, labels)."""
+    config = config or BoundaryForestConfig()
+    return boundary_probability(train_boundary_forest(*train, config), raw, config)
+
+
 def watershed_segmentation(probability: np.ndarray, params: WatershedParams) -> np.ndarray:
     """uint64 ids 1..N, every voxel assigned to the marker it floods from."""
     landscape = (

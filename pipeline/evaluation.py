@@ -122,6 +122,17 @@ def evaluate_volume(
     return score_volume(counts, raw_spec, labels_spec, watershed, output, scored, voxel_size_nm)
 
 
+def boundary_map(train: StagedVolume, volume: StagedVolume, path: str | Path) -> None:
+    """The boundary map of `volume` by a forest learned on `train` (the learned watershed's),
+    written atomically as `path:boundary` (HDF5, float32), for the second pass's fill."""
+    from pipeline.boundary_watershed import learned_boundary_map
+
+    raw, voxel_size = read_raw(volume.raw, volume.voxel_size_nm)
+    image = read_raw(train.raw, train.voxel_size_nm)[0]
+    labels = read_labels(train.labels, train.voxel_size_nm)[0]
+    write_volumes(path, {"boundary": learned_boundary_map((image, labels), raw)}, voxel_size)
+
+
 def learned_baseline(
     train: StagedVolume,
     select: StagedVolume,

@@ -30,6 +30,7 @@ STAGE_OF_APP = {
     "join_pairs": "agglomerate",
     "decide_core": "agglomerate",
     "merge_pairs": "agglomerate",
+    "boundary_map": "agglomerate",
     "relabel_merged_part": "agglomerate",
     "finish_agglomeration": "agglomerate",
     "count_region": "evaluate",
@@ -233,7 +234,10 @@ def write_report(run_dir: str | Path) -> Path:
             "", "## Agglomeration (FFN's second pass)", "",
             f"{agglomerated['pairs']} touching pairs tested, {agglomerated['merged_pairs']} merged "
             f"({agglomerated['merged_segments']} segments into {agglomerated['merged_objects']} objects); "
-            f"{agglomerated['fov_evaluations']} FOV evaluations{share}.",
+            f"{agglomerated['fov_evaluations']} FOV evaluations{share}."
+            + (" Then every voxel left unsegmented joined the segment whose basin it lies in, "
+               "flooding a boundary map learned on the training part."
+               if agglomerated.get("filled_unsegmented") else ""),
         ]  # fmt: skip
     evaluation = _read_json(run_dir / "evaluation.json")
     if evaluation:
@@ -246,6 +250,7 @@ def write_report(run_dir: str | Path) -> Path:
         ]
         second = {"consensus": "consensus.json", "agglomeration": "agglomerate.json"}
         steps = [step for step, f in second.items() if (run_dir / "agglomerate" / f).is_file()]
+        steps += ["fill"] if (agglomerated or {}).get("filled_unsegmented") else []
         names = METHOD_NAMES | ({"ffn": " + ".join(["ffn", *steps])} if steps else {})
         for method, scores in evaluation.items():
             if isinstance(scores, dict) and "vi" in scores:

@@ -80,6 +80,16 @@ class RunConfig:
             raise ConfigError(
                 f"train_nodes must be >= 0 (0: the site's job size), got {self.train_nodes}"
             )
+        second = self.agglomeration
+        if second.fill_unsegmented and not second.enabled:
+            raise ConfigError(
+                "[agglomeration] fill_unsegmented is a step of agglomeration: enable it"
+            )
+        if second.fill_unsegmented and not (self.data.synthetic or self.data.train_raw):
+            raise ConfigError(
+                "[agglomeration] fill_unsegmented floods a boundary map learned on a labelled "
+                "training part: give [data] train_raw and train_labels"
+            )
 
     def partitions_for_training(self) -> PartitionConfig:
         """Coordinates must leave room for the training canvas (FOV + moves) around them."""

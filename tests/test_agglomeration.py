@@ -18,6 +18,8 @@ from pipeline.agglomeration import (
     consensus_labels,
     core_contacts,
     decide_pairs,
+    fill_unsegmented,
+    filled_part,
     id_pairs,
     join_id_pairs,
     load_contact_table,
@@ -263,6 +265,45 @@ def test_consensus_background_where_either_is():
 
 
 # ---------------------------------------------------------------------------------------------
+# The fill of unsegmented voxels
+
+
+def test_unsegmented_voxels_go_to_the_side_of_the_boundary_they_lie_on():
+    """A seam of 0s between two segments with a membrane (high P(boundary)) inside it, off its
+    middle: each 0 voxel joins the segment on its side of the membrane, not the nearer one."""
+    segmentation = np.zeros((4, 6, 12), np.uint64)
+    segmentation[..., :2] = 2**40  # ids beyond int32 come back as they were
+    segmentation[..., 9:] = 7
+    boundary = np.full(segmentation.shape, 0.1, np.float32)
+    boundary[..., 7] = 0.9  # the membrane, nearer to 7's side
+    filled = fill_unsegmented(segmentation, boundary)
+    assert filled.dtype == np.uint64 and filled.all()
+    np.testing.assert_array_equal(filled[..., :7], 2**40)
+    np.testing.assert_array_equal(filled[..., 8:], 7)
+    np.testing.assert_array_equal(filled[segmentation > 0], segmentation[segmentation > 0])
+    nothing = np.zeros_like(segmentation)
+    assert not fill_unsegmented(nothing, boundary).any()  # no segment to flood from
+    with pytest.raises(VolumeShapeError, match="differ in shape"):
+        fill_unsegmented(segmentation, boundary[:2])
+
+
+def test_a_part_filled_with_the_whole_as_context_is_the_whole_filled(tissue):
+    """Part by part, as the relabel tasks write the layer: with the volume as context each part
+    is that part of the whole's fill; with a narrow margin only voxels near its faces may differ."""
+    first = tissue[1][CROP].astype(np.uint64)
+    first[:, :, 20:26] = 0  # a slab the first pass left unsegmented across every object
+    boundary = (tissue[1][CROP] == 0).astype(np.float32)  # the membranes
+    whole = fill_unsegmented(first, boundary)
+    assert whole.all()
+    part = np.s_[8:24, 16:48, 16:48]
+    read_first, read_boundary = first.__getitem__, boundary.__getitem__
+    by_part = filled_part(part, first.shape, max(first.shape), read_first, read_boundary)
+    np.testing.assert_array_equal(by_part, whole[part])
+    narrow = filled_part(part, first.shape, 4, read_first, read_boundary)
+    assert narrow.all() and (narrow == whole[part]).mean() > 0.9
+
+
+# ---------------------------------------------------------------------------------------------
 # Settings
 
 
@@ -273,7 +314,8 @@ def test_consensus_background_where_either_is():
         ({"analysis_radius_fovs": 0}, "analysis_radius_fovs must be in"),
         ({"analysis_radius_fovs": 2.0}, "analysis_radius_fovs must be in"),
         ({"min_contact": 0}, "min_contact must be >= 1"),
-        ({"max_gap": -1}, "max_gap must be >= 0"),
+        ({"max_gap": -1}, "max_gap and fill_margin must be >= 0"),
+        ({"fill_margin": -1}, "max_gap and fill_margin must be >= 0"),
         ({"max_fov_evaluations_per_fill": 0}, "max_fov_evaluations_per_fill must be >= 1"),
         ({"min_jaccard": 0}, "min_jaccard must be in"),
         ({"min_recovered": 1.5}, "min_recovered must be in"),
@@ -373,15 +415,15 @@ def read_layer(folder) -> np.ndarray:
 @pytest.mark.slow
 def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path):
     """Inference only (the shipped demo model) on the tiny synthetic volume, with
-    `[agglomeration] enabled` and `consensus`: both passes are stitched aside, their consensus
-    beside them, and the agglomeration of the consensus is the export's segmentation (the
-    consensus with the recorded merges applied); evaluation scores each step; a resume finds
+    `[agglomeration] enabled`, `consensus` and `fill_unsegmented`: both passes are stitched aside,
+    their consensus beside them, and the agglomeration of the consensus is the export's
+    segmentation (the consensus with the recorded merges applied, its 0s filled); evaluation scores each step; a resume finds
     everything up to date."""
     from workflow_runs import ROOT, segmentation, tiny_variant, workflow
 
     config = tiny_variant(tmp_path, "agglomerate", {
         'name = "tiny"': f'name = "tiny-agglomerate"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"',
-        "[export]": "[agglomeration]\nenabled = true\nconsensus = true\n\n[export]",
+        "[export]": "[agglomeration]\nenabled = true\nconsensus = true\nfill_unsegmented = true\n\n[export]",
     })  # fmt: skip
     run = tmp_path / "run"
     workflow("--config", str(config), "--run-dir", str(run))
@@ -395,13 +437,19 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     summary = json.loads((run / "agglomerate" / "agglomerate.json").read_text())
     assert summary["pairs"] > 0 and summary["fov_evaluations"] > 0
     with np.load(run / "agglomerate" / "merges.npz") as merges:
-        expected = relabel(consensus.copy(), merges["ids"], merges["targets"])
-    np.testing.assert_array_equal(segmentation(run), expected)
+        merged = relabel(consensus.copy(), merges["ids"], merges["targets"])
+    # Then every voxel left 0 is filled from the segments over the learned boundary map.
+    exported = segmentation(run)
+    assert (merged == 0).any() and exported.all()
+    np.testing.assert_array_equal(exported[merged > 0], merged[merged > 0])
+    assert set(np.unique(exported)) <= set(np.unique(merged))
+    with open_volume(f"{run / 'agglomerate' / 'boundary_map.h5'}:boundary") as boundary:
+        assert boundary.shape == merged.shape
     scores = json.loads((run / "evaluation.json").read_text())
     assert {"ffn", "ffn_first_pass", "ffn_consensus"} <= set(scores)
     report = (run / "report.md").read_text()
     assert "## Consensus" in report and "## Agglomeration" in report
-    assert "| ffn + consensus + agglomeration |" in report
+    assert "| ffn + consensus + agglomeration + fill |" in report
     assert "| ffn, first pass only |" in report and "| ffn + consensus (before" in report
     assert (run / "precomputed" / "export.json").is_file()
     resumed = workflow("--run-dir", str(run), "--resume")
