@@ -23,6 +23,10 @@ tuning volume), --decisions FILE reuses the fills of an earlier --output instead
 one fill per side with the largest (`pipeline.agglomeration.pair_measures`), so the sweep also
 tells what a smaller budget costs and scores, and what larger minimum contacts would (a subset
 of the same pairs).
+--fill STAGED_TRAIN_H5 needs no fills of pairs either: it scores the fill of the voxels the first
+pass left unsegmented (`pipeline.agglomeration.fill_unsegmented`, the boundary map learned on
+that staged training part, e.g. data/runs/flyem-fib25/staged/train.h5), and perfect decisions
+on the filled segmentation's touching pairs.
 --oracle needs no fills: it scores what perfect decisions would give (merge a candidate pair when
 its two segments' majority ground-truth ids agree) at several minimum contacts, the most any
 thresholds on the fills' measures could reach; a ceiling to read before tuning them.
@@ -52,11 +56,13 @@ from pipeline.agglomeration import (  # noqa: E402
     AgglomerationConfig,
     PairDecision,
     candidate_pairs,
+    fill_unsegmented,
     merge_lookup,
     merged_pairs,
     pair_measures,
     relabel,
 )
+from pipeline.boundary_watershed import learned_boundary_map  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
 from pipeline.inference import (  # noqa: E402
     InferenceConfig,
@@ -104,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--decisions", type=Path, default=None, help="an earlier --output: its fills, reused")
     add("--sweep", action="store_true", help="print the scores over a grid of thresholds")
     add("--oracle", action="store_true", help="only score perfect decisions (no fills)")
+    add("--fill", type=Path, default=None, help="a staged training part: score the fill of 0s")
     add(
         "--budgets",
         type=int,
@@ -273,6 +280,28 @@ def oracle(first: FirstPass, config: AgglomerationConfig) -> list[dict]:
     return rows
 
 
+def fill(first: FirstPass, train_volume: Path, config: AgglomerationConfig) -> dict:
+    """Scores of the first pass with its unsegmented voxels filled over a boundary map learned
+    on `train_volume`, and of perfect decisions on the filled segmentation's pairs."""
+    train = read_staged(train_volume)
+    started = time.perf_counter()
+    boundary = learned_boundary_map((read_array(train.raw), read_array(train.labels)), first.raw)
+    learned = time.perf_counter()
+    filled = fill_unsegmented(first.segmentation, boundary)
+    seconds = {"boundary_map": learned - started, "fill": time.perf_counter() - learned}
+    scored = first.labels[first.scored] > 0
+    unsegmented = float(np.mean(first.segmentation[first.scored][scored] == 0))
+    result = {"unsegmented": unsegmented, "seconds": seconds, "before": scores(first.segmentation, first),
+              "filled": scores(filled, first)}  # fmt: skip
+    for name in ("before", "filled"):
+        s = result[name]
+        print(f"{name:7s} VI {s['vi_split']:.3f} / {s['vi_merge']:.3f} / {s['vi']:.3f}  ARE "
+              f"{s['adapted_rand_error']:.3f}  segments {s['segments']}")  # fmt: skip
+    print(f"unsegmented (labelled voxels of the scored part): {unsegmented:.1%}; {seconds}")
+    result["oracle_filled"] = oracle(dataclasses.replace(first, segmentation=filled), config)
+    return result
+
+
 def _decisions(records: list[dict]) -> list[PairDecision]:
     fields = {f.name for f in dataclasses.fields(PairDecision)}
     return [PairDecision(**{k: v for k, v in d.items() if k in fields}) for d in records]
@@ -287,6 +316,13 @@ def main() -> None:
         first = run_first_pass(args.run_dir)
     else:
         first = synthetic_first_pass(args.synthetic_seed, args.workdir)
+    if args.fill:
+        result = {"source": str(args.run_dir or f"synthetic seed {args.synthetic_seed}"),
+                  "cpu": cpu_name(), "fill": fill(first, args.fill, config)}  # fmt: skip
+        if args.output is not None:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(result, indent=1))
+        return
     if args.oracle:
         print("before", scores(first.segmentation, first))
         rows = oracle(first, config)

@@ -10,7 +10,8 @@ Runs (or, finished, reuses: a finished run's resume takes seconds) the workflow 
   configs/flyem_fib25_bf16.toml the same in bfloat16 (fast on CPUs with AMX)
   configs/flyem_finetune.toml   the FIB-25 weights fine-tuned on the training part
 Each run gives a row per segmentation it scores: with FFN's second pass on (`[agglomeration]`),
-its first pass and the pass's result. For the bf16 run, a copy of it is resumed with consensus
+its first pass and the pass's result (with `fill_unsegmented`, also the merges alone, before
+the fill). For the bf16 run, a copy of it is resumed with consensus
 on too (its first pass reused): rows for FFN + consensus and + consensus + agglomeration.
 Then the baselines:
   * a seeded watershed over a random-forest boundary map (pipeline.boundary_watershed) learned
@@ -50,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from agglomerate import read_array, staged_eval  # noqa: E402  (bench/agglomerate.py)
 from machine import write_result  # noqa: E402  (bench/machine.py)
 
+from pipeline.agglomeration import relabel  # noqa: E402
 from pipeline.boundary_watershed import learned_watershed  # noqa: E402
 from pipeline.config import save_json  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
@@ -160,7 +162,15 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
                 }
             )
     steps = [(" + consensus", second.consensus), (" + agglomeration", second.enabled)]
-    rows[name + "".join(label for label, on in steps if on)] = (
+    merged = name + "".join(label for label, on in steps if on)
+    if second.fill_unsegmented:  # agglomeration's merges alone: the first pass relabelled
+        start = "agglomerate/consensus" if second.consensus else "agglomerate/first_pass"
+        with np.load(run_dir / "agglomerate/merges.npz") as merges:
+            ids, targets = merges["ids"], merges["targets"]
+        unfilled = relabel(read_array(segmentation_spec(run_dir / start))[part], ids, targets)
+        rows[merged] = first_pass | cost | _scored(unfilled, _staged(run_dir)[1])
+        merged += " + fill"
+    rows[merged] = (
         first_pass
         | cost
         | {

@@ -1,6 +1,7 @@
 """The example configs in configs/: each one loads, and the real-data ones name parts that pass
 the checks a run makes before it starts (skipped where ../shared/data is not beside the repo)."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,10 @@ def test_the_fib25_runs_that_are_scored_share_one_second_pass_chosen_on_the_sele
     fib25 = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem_fib25")]
     scored = [c.agglomeration for c in fib25 if not c.name.endswith("-selection")]
     tuning = [c.agglomeration for c in fib25 if c.name.endswith("-selection")]
-    assert len(scored) == 3 and len(set(scored)) == 1 and scored[0].enabled
+    # The fill floods a boundary map learned on a training part: the whole file's run has none.
+    assert [c.fill_unsegmented for c in scored].count(True) == 2
+    unfilled = {replace(c, fill_unsegmented=False) for c in scored}
+    assert len(scored) == 3 and len(unfilled) == 1 and scored[0].enabled
     assert len(tuning) == 2 and not any(c.enabled or c.consensus for c in tuning)
 
 
