@@ -163,7 +163,7 @@ def inference_passes(config: RunConfig, paths: RunPaths) -> list[InferencePass]:
     second = config.agglomeration
     first = InferencePass(
         "", config.inference, paths.blocks_dir, paths.stitch_dir, paths.stitch_summary,
-        paths.first_pass if second.enabled or second.consensus else paths.precomputed,
+        paths.first_pass if second.writes_layer or second.consensus else paths.precomputed,
     )  # fmt: skip
     if not second.consensus:
         return [first]
@@ -176,7 +176,7 @@ def inference_passes(config: RunConfig, paths: RunPaths) -> list[InferencePass]:
 
 def _consensus_into(config: RunConfig, paths: RunPaths) -> Path:
     """Where the consensus writes: the export's folder, or its own if agglomeration follows."""
-    return paths.consensus if config.agglomeration.enabled else paths.precomputed
+    return paths.consensus if config.agglomeration.writes_layer else paths.precomputed
 
 
 def _segmenting_fov(config: RunConfig) -> tuple[int, int, int]:
@@ -477,7 +477,7 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
         steps += stitch_steps(config, paths, blocks, one)
     if config.agglomeration.consensus:
         steps += consensus_steps(config, paths, blocks, passes)
-    if config.agglomeration.enabled:
+    if config.agglomeration.writes_layer:
         steps += agglomerate_steps(config, paths, blocks)
     steps += export_steps(config, paths)
     if _eval_has_labels(config):
@@ -532,9 +532,9 @@ def _scored_segmentations(config: RunConfig, paths: RunPaths) -> dict[str, Path]
     last step's), then with a second pass the steps before it."""
     second = config.agglomeration
     scored = {"ffn": paths.precomputed}
-    if second.enabled or second.consensus:
+    if second.writes_layer or second.consensus:
         scored["ffn_first_pass"] = paths.first_pass
-    if second.enabled and second.consensus:
+    if second.writes_layer and second.consensus:
         scored["ffn_consensus"] = paths.consensus
     return scored
 
@@ -666,12 +666,18 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     records = [folder / "parts" / f"{part_name(p)}.json" for p in parts]
     pairs, merges = folder / "pairs.npz", folder / "merges.npz"
     decide = {**fills, "inference": config_io.to_dict(config.inference)}
-    steps = [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k}, [stitched], [contacts[k]],
-                       "agglomerate.pair_core", first_pass) for k in cores]  # fmt: skip
-    steps.append(task_step("agglomerate[join]", fills, contacts, [pairs], "agglomerate.join_pairs"))
-    steps += [task_step(f"agglomerate[decide {k}]", {**decide, "block": k},
-                        [paths.eval_volume, stitched, pairs, paths.selection], [decisions[k]],
-                        "agglomerate.decide_core", first_pass) for k in cores]  # fmt: skip
+    steps = []
+    if config.agglomeration.enabled:  # else no pair is merged: the pass only fills
+        steps += [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k}, [stitched], [contacts[k]],
+                            "agglomerate.pair_core", first_pass) for k in cores]  # fmt: skip
+        steps.append(
+            task_step("agglomerate[join]", fills, contacts, [pairs], "agglomerate.join_pairs")
+        )
+        steps += [task_step(f"agglomerate[decide {k}]", {**decide, "block": k},
+                            [paths.eval_volume, stitched, pairs, paths.selection], [decisions[k]],
+                            "agglomerate.decide_core", first_pass) for k in cores]  # fmt: skip
+    else:
+        decisions = []
     steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
                            "agglomerate.merge_pairs", export))  # fmt: skip
     # The fill of unsegmented voxels: a boundary map learned on the training part, then flooded
@@ -688,7 +694,7 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *maps],
                         [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
               for k in range(len(parts))]  # fmt: skip
-    finish = {**thresholds, "parts": len(parts), "cores": len(blocks)}
+    finish = {**thresholds, "parts": len(parts), "cores": len(decisions)}
     steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *records, *decisions, *maps],
                            [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],
                            "agglomerate.finish_agglomeration", first_pass, export))  # fmt: skip
@@ -884,7 +890,7 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
             if config.agglomeration.consensus
             else []
         ),
-        *([f"  agglomerate -> {paths.precomputed}"] if config.agglomeration.enabled else []),
+        *([f"  agglomerate -> {paths.precomputed}"] if config.agglomeration.writes_layer else []),
         *([baseline] if _learns_baseline(config) else []),
         f"  evaluate   -> {paths.evaluation}"
         if _eval_has_labels(config)

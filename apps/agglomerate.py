@@ -205,6 +205,7 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
             "merged_objects": len(set(merges[1].tolist())),  # what they became
             "fov_evaluations": sum(d.fov_evaluations for d in decided),
             "repaired_parts": repaired,
+            "pairs_decided": config.enabled,
             "filled_unsegmented": config.fill_unsegmented,
         }
         with atomic_path(summary) as tmp:

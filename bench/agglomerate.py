@@ -167,7 +167,7 @@ def run_first_pass(run_dir: Path) -> FirstPass:
     # agglomeration, what it exported.
     second = config.agglomeration
     start = "precomputed"
-    if second.enabled:
+    if second.writes_layer:
         start = "agglomerate/consensus" if second.consensus else "agglomerate/first_pass"
     return FirstPass(
         read_array(staged.raw),

@@ -163,13 +163,13 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
             )
     steps = [(" + consensus", second.consensus), (" + agglomeration", second.enabled)]
     merged = name + "".join(label for label, on in steps if on)
-    if second.fill_unsegmented:  # agglomeration's merges alone: the first pass relabelled
+    if second.fill_unsegmented and second.enabled:  # the merges alone: the first pass relabelled
         start = "agglomerate/consensus" if second.consensus else "agglomerate/first_pass"
         with np.load(run_dir / "agglomerate/merges.npz") as merges:
             ids, targets = merges["ids"], merges["targets"]
         unfilled = relabel(read_array(segmentation_spec(run_dir / start))[part], ids, targets)
         rows[merged] = first_pass | cost | _scored(unfilled, _staged(run_dir)[1])
-        merged += " + fill"
+    merged += " + fill" if second.fill_unsegmented else ""
     rows[merged] = (
         first_pass
         | cost

@@ -96,9 +96,10 @@ class AgglomerationConfig:
     # (of the window's up to 64 positions) decided better than filling the window (VI 1.084
     # against 1.099) at half the cost: 6 % of the first pass's FOV evaluations, against 13 %.
     max_fov_evaluations_per_fill: int = 16
-    # Last, every voxel the first pass left unsegmented (0) goes to the segment whose basin it
-    # lies in, flooding a boundary map learned on the run's training part (`fill_unsegmented`):
-    # a dense segmentation, as the ground truth is. Needs a labelled training part.
+    # Last (with or without `enabled`), every voxel the first pass left unsegmented (0) goes to
+    # the segment whose basin it lies in, flooding a boundary map learned on the run's training
+    # part (`fill_unsegmented`): a dense segmentation, as the ground truth is. Needs a labelled
+    # training part.
     fill_unsegmented: bool = False
     # Voxels of context around each part of the layer the fill floods in: a basin is cut off at
     # a part's edge only beyond them.
@@ -144,6 +145,11 @@ class AgglomerationConfig:
                 "fill_margin",
             )
         }  # fmt: skip
+
+    @property
+    def writes_layer(self) -> bool:
+        """Whether the pass's tasks write the export's layer: to merge pairs, to fill, or both."""
+        return self.enabled or self.fill_unsegmented
 
     def part_settings(self) -> dict:
         """What the layer's parts depend on beyond the merges: the unsegmented voxels' fill."""

@@ -225,7 +225,8 @@ def write_report(run_dir: str | Path) -> Path:
             f"({_read_json(run_dir / 'agglomerate' / 'consensus.json')['segments']} segments).",
         ]  # fmt: skip
     agglomerated = _read_json(run_dir / "agglomerate" / "agglomerate.json")
-    if agglomerated:
+    decided = agglomerated.get("pairs_decided", True)  # older runs' summaries: always
+    if agglomerated and decided:
         first = (stitched.get("inference") or {}).get("fov_evaluations")
         share = (
             f" ({agglomerated['fov_evaluations'] / first:.0%} of the first pass's)" if first else ""
@@ -234,10 +235,13 @@ def write_report(run_dir: str | Path) -> Path:
             "", "## Agglomeration (FFN's second pass)", "",
             f"{agglomerated['pairs']} touching pairs tested, {agglomerated['merged_pairs']} merged "
             f"({agglomerated['merged_segments']} segments into {agglomerated['merged_objects']} objects); "
-            f"{agglomerated['fov_evaluations']} FOV evaluations{share}."
-            + (" Then every voxel left unsegmented joined the segment whose basin it lies in, "
-               "flooding a boundary map learned on the training part."
-               if agglomerated.get("filled_unsegmented") else ""),
+            f"{agglomerated['fov_evaluations']} FOV evaluations{share}.",
+        ]  # fmt: skip
+    if agglomerated.get("filled_unsegmented"):
+        lines += [
+            "", "## Fill of the unsegmented voxels", "",
+            "Every voxel the fills left unsegmented joined the segment whose basin it lies in, "
+            "flooding a boundary map learned on the training part.",
         ]  # fmt: skip
     evaluation = _read_json(run_dir / "evaluation.json")
     if evaluation:
@@ -250,7 +254,8 @@ def write_report(run_dir: str | Path) -> Path:
         ]
         second = {"consensus": "consensus.json", "agglomeration": "agglomerate.json"}
         steps = [step for step, f in second.items() if (run_dir / "agglomerate" / f).is_file()]
-        steps += ["fill"] if (agglomerated or {}).get("filled_unsegmented") else []
+        steps = [s for s in steps if s != "agglomeration" or decided]
+        steps += ["fill"] if agglomerated.get("filled_unsegmented") else []
         names = METHOD_NAMES | ({"ffn": " + ".join(["ffn", *steps])} if steps else {})
         for method, scores in evaluation.items():
             if isinstance(scores, dict) and "vi" in scores:

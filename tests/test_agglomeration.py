@@ -454,3 +454,18 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     assert (run / "precomputed" / "export.json").is_file()
     resumed = workflow("--run-dir", str(run), "--resume")
     assert "nothing to do" in resumed.stdout + resumed.stderr
+
+
+def test_the_fill_alone_plans_no_pair_and_a_boundary_map(tmp_path):
+    """`fill_unsegmented` without `enabled` (the demo's second pass): no pairs are found or
+    decided, the layer's parts are filled over a boundary map learned on the training part."""
+    import workflow as cli
+    from pipeline.run_config import RunConfig
+    from site_configs import local
+
+    config = replace(RunConfig(), agglomeration=AgglomerationConfig(fill_unsegmented=True))
+    names = [s.task.name for s in cli.dag_steps(config, cli.RunPaths(tmp_path), local.SITE)]
+    assert not [n for n in names if n.startswith(("agglomerate[pairs", "agglomerate[decide"))]
+    assert "agglomerate[boundary map]" in names and "agglomerate[relabel 0]" in names
+    assert names.index("stage[train]") < names.index("agglomerate[boundary map]")
+    assert names.index("agglomerate[boundary map]") < names.index("agglomerate[relabel 0]")

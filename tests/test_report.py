@@ -79,7 +79,7 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     from pipeline.study import StudyConfig
     from site_configs import local
 
-    second_pass = AgglomerationConfig(enabled=True, consensus=True)
+    second_pass = AgglomerationConfig(enabled=True, consensus=True, fill_unsegmented=True)
     config = dataclasses.replace(RunConfig(), agglomeration=second_pass)
     paths = cli.RunPaths(cli.ROOT / "data" / "runs" / "plan-only")
     a_study = dataclasses.replace(RunConfig(), study=StudyConfig(rank_counts=(1, 4)))

@@ -139,14 +139,12 @@ def test_the_paper_config_plans_on_polaris(tmp_path):
     assert "PBSProProvider" in done.stdout
 
 
-def test_the_fill_of_unsegmented_voxels_needs_agglomeration_and_a_training_part(tmp_path):
+def test_the_fill_of_unsegmented_voxels_needs_a_training_part(tmp_path):
     from pipeline.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="a step of agglomeration: enable it"):
-        load_run_config(toml(tmp_path, "[agglomeration]\nfill_unsegmented = true\n"))
     eval_only = f'[data]\neval_raw = "{tmp_path / "em.h5"}:raw"\n'  # checked when staged
-    text = eval_only + "[agglomeration]\nenabled = true\nfill_unsegmented = true\n"
+    text = eval_only + "[agglomeration]\nfill_unsegmented = true\n"
     with pytest.raises(ConfigError, match="give \\[data\\] train_raw and train_labels"):
         load_run_config(toml(tmp_path, text))
-    synthetic = "[agglomeration]\nenabled = true\nfill_unsegmented = true\n"
-    assert load_run_config(toml(tmp_path, synthetic)).agglomeration.fill_unsegmented
+    synthetic = "[agglomeration]\nfill_unsegmented = true\n"  # without pairs' agglomeration
+    assert load_run_config(toml(tmp_path, synthetic)).agglomeration.writes_layer
