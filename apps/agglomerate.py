@@ -1,7 +1,8 @@
 """FFN's second pass after stitching (pipeline.agglomeration): the stitched first pass's touching
 pairs found per block core, one table of them, a decision task per core (two flood fills per
 pair around its contact), one table of merges, a relabel task per part of the export's
-segmentation layer writing it, then a check that every file is what its task wrote.
+segmentation layer writing it (with the fill, its 0s filled over the boundary map one task
+learns), then a check that every file is what its task wrote.
 
 Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
 written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k

@@ -24,6 +24,10 @@ different seed orders make different merge errors; keeping two voxels together o
 did (`split_consensus`: the label of a voxel is the pair of both runs' labels) removes the merges
 that only one run made, at the price of the splits either made, which agglomeration then repairs.
 
+The fill (`fill_unsegmented`, last): every voxel the first pass left 0 goes to the segment whose
+basin it lies in, a watershed from the segments over a learned boundary map; the relabel tasks
+do it part by part with a margin of context (`filled_part`).
+
 Coordinates are (z, y, x) voxels throughout. Images and segmentations are read through callables
 that take a tuple of slices, so the same code serves in-memory arrays, HDF5, zarr or precomputed.
 Flood fills use `pipeline.inference.Canvas.flood` itself.
