@@ -89,7 +89,7 @@ _LAYOUT = {
     "consensus_summary": "agglomerate/consensus.json",
     "agglomerate_dir": "agglomerate",
     "agglomerate_summary": "agglomerate/agglomerate.json",
-    "boundary_map": "agglomerate/boundary_map.h5",
+    "boundary_forest": "agglomerate/boundary_forest.joblib",
     "evaluation": "evaluation.json",
     "learned_baseline": "baseline/learned_watershed.h5",
     "learned_baseline_record": "baseline/learned_watershed.json",
@@ -680,17 +680,16 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
         decisions = []
     steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
                            "agglomerate.merge_pairs", export))  # fmt: skip
-    # The fill of unsegmented voxels: a boundary map learned on the training part, then flooded
-    # part by part. Without it, the parts' settings are as before it was added (runs stay done).
+    # The fill of unsegmented voxels: a boundary forest learned on the training part, its map
+    # predicted and flooded part by part. Without it, the parts' settings are as before it was
+    # added (runs stay done).
     maps, written = [], base
     if config.agglomeration.fill_unsegmented:
-        maps, written = (
-            [paths.boundary_map],
-            {**base, "agglomeration": config.agglomeration.part_settings()},
-        )
+        maps = [paths.boundary_forest, paths.eval_volume]
+        written = {**base, "agglomeration": config.agglomeration.part_settings()}
         # The forest's settings are pipeline.boundary_watershed's defaults.
-        steps.append(task_step("agglomerate[boundary map]", {"boundary": "learned forest"},
-                               [paths.train_volume, paths.eval_volume], maps, "agglomerate.boundary_map"))  # fmt: skip
+        steps.append(task_step("agglomerate[boundary forest]", {"boundary": "learned forest"},
+                               [paths.train_volume], maps[:1], "agglomerate.boundary_forest"))  # fmt: skip
     steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *maps],
                         [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
               for k in range(len(parts))]  # fmt: skip

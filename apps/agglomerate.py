@@ -1,8 +1,8 @@
 """FFN's second pass after stitching (pipeline.agglomeration): the stitched first pass's touching
 pairs found per block core, one table of them, a decision task per core (two flood fills per
 pair around its contact), one table of merges, a relabel task per part of the export's
-segmentation layer writing it (with the fill, its 0s filled over the boundary map one task
-learns), then a check that every file is what its task wrote.
+segmentation layer writing it (with the fill, its 0s filled over the boundary map that a forest
+one task learns predicts part by part), then a check that every file is what its task wrote.
 
 Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
 written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k
@@ -62,16 +62,16 @@ def join_pairs(settings: dict, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
-def boundary_map(settings: dict, inputs=(), outputs=()):
-    """inputs: the staged training part, the staged volume; outputs[0]: the volume's boundary
-    map (HDF5), which the fill of unsegmented voxels floods."""
-    from pipeline.evaluation import boundary_map as write_map
+def boundary_forest(settings: dict, inputs=(), outputs=()):
+    """inputs[0]: the staged training part; outputs[0]: the boundary forest learned there
+    (joblib), whose map of the volume the fill of unsegmented voxels floods."""
+    from pipeline.evaluation import learn_boundary_forest
     from pipeline.staging import read_staged
     from pipeline.stamps import run_once
 
-    train, volume = (read_staged(f.filepath) for f in inputs)
-    return run_once(settings, [f.filepath for f in inputs], [outputs[0].filepath],
-                    lambda: write_map(train, volume, outputs[0].filepath))  # fmt: skip
+    train, output = read_staged(inputs[0].filepath), outputs[0].filepath
+    return run_once(settings, [inputs[0].filepath], [output],
+                    lambda: learn_boundary_forest(train, output))  # fmt: skip
 
 
 @python_app(executors=[CPU_LABEL])
@@ -136,7 +136,8 @@ def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
-    """inputs: the merge table, the first pass's full resolution, with the fill the boundary map;
+    """inputs: the merge table, the first pass's full resolution, with the fill the boundary forest
+    and the staged volume;
     outputs[0]: part k's record (.json). Writes part k of the layer
     (pipeline.stitching.layer_part), merged (and filled), into the export's segmentation layer."""
     from apps.stitch import writer_of
@@ -151,7 +152,8 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
     def work() -> str:
         layer, k = writer_of(settings, folder), settings["part"]
         merged = load_merges(merges)
-        with layer_reader(first_pass) as read, boundary_reader(config, inputs[2:]) as boundary:
+        maps = inputs[2:]
+        with layer_reader(first_pass) as read, boundary_reader(config, settings, maps) as boundary:
             record = _write_merged(k, blocks, layer, read, merged, boundary, config.fill_margin)
         save_core_record(output, record)
         return digest(record["chunks"])
@@ -163,7 +165,7 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
 def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, the merge table, the first pass's full resolution, every
     part's record (settings["parts"] of them), every core's decisions (plan order), then with
-    the fill the boundary map;
+    the fill the boundary forest and the staged volume again;
     outputs: agglomerate.json and the folder of the export layer's full resolution. Rewrites
     any part whose files changed after its task wrote them (the whole layer if it was lost)."""
     import json
@@ -189,7 +191,7 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
         layer = writer_of(settings, folder)
         merges = load_merges(paths[1])
         maps = inputs[3 + count + settings["cores"] :]
-        with layer_reader(first_pass) as read, boundary_reader(config, maps) as boundary:
+        with layer_reader(first_pass) as read, boundary_reader(config, settings, maps) as boundary:
             repaired, token = check_written_parts(
                 (load_core_record(p) for p in records),
                 layer,
@@ -252,15 +254,23 @@ def chunks_of(settings: dict) -> tuple[int, int, int]:
 
 
 @contextmanager
-def boundary_reader(config, maps):
-    """A reader of the boundary map (box -> P(boundary)) when the fill is on, else None."""
+def boundary_reader(config, settings: dict, inputs):
+    """When the fill is on, a reader of the volume's boundary map (box -> P(boundary)), predicted
+    box by box by the forest (inputs: the forest, the staged volume); else None."""
+    import joblib
+
+    from pipeline.boundary_watershed import BoundaryForestConfig, box_boundary_probability
+    from pipeline.staging import read_staged
     from pipeline.volumes import open_volume
 
     if not config.fill_unsegmented:
         yield None
         return
-    with open_volume(f"{maps[0].filepath}:boundary") as array:
-        yield array.__getitem__
+    forest = joblib.load(inputs[0].filepath)
+    with open_volume(read_staged(inputs[1].filepath).raw) as raw:
+        yield lambda box: box_boundary_probability(
+            forest, raw.__getitem__, box, settings["shape"], BoundaryForestConfig()
+        )
 
 
 @contextmanager

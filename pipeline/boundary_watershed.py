@@ -9,8 +9,9 @@ chosen on a selection part by VI (`tune_watershed`), never on the part that is s
 """
 
 import itertools
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import cc3d
@@ -130,6 +131,32 @@ def learned_boundary_map(
     """P(boundary) of `raw` by a forest learned on `train` (image, labels)."""
     config = config or BoundaryForestConfig()
     return boundary_probability(train_boundary_forest(*train, config), raw, config)
+
+
+def feature_margin(config: BoundaryForestConfig) -> int:
+    """Voxels of image around a box that its features depend on: the widest Gaussian (scikit-image
+    truncates at 4 sigma), its gradient and its Hessian."""
+    return math.ceil(4 * config.sigma_max) + 3
+
+
+def box_boundary_probability(
+    forest: RandomForestClassifier,
+    read_raw: Callable[[tuple[slice, ...]], np.ndarray],
+    box: tuple[slice, ...],
+    volume_shape: Sequence[int],
+    config: BoundaryForestConfig,
+) -> np.ndarray:
+    """P(boundary) of one box of a volume, as `boundary_probability` of the whole volume gives it,
+    from the box and `feature_margin` voxels of image around it (as far as the volume goes)."""
+    margin = feature_margin(config)
+    grown = tuple(
+        slice(max(s.start - margin, 0), min(s.stop + margin, n))
+        for s, n in zip(box, volume_shape, strict=True)
+    )
+    probability = boundary_probability(forest, read_raw(grown), config)
+    return probability[
+        tuple(slice(s.start - g.start, s.stop - g.start) for s, g in zip(box, grown, strict=True))
+    ]
 
 
 def watershed_segmentation(probability: np.ndarray, params: WatershedParams) -> np.ndarray:

@@ -122,15 +122,18 @@ def evaluate_volume(
     return score_volume(counts, raw_spec, labels_spec, watershed, output, scored, voxel_size_nm)
 
 
-def boundary_map(train: StagedVolume, volume: StagedVolume, path: str | Path) -> None:
-    """The boundary map of `volume` by a forest learned on `train` (the learned watershed's),
-    written atomically as `path:boundary` (HDF5, float32), for the second pass's fill."""
-    from pipeline.boundary_watershed import learned_boundary_map
+def learn_boundary_forest(train: StagedVolume, path: str | Path) -> None:
+    """The learned watershed's forest (its default settings) learned on `train`, saved
+    atomically to `path` (joblib), for the second pass's fill to predict part by part."""
+    import joblib
 
-    raw, voxel_size = read_raw(volume.raw, volume.voxel_size_nm)
+    from pipeline.boundary_watershed import BoundaryForestConfig, train_boundary_forest
+
     image = read_raw(train.raw, train.voxel_size_nm)[0]
     labels = read_labels(train.labels, train.voxel_size_nm)[0]
-    write_volumes(path, {"boundary": learned_boundary_map((image, labels), raw)}, voxel_size)
+    forest = train_boundary_forest(image, labels, BoundaryForestConfig())
+    with atomic_path(path) as tmp:
+        joblib.dump(forest, tmp)
 
 
 def learned_baseline(

@@ -30,7 +30,7 @@ STAGE_OF_APP = {
     "join_pairs": "agglomerate",
     "decide_core": "agglomerate",
     "merge_pairs": "agglomerate",
-    "boundary_map": "agglomerate",
+    "boundary_forest": "agglomerate",
     "relabel_merged_part": "agglomerate",
     "finish_agglomeration": "agglomerate",
     "count_region": "evaluate",

@@ -443,8 +443,7 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     assert (merged == 0).any() and exported.all()
     np.testing.assert_array_equal(exported[merged > 0], merged[merged > 0])
     assert set(np.unique(exported)) <= set(np.unique(merged))
-    with open_volume(f"{run / 'agglomerate' / 'boundary_map.h5'}:boundary") as boundary:
-        assert boundary.shape == merged.shape
+    assert (run / "agglomerate" / "boundary_forest.joblib").is_file()
     scores = json.loads((run / "evaluation.json").read_text())
     assert {"ffn", "ffn_first_pass", "ffn_consensus"} <= set(scores)
     report = (run / "report.md").read_text()
@@ -456,9 +455,9 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     assert "nothing to do" in resumed.stdout + resumed.stderr
 
 
-def test_the_fill_alone_plans_no_pair_and_a_boundary_map(tmp_path):
+def test_the_fill_alone_plans_no_pair_and_a_boundary_forest(tmp_path):
     """`fill_unsegmented` without `enabled` (the demo's second pass): no pairs are found or
-    decided, the layer's parts are filled over a boundary map learned on the training part."""
+    decided, the layer's parts are filled over the map of a forest learned on the training part."""
     import workflow as cli
     from pipeline.run_config import RunConfig
     from site_configs import local
@@ -466,6 +465,6 @@ def test_the_fill_alone_plans_no_pair_and_a_boundary_map(tmp_path):
     config = replace(RunConfig(), agglomeration=AgglomerationConfig(fill_unsegmented=True))
     names = [s.task.name for s in cli.dag_steps(config, cli.RunPaths(tmp_path), local.SITE)]
     assert not [n for n in names if n.startswith(("agglomerate[pairs", "agglomerate[decide"))]
-    assert "agglomerate[boundary map]" in names and "agglomerate[relabel 0]" in names
-    assert names.index("stage[train]") < names.index("agglomerate[boundary map]")
-    assert names.index("agglomerate[boundary map]") < names.index("agglomerate[relabel 0]")
+    assert "agglomerate[boundary forest]" in names and "agglomerate[relabel 0]" in names
+    assert names.index("stage[train]") < names.index("agglomerate[boundary forest]")
+    assert names.index("agglomerate[boundary forest]") < names.index("agglomerate[relabel 0]")

@@ -11,6 +11,8 @@ from pipeline.boundary_watershed import (
     WatershedParams,
     boundary_probability,
     boundary_targets,
+    box_boundary_probability,
+    feature_margin,
     train_boundary_forest,
     tune_watershed,
     watershed_segmentation,
@@ -41,6 +43,31 @@ def test_the_forest_finds_boundaries_in_a_part_it_did_not_learn_from(parts):
     boundary = boundary_targets(eval_labels)
     # Real membranes, unseen: far more boundary-like than the bodies' insides.
     assert probability[boundary].mean() > probability[~boundary].mean() + 0.3
+
+
+def test_a_box_of_the_map_from_the_box_and_its_margin_is_that_of_the_whole_map(parts):
+    """As the fill's relabel tasks predict it, part by part: a box inside the volume (its margin
+    too) and one at a corner, each from the image within `feature_margin` of it."""
+    (train_raw, train_labels), _, (eval_raw, _) = parts
+    narrow = BoundaryForestConfig(sigma_max=2.0, num_sigma=2, samples_per_class=3000, trees=8)
+    forest = train_boundary_forest(train_raw, train_labels, narrow)
+    whole = boundary_probability(forest, eval_raw, narrow)
+    margin = feature_margin(narrow)
+    read = []
+
+    def reader(box):
+        read.append(box)
+        return eval_raw[box]
+
+    inside, corner = np.s_[14:18, 13:19, 12:20], np.s_[0:8, 24:32, 0:6]
+    for box in (inside, corner):
+        part = box_boundary_probability(forest, reader, box, eval_raw.shape, narrow)
+        np.testing.assert_allclose(part, whole[box], atol=1e-6)
+    grown = read[0]
+    assert [(g.start, g.stop) for g in grown] == [
+        (s.start - margin, s.stop + margin) for s in inside
+    ]
+    assert all(0 < g.start and g.stop < n for g, n in zip(grown, eval_raw.shape, strict=True))
 
 
 def test_the_watershed_tuned_on_one_part_beats_untuned_settings_on_another(parts):
