@@ -49,6 +49,7 @@ from pipeline.blocks import BlockGrid
 from pipeline.errors import ConfigError, VolumeShapeError
 from pipeline.inference import Canvas, InferenceConfig, Predictor
 from pipeline.model import ModelConfig, normalize_image
+from pipeline.roi import with_context
 from pipeline.stitching import block_core
 
 Reader = Callable[[tuple[slice, ...]], np.ndarray]
@@ -468,15 +469,8 @@ def filled_part(
 ) -> np.ndarray:
     """`fill_unsegmented` of one part of a volume, flooded within the part and `margin` voxels
     of context around it (as far as the volume goes), the part's voxels returned."""
-    grown = tuple(
-        slice(max(s.start - margin, 0), min(s.stop + margin, n))
-        for s, n in zip(part, volume_shape, strict=True)
-    )
-    filled = fill_unsegmented(segmentation_of(grown), boundary_of(grown))
-    inner = tuple(
-        slice(s.start - g.start, s.stop - g.start) for s, g in zip(part, grown, strict=True)
-    )
-    return filled[inner]
+    grown, inner = with_context(part, margin, volume_shape)
+    return fill_unsegmented(segmentation_of(grown), boundary_of(grown))[inner]
 
 
 # ---------------------------------------------------------------------------------------------

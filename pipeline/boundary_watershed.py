@@ -23,6 +23,7 @@ from sklearn.ensemble import RandomForestClassifier
 
 from pipeline.errors import ConfigError, EmptyLabelsError
 from pipeline.metrics import score_segmentation
+from pipeline.roi import with_context
 
 
 @dataclass(frozen=True)
@@ -148,15 +149,8 @@ def box_boundary_probability(
 ) -> np.ndarray:
     """P(boundary) of one box of a volume, as `boundary_probability` of the whole volume gives it,
     from the box and `feature_margin` voxels of image around it (as far as the volume goes)."""
-    margin = feature_margin(config)
-    grown = tuple(
-        slice(max(s.start - margin, 0), min(s.stop + margin, n))
-        for s, n in zip(box, volume_shape, strict=True)
-    )
-    probability = boundary_probability(forest, read_raw(grown), config)
-    return probability[
-        tuple(slice(s.start - g.start, s.stop - g.start) for s, g in zip(box, grown, strict=True))
-    ]
+    grown, inner = with_context(box, feature_margin(config), volume_shape)
+    return boundary_probability(forest, read_raw(grown), config)[inner]
 
 
 def watershed_segmentation(probability: np.ndarray, params: WatershedParams) -> np.ndarray:

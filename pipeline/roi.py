@@ -95,6 +95,16 @@ class Roi:
         return ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True))
 
 
+def with_context(
+    box: tuple[slice, ...], margin: int, shape: Sequence[int]
+) -> tuple[tuple[slice, ...], tuple[slice, ...]]:
+    """`box` with `margin` voxels more on every side, as far as the volume of `shape` goes, and
+    where `box` lies within that."""
+    roi = Roi(tuple(s.start for s in box), tuple(s.stop for s in box))
+    grown = roi.grown((margin,) * len(box), shape)
+    return grown.slices, roi.relative_to(grown).slices
+
+
 def check_roi(roi: Roi, shape: Sequence[int], min_shape: Sequence[int], where: str) -> None:
     """The ROI lies inside a volume of `shape` and is at least `min_shape` (the FOV)."""
     if any(b > s for b, s in zip(roi.stop, shape, strict=True)):
