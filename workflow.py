@@ -657,8 +657,13 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     }
     # The fills' measures do not depend on the merge thresholds: new thresholds re-run only the
     # merge and what follows it.
-    fills = {**base, "agglomeration": config.agglomeration.fill_settings()}
-    thresholds = {**base, "agglomeration": config_io.to_dict(config.agglomeration)}
+    second = config.agglomeration
+    fills = {**base, "agglomeration": second.fill_settings()}
+    # The merges do not depend on the fill: without it, every setting is as before it was added.
+    merging = {
+        k: v for k, v in config_io.to_dict(second).items() if k not in second.part_settings()
+    }
+    thresholds = {**base, "agglomeration": merging}
     cores = range(len(blocks))
     parts = _layer_parts(config, blocks)
     contacts = [folder / "contacts" / f"{b.name}.npz" for b in blocks]
@@ -667,7 +672,7 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     pairs, merges = folder / "pairs.npz", folder / "merges.npz"
     decide = {**fills, "inference": config_io.to_dict(config.inference)}
     steps = []
-    if config.agglomeration.enabled:  # else no pair is merged: the pass only fills
+    if second.enabled:  # else no pair is merged: the pass only fills
         steps += [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k}, [stitched], [contacts[k]],
                             "agglomerate.pair_core", first_pass) for k in cores]  # fmt: skip
         steps.append(
@@ -684,17 +689,18 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     # predicted and flooded part by part. Without it, the parts' settings are as before it was
     # added (runs stay done).
     maps, written = [], base
-    if config.agglomeration.fill_unsegmented:
+    if second.fill_unsegmented:
         maps = [paths.boundary_forest, paths.eval_volume]
-        written = {**base, "agglomeration": config.agglomeration.part_settings()}
+        written = {**base, "agglomeration": second.part_settings()}
         # The forest's settings are pipeline.boundary_watershed's defaults.
         steps.append(task_step("agglomerate[boundary forest]", {"boundary": "learned forest"},
                                [paths.train_volume], maps[:1], "agglomerate.boundary_forest"))  # fmt: skip
     steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *maps],
                         [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
               for k in range(len(parts))]  # fmt: skip
-    finish = {**thresholds, "parts": len(parts), "cores": len(decisions)}
-    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *records, *decisions, *maps],
+    filling = config_io.to_dict(second) if second.fill_unsegmented else merging
+    finish = {**base, "agglomeration": filling, "parts": len(parts)}
+    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *maps, *records, *decisions],
                            [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],
                            "agglomerate.finish_agglomeration", first_pass, export))  # fmt: skip
     return steps

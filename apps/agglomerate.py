@@ -163,9 +163,9 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
 
 @python_app(executors=[CPU_LABEL])
 def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
-    """inputs: the staged volume, the merge table, the first pass's full resolution, every
-    part's record (settings["parts"] of them), every core's decisions (plan order), then with
-    the fill the boundary forest and the staged volume again;
+    """inputs: the staged volume, the merge table, the first pass's full resolution, with the
+    fill the boundary forest and the staged volume again, then every part's record
+    (settings["parts"] of them), then every core's decisions (plan order);
     outputs: agglomerate.json and the folder of the export layer's full resolution. Rewrites
     any part whose files changed after its task wrote them (the whole layer if it was lost)."""
     import json
@@ -179,18 +179,17 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     from pipeline.stitching import check_written_parts, load_core_record
 
     paths = [f.filepath for f in inputs]
-    count = settings["parts"]
-    records = paths[3 : 3 + count]
-    decisions = paths[3 + count : 3 + count + settings["cores"]]
     summary, full_resolution = (f.filepath for f in outputs)
     blocks, config = grid_of(settings)
+    after = 5 if config.fill_unsegmented else 3  # the fill's two inputs
+    maps, count = inputs[3:after], settings["parts"]
+    records, decisions = paths[after : after + count], paths[after + count :]
 
     def work() -> str:
         if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         layer = writer_of(settings, folder)
         merges = load_merges(paths[1])
-        maps = inputs[3 + count + settings["cores"] :]
         with layer_reader(first_pass) as read, boundary_reader(config, settings, maps) as boundary:
             repaired, token = check_written_parts(
                 (load_core_record(p) for p in records),
