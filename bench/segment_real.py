@@ -138,7 +138,7 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
     second = load_run_config(run_dir / "config.json").agglomeration
     times = stage_wall_times(run_dir / "monitoring.db")
-    part, _ = _staged(run_dir)
+    part, truth = _staged(run_dir)
     first_pass = {
         "fov_evaluations": _read_json(run_dir / "inference/stitch.json")["inference"]["fov_evaluations"],
         "train_s": times.get("train"),
@@ -168,7 +168,7 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
         with np.load(run_dir / "agglomerate/merges.npz") as merges:
             ids, targets = merges["ids"], merges["targets"]
         unfilled = relabel(read_array(segmentation_spec(run_dir / start))[part], ids, targets)
-        rows[merged] = first_pass | cost | _scored(unfilled, _staged(run_dir)[1])
+        rows[merged] = first_pass | cost | _scored(unfilled, truth)
     merged += " + fill" if second.fill_unsegmented else ""
     rows[merged] = (
         first_pass

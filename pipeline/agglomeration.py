@@ -144,11 +144,7 @@ class AgglomerationConfig:
         return {
             k: v
             for k, v in dataclasses.asdict(self).items()
-            if k
-            not in (
-                "enabled", "consensus", "min_jaccard", "min_recovered", "fill_unsegmented",
-                "fill_margin",
-            )
+            if k not in ("enabled", "consensus", "min_jaccard", "min_recovered", *self.part_settings())
         }  # fmt: skip
 
     @property

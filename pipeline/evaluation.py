@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.atomic import atomic_path
 from pipeline.errors import ConfigError
 from pipeline.metrics import (
@@ -122,6 +124,14 @@ def evaluate_volume(
     return score_volume(counts, raw_spec, labels_spec, watershed, output, scored, voxel_size_nm)
 
 
+def image_and_labels(part: StagedVolume) -> tuple[np.ndarray, np.ndarray]:
+    """A labelled staged part's image and labels, whole, checked as every reader checks them."""
+    return (
+        read_raw(part.raw, part.voxel_size_nm)[0],
+        read_labels(part.labels, part.voxel_size_nm)[0],
+    )
+
+
 def learn_boundary_forest(train: StagedVolume, path: str | Path) -> None:
     """The learned watershed's forest (its default settings) learned on `train`, saved
     atomically to `path` (joblib), for the second pass's fill to predict part by part."""
@@ -129,9 +139,7 @@ def learn_boundary_forest(train: StagedVolume, path: str | Path) -> None:
 
     from pipeline.boundary_watershed import BoundaryForestConfig, train_boundary_forest
 
-    image = read_raw(train.raw, train.voxel_size_nm)[0]
-    labels = read_labels(train.labels, train.voxel_size_nm)[0]
-    forest = train_boundary_forest(image, labels, BoundaryForestConfig())
+    forest = train_boundary_forest(*image_and_labels(train), BoundaryForestConfig())
     with atomic_path(path) as tmp:
         joblib.dump(forest, tmp)
 
@@ -148,12 +156,6 @@ def learned_baseline(
     the whole volume with its context) and the record (parameters, tuning trials, seconds)."""
     # scikit-learn takes seconds to import: not when the workflow only plans its tasks.
     from pipeline.boundary_watershed import learned_watershed
-
-    def image_and_labels(part: StagedVolume) -> tuple:
-        return (
-            read_raw(part.raw, part.voxel_size_nm)[0],
-            read_labels(part.labels, part.voxel_size_nm)[0],
-        )
 
     raw, voxel_size = read_raw(volume.raw, volume.voxel_size_nm)
     result = learned_watershed(image_and_labels(train), image_and_labels(select), raw)
