@@ -25,6 +25,7 @@ from pipeline.metrics import (
     WatershedConfig,
     count_overlaps,
     score_counts,
+    truth_in_pieces,
     watershed_baseline,
 )
 from pipeline.roi import ZYX, Roi, tiles
@@ -79,7 +80,8 @@ def score_volume(
     given. The watershed segments the whole image and is scored on the same part. `also`: more
     segmentations' counts to score under their keys (FFN's steps before its second pass's end).
     `learned`: the spec of `learned_baseline`'s segmentation, scored as "learned_watershed"
-    instead of the edge-distance watershed."""
+    instead of the edge-distance watershed. With the baseline (the part in memory) also
+    "truth_in_pieces": the split the part's own ground truth costs (`truth_in_pieces`)."""
     watershed = watershed or WatershedConfig()
     result = {"ffn": score_counts(counts).to_dict()}
     for key, more in (also or {}).items():
@@ -88,6 +90,7 @@ def score_volume(
         with open_volume(labels_spec) as truth:
             part = scored or Roi.whole(truth.shape)
             truth_part = label_ids(truth[part.slices], labels_spec)
+        result["truth_in_pieces"] = truth_in_pieces(truth_part)
         if learned:
             with open_volume(learned) as segmentation:
                 baseline = label_ids(segmentation[part.slices], learned)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import cc3d
 import fastremap
 import numpy as np
 from scipy import ndimage, sparse
@@ -245,6 +246,22 @@ def score_counts(
         unsegmented_fraction=float(predicted_sizes[0] / table.sum()),
         voxels=int(table.sum()),
     )
+
+
+def truth_in_pieces(truth: np.ndarray) -> dict:
+    """What a part's own ground truth costs every segmentation of it. A body that lies in several
+    pieces within the part (26-connected; they join outside it) is split there by any segmentation
+    whose segments are connected and merge nothing: the ground truth cut into its pieces scores
+    that VI split. {"vi_split": bits, "bodies": labelled bodies, "bodies_in_pieces": how many}."""
+    pieces = cc3d.connected_components(truth, connectivity=26, out_dtype=np.uint64)
+    body_of = fastremap.component_map(pieces, truth)
+    bodies = np.array([body for piece, body in body_of.items() if piece], np.uint64)
+    _, per_body = np.unique(bodies, return_counts=True)
+    return {
+        "vi_split": score_counts(OverlapCounts.of(truth, pieces)).vi_split,
+        "bodies": len(per_body),
+        "bodies_in_pieces": int(np.count_nonzero(per_body > 1)),
+    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,6 +55,17 @@ METHOD_NAMES = {
 }
 
 
+def _truth_in_pieces_lines(pieces: dict | None) -> list[str]:
+    """The part of every row's VI split that the scored part's ground truth itself costs."""
+    if not pieces or not pieces["bodies_in_pieces"]:
+        return []
+    return [
+        "", f"Of every row's VI split, {pieces['vi_split']:.3f} the scored part's own ground truth "
+        f"costs: {pieces['bodies_in_pieces']} of its {pieces['bodies']} bodies lie in pieces there "
+        "(joined outside it), which no segmentation of connected segments joins without merging.",
+    ]  # fmt: skip
+
+
 def _query(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
     if not db.is_file():
         return []
@@ -263,6 +274,7 @@ def write_report(run_dir: str | Path) -> Path:
                     f"| {names.get(method, method)} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
                     f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} |"
                 )
+    lines += _truth_in_pieces_lines(evaluation.get("truth_in_pieces") if evaluation else None)
     learned = _read_json(run_dir / "baseline" / "learned_watershed.json")
     if learned and "learned_watershed" in evaluation:
         params = ", ".join(f"{k} {v}" for k, v in learned["params"].items())

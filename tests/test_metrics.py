@@ -16,6 +16,7 @@ from pipeline.metrics import (
     count_overlaps,
     score_counts,
     score_segmentation,
+    truth_in_pieces,
     watershed_baseline,
 )
 from pipeline.volumes import write_volumes
@@ -90,6 +91,27 @@ def test_small_overlaps_are_not_counted_as_splits_or_merges():
 def test_scores_are_json_ready():
     record = json.loads(json.dumps(score(TRUTH).to_dict()))
     assert record["vi"] == 0 and set(record) >= {"vi_split", "vi_merge", "adapted_rand_error"}
+
+
+def test_a_body_in_two_pieces_within_the_part_costs_every_segmentation_its_split():
+    # Body 1 is cut by body 2 into pieces of 2 and 6 voxels (a U that closes outside the part),
+    # body 3 touches itself only at a corner: one 26-connected piece.
+    truth = np.zeros((1, 3, 10), np.uint64)
+    truth[0, 0] = [1, 1, 2, 1, 1, 1, 1, 1, 1, 0]
+    truth[0, 1, 2] = 2
+    truth[0, 1, 5], truth[0, 2, 6] = 3, 3
+    pieces = truth_in_pieces(truth)
+    assert (pieces["bodies"], pieces["bodies_in_pieces"]) == (3, 1)
+    # H(pieces | truth) = p(body 1) H(2/8, 6/8): what the truth's own pieces score as a split.
+    h = -(0.25 * np.log2(0.25) + 0.75 * np.log2(0.75))
+    assert pieces["vi_split"] == pytest.approx(8 / 12 * h)
+    best = truth.copy()
+    best[0, 0, :2] = 7  # the truth with body 1's pieces under two ids: split that much, no more
+    assert score_segmentation(best, truth).vi_split == pytest.approx(pieces["vi_split"])
+    whole = truth.copy()
+    whole[0, 0, 2] = 1  # joined inside the part: nothing to pay
+    joined = truth_in_pieces(whole)
+    assert joined["vi_split"] == 0 and joined["bodies_in_pieces"] == 0
 
 
 def test_bad_inputs_are_refused():

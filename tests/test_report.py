@@ -87,3 +87,18 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     for step in steps:
         app = step.app.rpartition(".")[2]
         assert STAGE_OF_APP.get(app) == step.task.stage, step.task.name
+
+
+def test_the_report_says_how_much_split_the_scored_parts_own_truth_costs(tmp_path):
+    scores = {"vi_split": 0.6, "vi_merge": 0.3, "vi": 0.9, "adapted_rand_error": 0.04,
+              "split_objects": 8, "merged_segments": 3}  # fmt: skip
+    pieces = {"vi_split": 0.098, "bodies": 48, "bodies_in_pieces": 9}
+    (tmp_path / "evaluation.json").write_text(
+        json.dumps({"ffn": scores, "truth_in_pieces": pieces})
+    )
+    report = write_report(tmp_path).read_text()
+    assert (
+        "Of every row's VI split, 0.098 the scored part's own ground truth costs: 9 of its 48"
+        in report
+    )
+    assert report.count("| 0.600 |") == 1  # one row: the truth's pieces are not a method
