@@ -642,6 +642,7 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     decision task per core (flood fills), one merge table, a relabel task per part of the layer
     (a block's core, or a shard) writing the export's segmentation layer, then the check that
     writes agglomerate.json (apps/agglomerate.py)."""
+    from pipeline.agglomeration import FILL_SETTINGS
     from pipeline.stitching import part_name
 
     folder = paths.agglomerate_dir
@@ -660,9 +661,7 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     second = config.agglomeration
     fills = {**base, "agglomeration": second.fill_settings()}
     # The merges do not depend on the fill: without it, every setting is as before it was added.
-    merging = {
-        k: v for k, v in config_io.to_dict(second).items() if k not in second.part_settings()
-    }
+    merging = {k: v for k, v in config_io.to_dict(second).items() if k not in FILL_SETTINGS}
     thresholds = {**base, "agglomeration": merging}
     cores = range(len(blocks))
     parts = _layer_parts(config, blocks)
@@ -695,10 +694,18 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
         # The forest's settings are pipeline.boundary_watershed's defaults.
         steps.append(task_step("agglomerate[boundary forest]", {"boundary": "learned forest"},
                                [paths.train_volume], maps[:1], "agglomerate.boundary_forest"))  # fmt: skip
+    if second.fill_min_size:  # the objects' sizes in the whole volume: a count per part, a sum
+        counts = [folder / "sizes" / f"{part_name(p)}.npz" for p in parts]
+        steps += [task_step(f"agglomerate[sizes {k}]", {**base, "part": k}, [stitched], [counts[k]],
+                            "agglomerate.count_part", first_pass) for k in range(len(parts))]  # fmt: skip
+        maps.append(folder / "sizes.npz")
+        steps.append(
+            task_step("agglomerate[sizes]", base, counts, maps[-1:], "agglomerate.sum_sizes")
+        )
     steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *maps],
                         [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
               for k in range(len(parts))]  # fmt: skip
-    filling = config_io.to_dict(second) if second.fill_unsegmented else merging
+    filling = merging | second.part_settings() if second.fill_unsegmented else merging
     finish = {**base, "agglomeration": filling, "parts": len(parts)}
     steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *maps, *records, *decisions],
                            [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],

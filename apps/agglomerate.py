@@ -2,7 +2,9 @@
 pairs found per block core, one table of them, a decision task per core (two flood fills per
 pair around its contact), one table of merges, a relabel task per part of the export's
 segmentation layer writing it (with the fill, its 0s filled over the boundary map that a forest
-one task learns predicts part by part), then a check that every file is what its task wrote.
+one task learns predicts part by part; with `fill_min_size`, the objects' voxels counted per part
+and summed first, and the objects too small in all filled alike), then a check that every file
+is what its task wrote.
 
 Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
 written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k
@@ -75,6 +77,44 @@ def boundary_forest(settings: dict, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
+def count_part(settings: dict, first_pass: str, inputs=(), outputs=()):
+    """inputs: the first pass's full resolution; outputs[0]: the voxels of each object in part k
+    of the layer (pipeline.stitching.layer_part) (.npz)."""
+    from pipeline.agglomeration import save_sizes, segment_sizes
+    from pipeline.config import from_dict
+    from pipeline.export import SegmentationLayout
+    from pipeline.stamps import digest_files, run_once
+    from pipeline.stitching import layer_part
+
+    output = outputs[0].filepath
+    blocks, _ = grid_of(settings)
+
+    def work() -> str:
+        layout = from_dict(SegmentationLayout, settings["layout"])
+        part = layer_part(settings["part"], blocks, layout)
+        with layer_reader(first_pass) as read:
+            save_sizes(output, *segment_sizes(read(part)))
+        return digest_files([output])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
+def sum_sizes(settings: dict, inputs=(), outputs=()):
+    """inputs: every part's counts; outputs[0]: the whole volume's (.npz)."""
+    from pipeline.agglomeration import load_sizes, save_sizes, total_sizes
+    from pipeline.stamps import digest_files, run_once
+
+    output = outputs[0].filepath
+
+    def work() -> str:
+        save_sizes(output, *total_sizes(load_sizes(f.filepath) for f in inputs))
+        return digest_files([output])
+
+    return run_once(settings, [f.filepath for f in inputs], [output], work)
+
+
+@python_app(executors=[CPU_LABEL])
 def decide_core(settings: dict, first_pass: str, inputs=(), outputs=()):
     """settings also: {"inference": InferenceConfig}; inputs: the staged volume, the first
     pass's full resolution, the pairs, selection.json; outputs[0]: the decisions of the pairs
@@ -137,7 +177,7 @@ def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
     """inputs: the merge table, the first pass's full resolution, with the fill the boundary forest
-    and the staged volume;
+    and the staged volume (and with `fill_min_size` the objects' sizes);
     outputs[0]: part k's record (.json). Writes part k of the layer
     (pipeline.stitching.layer_part), merged (and filled), into the export's segmentation layer."""
     from apps.stitch import writer_of
@@ -152,9 +192,10 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
     def work() -> str:
         layer, k = writer_of(settings, folder), settings["part"]
         merged = load_merges(merges)
-        maps = inputs[2:]
-        with layer_reader(first_pass) as read, boundary_reader(config, settings, maps) as boundary:
-            record = _write_merged(k, blocks, layer, read, merged, boundary, config.fill_margin)
+        fill = inputs[2:]
+        with layer_reader(first_pass) as read, boundary_reader(config, settings, fill) as boundary:
+            dropped = small_objects_of(config, fill, merged)
+            record = _write_merged(k, blocks, layer, read, merged, boundary, config, dropped)
         save_core_record(output, record)
         return digest(record["chunks"])
 
@@ -164,7 +205,8 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
 @python_app(executors=[CPU_LABEL])
 def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, the merge table, the first pass's full resolution, with the
-    fill the boundary forest and the staged volume again, then every part's record
+    fill the boundary forest and the staged volume again (and with `fill_min_size` the objects'
+    sizes), then every part's record
     (settings["parts"] of them), then every core's decisions (plan order);
     outputs: agglomerate.json and the folder of the export layer's full resolution. Rewrites
     any part whose files changed after its task wrote them (the whole layer if it was lost)."""
@@ -181,8 +223,8 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     paths = [f.filepath for f in inputs]
     summary, full_resolution = (f.filepath for f in outputs)
     blocks, config = grid_of(settings)
-    after = 5 if config.fill_unsegmented else 3  # the fill's two inputs
-    maps, count = inputs[3:after], settings["parts"]
+    after = 3 + fill_input_count(config)
+    fill, count = inputs[3:after], settings["parts"]
     records, decisions = paths[after : after + count], paths[after + count :]
 
     def work() -> str:
@@ -190,13 +232,12 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
             new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
         layer = writer_of(settings, folder)
         merges = load_merges(paths[1])
-        with layer_reader(first_pass) as read, boundary_reader(config, settings, maps) as boundary:
+        with layer_reader(first_pass) as read, boundary_reader(config, settings, fill) as boundary:
+            dropped = small_objects_of(config, fill, merges)
             repaired, token = check_written_parts(
                 (load_core_record(p) for p in records),
                 layer,
-                lambda k: _write_merged(
-                    k, blocks, layer, read, merges, boundary, config.fill_margin
-                ),
+                lambda k: _write_merged(k, blocks, layer, read, merges, boundary, config, dropped),
             )
         decided = [d for p in decisions for d in load_decisions(p)]
         record = {
@@ -209,6 +250,8 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
             "repaired_parts": repaired,
             "pairs_decided": config.enabled,
             "filled_unsegmented": config.fill_unsegmented,
+            "dropped_objects": len(dropped),
+            "fill_min_size": config.fill_min_size,
         }
         with atomic_path(summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
@@ -217,19 +260,25 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     return run_once(settings, paths, [summary, full_resolution], work)
 
 
-def _write_merged(k: int, blocks, layer, read, merges, boundary, margin: int) -> dict:
+def _write_merged(k: int, blocks, layer, read, merges, boundary, config, dropped) -> dict:
     """Part k of `layer` (pipeline.stitching.layer_part) written from the first pass (`read`)
-    with `merges` applied, its unsegmented voxels filled over `boundary` if given; its record."""
+    with `merges` applied, if `boundary` is given the `dropped` objects' voxels and the
+    unsegmented ones filled over it; its record."""
+    import fastremap
+
     from pipeline.agglomeration import filled_part, relabel
     from pipeline.stitching import layer_part, write_part_labels
 
     def merged(box):
         return relabel(read(box), *merges)
 
+    def kept(box):
+        return fastremap.mask(merged(box), dropped, in_place=True) if len(dropped) else merged(box)
+
     def labels_of(box):
         if boundary is None:
             return merged(box)
-        return filled_part(box, blocks.volume_shape, margin, merged, boundary)
+        return filled_part(box, blocks.volume_shape, config.fill_margin, kept, boundary)
 
     return write_part_labels(k, layer_part(k, blocks, layer.layout), labels_of, layer)
 
@@ -250,6 +299,22 @@ def chunks_of(settings: dict) -> tuple[int, int, int]:
     from pipeline.config import from_dict
 
     return from_dict(BlockConfig, settings["blocks"]).chunks
+
+
+def fill_input_count(config) -> int:
+    """The fill's inputs: the boundary forest and the staged volume, then the objects' sizes."""
+    return (2 + bool(config.fill_min_size)) if config.fill_unsegmented else 0
+
+
+def small_objects_of(config, inputs, merges):
+    """The ids, after `merges`, of the objects the fill gives away (inputs[2]: their sizes)."""
+    import numpy as np
+
+    from pipeline.agglomeration import load_sizes, small_objects
+
+    if not config.fill_min_size:
+        return np.zeros(0, np.uint64)
+    return small_objects(load_sizes(inputs[2].filepath), merges, config.fill_min_size)
 
 
 @contextmanager

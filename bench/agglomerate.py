@@ -25,8 +25,9 @@ tells what a smaller budget costs and scores, and what larger minimum contacts w
 of the same pairs).
 --fill STAGED_TRAIN_H5 needs no fills of pairs either: it scores the fill of the voxels the first
 pass left unsegmented (`pipeline.agglomeration.fill_unsegmented`, the boundary map learned on
-that staged training part, e.g. data/runs/flyem-fib25/staged/train.h5), and perfect decisions
-on the filled segmentation's touching pairs.
+that staged training part, e.g. data/runs/flyem-fib25/staged/train.h5), the same after dropping
+the objects under each of FILL_MIN_SIZES voxels (`fill_min_size`), and perfect decisions on the
+filled segmentation's touching pairs.
 --oracle needs no fills: it scores what perfect decisions would give (merge a candidate pair when
 its two segments' majority ground-truth ids agree) at several minimum contacts, the most any
 thresholds on the fills' measures could reach; a ceiling to read before tuning them.
@@ -43,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+import fastremap
 import numpy as np
 from tqdm import tqdm
 
@@ -61,6 +63,9 @@ from pipeline.agglomeration import (  # noqa: E402
     merged_pairs,
     pair_measures,
     relabel,
+    segment_sizes,
+    small_objects,
+    total_sizes,
 )
 from pipeline.boundary_watershed import learned_boundary_map  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
@@ -83,6 +88,7 @@ SWEEP_JACCARD = (0.3, 0.5, 0.7, 0.8)
 # Larger minimum contacts than the fills were made with: a subset of the same pairs, no filling.
 SWEEP_MIN_CONTACT = (50, 100, 200, 500, 1000, 2000)
 ORACLE_MIN_CONTACT = (1, 10, 50, 100, 200, 500, 1000)
+FILL_MIN_SIZES = (100, 300, 600, 1000, 1500, 2000, 3000)
 
 
 @dataclasses.dataclass
@@ -298,6 +304,16 @@ def fill(first: FirstPass, train_volume: Path, config: AgglomerationConfig) -> d
         print(f"{name:7s} VI {s['vi_split']:.3f} / {s['vi_merge']:.3f} / {s['vi']:.3f}  ARE "
               f"{s['adapted_rand_error']:.3f}  segments {s['segments']}")  # fmt: skip
     print(f"unsegmented (labelled voxels of the scored part): {unsegmented:.1%}; {seconds}")
+    result["dropped_then_filled"] = []
+    sizes = total_sizes([segment_sizes(first.segmentation)])
+    for min_size in FILL_MIN_SIZES:
+        small = small_objects(sizes, (np.zeros(0, np.uint64),) * 2, min_size)
+        kept = fastremap.mask(first.segmentation, small)
+        s = scores(fill_unsegmented(kept, boundary), first)
+        result["dropped_then_filled"].append({"fill_min_size": min_size, "dropped": len(small)} | s)
+        print(f"objects under {min_size:4d} voxels dropped ({len(small):3d}), then filled: VI "
+              f"{s['vi_split']:.3f} / {s['vi_merge']:.3f} / {s['vi']:.3f}  ARE "
+              f"{s['adapted_rand_error']:.3f}  segments {s['segments']}")  # fmt: skip
     result["oracle_filled"] = oracle(dataclasses.replace(first, segmentation=filled), config)
     return result
 

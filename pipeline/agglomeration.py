@@ -26,7 +26,9 @@ that only one run made, at the price of the splits either made, which agglomerat
 
 The fill (`fill_unsegmented`, last): every voxel the first pass left 0 goes to the segment whose
 basin it lies in, a watershed from the segments over a learned boundary map; the relabel tasks
-do it part by part with a margin of context (`filled_part`).
+do it part by part with a margin of context (`filled_part`). Before it, objects under
+`fill_min_size` voxels in the whole volume (`segment_sizes` per part, `total_sizes`,
+`small_objects`) are set to 0, so their voxels go to their neighbours alike.
 
 Coordinates are (z, y, x) voxels throughout. Images and segmentations are read through callables
 that take a tuple of slices, so the same code serves in-memory arrays, HDF5, zarr or precomputed.
@@ -54,6 +56,10 @@ from pipeline.stitching import block_core
 
 Reader = Callable[[tuple[slice, ...]], np.ndarray]
 Box = tuple[slice, ...]
+
+
+# The settings of the fill of unsegmented voxels (`AgglomerationConfig.part_settings`).
+FILL_SETTINGS = ("fill_unsegmented", "fill_margin", "fill_min_size")
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,13 @@ class AgglomerationConfig:
     # Voxels of context around each part of the layer the fill floods in: a basin is cut off at
     # a part's edge only beyond them.
     fill_margin: int = 16
+    # Before the fill, objects under this many voxels (in the whole volume, after the pair
+    # merges) are dropped and their voxels filled from their neighbours like the unsegmented
+    # ones; 0 keeps every object. google/ffn recommends 1,000 as inference's min_segment_size;
+    # dropping them here costs no FOV evaluation, where inference would try again every seed
+    # inside a dropped object (on the FlyEM evaluated part, more seeds than the whole first
+    # pass tried: BENCHMARKS.md). Needs `fill_unsegmented`.
+    fill_min_size: int = 0
 
     def __post_init__(self) -> None:
         if self.window_radius_fovs < 0.5:
@@ -123,9 +136,15 @@ class AgglomerationConfig:
         for name in ("min_contact", "max_fov_evaluations_per_fill"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_gap < 0 or self.fill_margin < 0:
+        if min(self.max_gap, self.fill_margin, self.fill_min_size) < 0:
             raise ConfigError(
-                f"max_gap and fill_margin must be >= 0, got {self.max_gap}, {self.fill_margin}"
+                "max_gap, fill_margin and fill_min_size must be >= 0, got "
+                f"{self.max_gap}, {self.fill_margin}, {self.fill_min_size}"
+            )
+        if self.fill_min_size and not self.fill_unsegmented:
+            raise ConfigError(
+                "fill_min_size drops objects for the fill to give their voxels away: it needs "
+                "fill_unsegmented = true"
             )
         for name in ("min_jaccard", "min_recovered"):
             if not 0 < getattr(self, name) <= 1:
@@ -144,7 +163,7 @@ class AgglomerationConfig:
         return {
             k: v
             for k, v in dataclasses.asdict(self).items()
-            if k not in ("enabled", "consensus", "min_jaccard", "min_recovered", *self.part_settings())
+            if k not in ("enabled", "consensus", "min_jaccard", "min_recovered", *FILL_SETTINGS)
         }  # fmt: skip
 
     @property
@@ -153,8 +172,10 @@ class AgglomerationConfig:
         return self.enabled or self.fill_unsegmented
 
     def part_settings(self) -> dict:
-        """What the layer's parts depend on beyond the merges: the unsegmented voxels' fill."""
-        return {"fill_unsegmented": self.fill_unsegmented, "fill_margin": self.fill_margin}
+        """What the layer's parts depend on beyond the merges: the unsegmented voxels' fill.
+        Without `fill_min_size`, as before it was added (finished runs stay done)."""
+        kept = FILL_SETTINGS if self.fill_min_size else FILL_SETTINGS[:2]
+        return {k: getattr(self, k) for k in kept}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,6 +475,47 @@ def fill_unsegmented(segmentation: np.ndarray, boundary: np.ndarray) -> np.ndarr
     flooded = watershed(boundary, markers.astype(np.int32))
     back = {new: old for old, new in mapping.items()}
     return fastremap.remap(flooded, back, preserve_missing_labels=True).astype(np.uint64)
+
+
+def segment_sizes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, voxels): every non-0 id of `labels` (sorted, uint64) and how many voxels it has."""
+    ids, counts = fastremap.unique(labels, return_counts=True)
+    return ids[ids != 0].astype(np.uint64), counts[ids != 0].astype(np.int64)
+
+
+def total_sizes(
+    tables: Iterable[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """`segment_sizes` of parts of a volume summed into the whole volume's."""
+    tables = list(tables)
+    ids = np.concatenate([np.zeros(0, np.uint64), *(t[0] for t in tables)])
+    counts = np.concatenate([np.zeros(0, np.int64), *(t[1] for t in tables)])
+    unique, where = np.unique(ids, return_inverse=True)
+    return unique, np.bincount(where, weights=counts, minlength=len(unique)).astype(np.int64)
+
+
+def small_objects(
+    sizes: tuple[np.ndarray, np.ndarray],
+    merges: tuple[np.ndarray, np.ndarray],
+    min_size: int,
+) -> np.ndarray:
+    """The ids, after `merges` (`merge_lookup`'s ids and targets), of the objects under
+    `min_size` voxels in all; `sizes` is the whole volume's `total_sizes` before the merges."""
+    ids, counts = sizes
+    merged = relabel(ids.copy(), *merges) if len(merges[0]) else ids
+    objects, where = np.unique(merged, return_inverse=True)
+    totals = np.bincount(where, weights=counts, minlength=len(objects))
+    return objects[totals < min_size]
+
+
+def save_sizes(path: str | Path, ids: np.ndarray, counts: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, ids=ids, counts=counts)
+
+
+def load_sizes(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path) as f:
+        return f["ids"], f["counts"]
 
 
 def filled_part(

@@ -31,6 +31,8 @@ STAGE_OF_APP = {
     "decide_core": "agglomerate",
     "merge_pairs": "agglomerate",
     "boundary_forest": "agglomerate",
+    "count_part": "agglomerate",
+    "sum_sizes": "agglomerate",
     "relabel_merged_part": "agglomerate",
     "finish_agglomeration": "agglomerate",
     "count_region": "evaluate",
@@ -254,6 +256,11 @@ def write_report(run_dir: str | Path) -> Path:
             "Every voxel the fills left unsegmented joined the segment whose basin it lies in, "
             "flooding a boundary map learned on the training part.",
         ]  # fmt: skip
+        if agglomerated.get("fill_min_size"):
+            lines[-1] += (
+                f" First, {agglomerated['dropped_objects']} objects under "
+                f"{agglomerated['fill_min_size']} voxels were dropped, their voxels filled alike."
+            )
     evaluation = _read_json(run_dir / "evaluation.json")
     if evaluation:
         lines += [

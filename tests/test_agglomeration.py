@@ -32,7 +32,10 @@ from pipeline.agglomeration import (
     relabel,
     save_contact_table,
     save_decisions,
+    segment_sizes,
+    small_objects,
     split_consensus,
+    total_sizes,
 )
 from pipeline.blocks import BlockConfig, plan_blocks
 from pipeline.errors import ConfigError, VolumeShapeError
@@ -303,6 +306,31 @@ def test_a_part_filled_with_the_whole_as_context_is_the_whole_filled(tissue):
     assert narrow.all() and (narrow == whole[part]).mean() > 0.9
 
 
+def test_objects_too_small_in_the_whole_volume_are_filled_from_their_neighbours():
+    """Sizes counted part by part and summed are the whole volume's; an object is small by its
+    size after the merges (two small pieces merged are kept); a dropped object's voxels go to
+    the neighbour on their side of the membrane."""
+    segmentation = np.zeros((2, 4, 12), np.uint64)
+    segmentation[..., :4] = 1  # 32 voxels
+    segmentation[..., 4:5] = 2  # 8 voxels, alone: dropped
+    segmentation[..., 6:7], segmentation[..., 7:8] = 3, 4  # 8 + 8, merged into one of 16: kept
+    segmentation[..., 8:] = 5
+    parts = [np.s_[:, :, :5], np.s_[:, :, 5:]]
+    sizes = total_sizes(segment_sizes(segmentation[p]) for p in parts)
+    assert [a.tolist() for a in sizes] == [[1, 2, 3, 4, 5], [32, 8, 8, 8, 32]]
+    merges = merge_lookup(np.array([[3, 4]], np.uint64))
+    assert small_objects(sizes, merges, 10).tolist() == [2]
+    assert small_objects(sizes, merges, 17).tolist() == [2, 3]  # 3 and 4 became 3: 16 voxels
+    kept = relabel(segmentation.copy(), *merges)
+    kept[kept == 2] = 0
+    boundary = np.full(segmentation.shape, 0.1, np.float32)
+    boundary[..., 5] = 0.9  # the membrane between 2's voxels and 3's side
+    filled = fill_unsegmented(kept, boundary)
+    np.testing.assert_array_equal(filled[..., 4], 1)  # 2's voxels: 1's side of the membrane
+    assert set(np.unique(filled).tolist()) == {1, 3, 5}
+    assert total_sizes([])[0].size == 0  # a volume with no object
+
+
 # ---------------------------------------------------------------------------------------------
 # Settings
 
@@ -314,8 +342,10 @@ def test_a_part_filled_with_the_whole_as_context_is_the_whole_filled(tissue):
         ({"analysis_radius_fovs": 0}, "analysis_radius_fovs must be in"),
         ({"analysis_radius_fovs": 2.0}, "analysis_radius_fovs must be in"),
         ({"min_contact": 0}, "min_contact must be >= 1"),
-        ({"max_gap": -1}, "max_gap and fill_margin must be >= 0"),
-        ({"fill_margin": -1}, "max_gap and fill_margin must be >= 0"),
+        ({"max_gap": -1}, "max_gap, fill_margin and fill_min_size must be >= 0"),
+        ({"fill_margin": -1}, "max_gap, fill_margin and fill_min_size must be >= 0"),
+        ({"fill_unsegmented": True, "fill_min_size": -1}, "fill_min_size must be >= 0"),
+        ({"fill_min_size": 1000}, "it needs fill_unsegmented = true"),
         ({"max_fov_evaluations_per_fill": 0}, "max_fov_evaluations_per_fill must be >= 1"),
         ({"min_jaccard": 0}, "min_jaccard must be in"),
         ({"min_recovered": 1.5}, "min_recovered must be in"),
@@ -415,15 +445,15 @@ def read_layer(folder) -> np.ndarray:
 @pytest.mark.slow
 def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path):
     """Inference only (the shipped demo model) on the tiny synthetic volume, with
-    `[agglomeration] enabled`, `consensus` and `fill_unsegmented`: both passes are stitched aside,
-    their consensus beside them, and the agglomeration of the consensus is the export's
-    segmentation (the consensus with the recorded merges applied, its 0s filled); evaluation scores each step; a resume finds
-    everything up to date."""
+    `[agglomeration] enabled`, `consensus`, `fill_unsegmented` and `fill_min_size`: both passes
+    are stitched aside, their consensus beside them, and the agglomeration of the consensus is the
+    export's segmentation (the consensus with the recorded merges applied, its small objects
+    dropped, its 0s filled); evaluation scores each step; a resume finds everything up to date."""
     from workflow_runs import ROOT, segmentation, tiny_variant, workflow
 
     config = tiny_variant(tmp_path, "agglomerate", {
         'name = "tiny"': f'name = "tiny-agglomerate"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"',
-        "[export]": "[agglomeration]\nenabled = true\nconsensus = true\nfill_unsegmented = true\n\n[export]",
+        "[export]": "[agglomeration]\nenabled = true\nconsensus = true\nfill_unsegmented = true\nfill_min_size = 100\n\n[export]",
     })  # fmt: skip
     run = tmp_path / "run"
     workflow("--config", str(config), "--run-dir", str(run))
@@ -438,21 +468,58 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     assert summary["pairs"] > 0 and summary["fov_evaluations"] > 0
     with np.load(run / "agglomerate" / "merges.npz") as merges:
         merged = relabel(consensus.copy(), merges["ids"], merges["targets"])
-    # Then every voxel left 0 is filled from the segments over the learned boundary map.
+    # Then objects under 100 voxels are dropped, and every voxel left 0 is filled from the
+    # segments over the learned boundary map.
+    ids, sizes = np.unique(merged[merged > 0], return_counts=True)
+    dropped = ids[sizes < 100]
+    assert len(dropped) and summary["dropped_objects"] == len(dropped)
+    kept = (merged > 0) & ~np.isin(merged, dropped)
     exported = segmentation(run)
     assert (merged == 0).any() and exported.all()
-    np.testing.assert_array_equal(exported[merged > 0], merged[merged > 0])
-    assert set(np.unique(exported)) <= set(np.unique(merged))
+    np.testing.assert_array_equal(exported[kept], merged[kept])
+    assert set(np.unique(exported)) == set(ids[sizes >= 100])
     assert (run / "agglomerate" / "boundary_forest.joblib").is_file()
     scores = json.loads((run / "evaluation.json").read_text())
     assert {"ffn", "ffn_first_pass", "ffn_consensus"} <= set(scores)
     report = (run / "report.md").read_text()
     assert "## Consensus" in report and "## Agglomeration" in report
     assert "| ffn + consensus + agglomeration + fill |" in report
+    assert f"First, {len(dropped)} objects under 100 voxels were dropped" in report
     assert "| ffn, first pass only |" in report and "| ffn + consensus (before" in report
     assert (run / "precomputed" / "export.json").is_file()
     resumed = workflow("--run-dir", str(run), "--resume")
     assert "nothing to do" in resumed.stdout + resumed.stderr
+
+
+def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_are_filled(
+    tmp_path,
+):
+    """`fill_min_size` adds a size count per part of the layer and their sum, an input of every
+    relabel task; without it the plan has neither (finished runs stay done)."""
+    import workflow as cli
+    from pipeline.run_config import RunConfig
+    from site_configs import local
+
+    def plan(**fill):
+        config = replace(
+            RunConfig(), agglomeration=AgglomerationConfig(fill_unsegmented=True, **fill)
+        )
+        return {s.task.name: s for s in cli.dag_steps(config, cli.RunPaths(tmp_path), local.SITE)}
+
+    steps = plan(fill_min_size=1000)
+    counts = [n for n in steps if n.startswith("agglomerate[sizes ")]
+    relabels = [n for n in steps if n.startswith("agglomerate[relabel ")]
+    assert counts and len(counts) == len(relabels) and "agglomerate[sizes]" in steps
+    names = list(steps)
+    assert (
+        max(map(names.index, counts)) < names.index("agglomerate[sizes]") < names.index(relabels[0])
+    )
+    sizes = tmp_path / "agglomerate" / "sizes.npz"
+    assert all(sizes in steps[n].task.inputs for n in [*relabels, "agglomerate"])
+    assert steps[relabels[0]].task.settings["agglomeration"]["fill_min_size"] == 1000
+    unchanged = plan()
+    assert not [n for n in unchanged if n.startswith("agglomerate[sizes")]
+    assert "fill_min_size" not in unchanged[relabels[0]].task.settings["agglomeration"]
 
 
 def test_the_fill_alone_plans_no_pair_and_a_boundary_forest(tmp_path):

@@ -65,9 +65,17 @@ def test_the_fib25_runs_that_are_scored_share_one_second_pass_chosen_on_the_sele
     tuning = [c.agglomeration for c in fib25 if c.name.endswith("-selection")]
     # The fill floods a boundary map learned on a training part: the whole file's run has none.
     assert [c.fill_unsegmented for c in scored].count(True) == 2
-    unfilled = {replace(c, fill_unsegmented=False) for c in scored}
+    unfilled = {replace(c, fill_unsegmented=False, fill_min_size=0) for c in scored}
     assert len(scored) == 3 and len(unfilled) == 1 and scored[0].enabled
     assert len(tuning) == 2 and not any(c.enabled or c.consensus for c in tuning)
+
+
+def test_the_fib25_selection_runs_segment_as_the_runs_they_choose_for():
+    """What is chosen on a selection run's first pass holds for the scored run only if both
+    segment alike."""
+    fib25 = {p.stem: load_run_config(p) for p in CONFIGS if p.name.startswith("flyem_fib25")}
+    for scored in ("flyem_fib25", "flyem_fib25_bf16"):
+        assert fib25[scored].inference == fib25[f"{scored}_selection"].inference
 
 
 def test_the_whole_file_run_scores_every_section_and_learns_nothing_there():
