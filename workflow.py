@@ -687,27 +687,27 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     # The fill of unsegmented voxels: a boundary forest learned on the training part, its map
     # predicted and flooded part by part. Without it, the parts' settings are as before it was
     # added (runs stay done).
-    maps, written = [], base
+    fill_inputs, written = [], base
     if second.fill_unsegmented:
-        maps = [paths.boundary_forest, paths.eval_volume]
+        fill_inputs = [paths.boundary_forest, paths.eval_volume]
         written = {**base, "agglomeration": second.part_settings()}
         # The forest's settings are pipeline.boundary_watershed's defaults.
         steps.append(task_step("agglomerate[boundary forest]", {"boundary": "learned forest"},
-                               [paths.train_volume], maps[:1], "agglomerate.boundary_forest"))  # fmt: skip
+                               [paths.train_volume], fill_inputs[:1], "agglomerate.boundary_forest"))  # fmt: skip
     if second.fill_min_size:  # the objects' sizes in the whole volume: a count per part, a sum
         counts = [folder / "sizes" / f"{part_name(p)}.npz" for p in parts]
         steps += [task_step(f"agglomerate[sizes {k}]", {**base, "part": k}, [stitched], [counts[k]],
                             "agglomerate.count_part", first_pass) for k in range(len(parts))]  # fmt: skip
-        maps.append(folder / "sizes.npz")
+        fill_inputs.append(folder / "sizes.npz")
         steps.append(
-            task_step("agglomerate[sizes]", base, counts, maps[-1:], "agglomerate.sum_sizes")
+            task_step("agglomerate[sizes]", base, counts, fill_inputs[-1:], "agglomerate.sum_sizes")
         )
-    steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *maps],
+    steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *fill_inputs],
                         [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
               for k in range(len(parts))]  # fmt: skip
     filling = merging | second.part_settings() if second.fill_unsegmented else merging
     finish = {**base, "agglomeration": filling, "parts": len(parts)}
-    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *maps, *records, *decisions],
+    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *fill_inputs, *records, *decisions],
                            [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],
                            "agglomerate.finish_agglomeration", first_pass, export))  # fmt: skip
     return steps
