@@ -509,13 +509,11 @@ def small_objects(
 
 
 def save_sizes(path: str | Path, ids: np.ndarray, counts: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, ids=ids, counts=counts)
+    _save_arrays(path, ids=ids, counts=counts)
 
 
 def load_sizes(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(path) as f:
-        return f["ids"], f["counts"]
+    return _load_arrays(path, "ids", "counts")
 
 
 def filled_part(
@@ -673,10 +671,19 @@ def merged_pairs(decisions: Iterable[PairDecision], config: AgglomerationConfig)
 
 
 def save_merges(path: str | Path, ids: np.ndarray, targets: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, ids=ids, targets=targets)
+    _save_arrays(path, ids=ids, targets=targets)
 
 
 def load_merges(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    return _load_arrays(path, "ids", "targets")
+
+
+def _save_arrays(path: str | Path, **arrays: np.ndarray) -> None:
+    """Named arrays in one .npz, written whole or not at all."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _load_arrays(path: str | Path, *names: str) -> tuple[np.ndarray, ...]:
     with np.load(path) as f:
-        return f["ids"], f["targets"]
+        return tuple(f[name] for name in names)
