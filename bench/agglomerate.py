@@ -65,7 +65,6 @@ from pipeline.agglomeration import (  # noqa: E402
     relabel,
     segment_sizes,
     small_objects,
-    total_sizes,
 )
 from pipeline.boundary_watershed import learned_boundary_map  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
@@ -305,7 +304,7 @@ def fill(first: FirstPass, train_volume: Path, config: AgglomerationConfig) -> d
               f"{s['adapted_rand_error']:.3f}  segments {s['segments']}")  # fmt: skip
     print(f"unsegmented (labelled voxels of the scored part): {unsegmented:.1%}; {seconds}")
     result["dropped_then_filled"] = []
-    sizes = total_sizes([segment_sizes(first.segmentation)])
+    sizes = segment_sizes(first.segmentation)
     for min_size in FILL_MIN_SIZES:
         small = small_objects(sizes, (np.zeros(0, np.uint64),) * 2, min_size)
         kept = fastremap.mask(first.segmentation, small)

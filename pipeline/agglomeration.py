@@ -503,8 +503,7 @@ def small_objects(
     `min_size` voxels in all; `sizes` is the whole volume's `total_sizes` before the merges."""
     ids, counts = sizes
     merged = relabel(ids.copy(), *merges) if len(merges[0]) else ids
-    objects, where = np.unique(merged, return_inverse=True)
-    totals = np.bincount(where, weights=counts, minlength=len(objects))
+    objects, totals = total_sizes([(merged, counts)])
     return objects[totals < min_size]
 
 
