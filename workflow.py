@@ -89,8 +89,9 @@ _LAYOUT = {
     "consensus_summary": "agglomerate/consensus.json",
     "agglomerate_dir": "agglomerate",
     "agglomerate_summary": "agglomerate/agglomerate.json",
-    "boundary_forest": "agglomerate/boundary_forest.joblib",
     "evaluation": "evaluation.json",
+    # The learned watershed's forest, learned on the training part; the fill floods its map too.
+    "boundary_forest": "baseline/boundary_forest.joblib",
     "learned_baseline": "baseline/learned_watershed.h5",
     "learned_baseline_record": "baseline/learned_watershed.json",
     "counts_dir": "evaluation",
@@ -457,10 +458,15 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
         task_step("stage[eval]", role_settings(config.data, "eval", _eval_context(config)), source_files(config.data, "eval"),
               [paths.eval_volume], "stage.stage_volume"),
     ]  # fmt: skip
+    learns_forest = _learns_baseline(config) or config.agglomeration.fill_unsegmented
     if not config.pretrained_model:
         steps += _training_steps(config, paths, site)
-    elif _learns_baseline(config) or config.agglomeration.fill_unsegmented:
+    elif learns_forest:
         steps += _labelled_parts(config, paths)
+    if learns_forest:  # one forest for both: the baseline's map and the fill's
+        # Its settings are pipeline.boundary_watershed's defaults.
+        steps.append(task_step("evaluate[boundary forest]", {"boundary": "learned forest"}, [paths.train_volume],
+                               [paths.boundary_forest], "evaluate.boundary_forest"))  # fmt: skip
     blocks = plan_blocks(_eval_shape(config), config.blocks)
     passes = inference_passes(config, paths)
     for one in passes:
@@ -508,9 +514,9 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     # Only with a second pass: runs made before keep their evaluation.
     settings = {"watershed": config_io.to_dict(config.watershed)} | ({"also": also} if also else {})
     if _learns_baseline(config):
-        parts = [paths.train_volume, _selection_volume(config, paths), paths.eval_volume]
+        parts = [paths.boundary_forest, _selection_volume(config, paths), paths.eval_volume]
         learned = [paths.learned_baseline, paths.learned_baseline_record]
-        # The forest's and the tuning grid's settings are pipeline.boundary_watershed's defaults.
+        # The tuning grid's settings are pipeline.boundary_watershed's defaults.
         steps.append(task_step("evaluate[learned watershed]", {"baseline": "learned watershed"}, parts,
                                learned, "evaluate.learned_baseline"))  # fmt: skip
         settings, counts = settings | {"learned_watershed": True}, counts + learned[:1]
@@ -684,16 +690,13 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
         decisions = []
     steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
                            "agglomerate.merge_pairs", export))  # fmt: skip
-    # The fill of unsegmented voxels: a boundary forest learned on the training part, its map
-    # predicted and flooded part by part. Without it, the parts' settings are as before it was
-    # added (runs stay done).
+    # The fill of unsegmented voxels: the learned watershed's forest (dag_steps plans it), its
+    # map predicted and flooded part by part. Without it, the parts' settings are as before it
+    # was added (runs stay done).
     fill_inputs, written = [], base
     if second.fill_unsegmented:
         fill_inputs = [paths.boundary_forest, paths.eval_volume]
         written = {**base, "agglomeration": second.part_settings()}
-        # The forest's settings are pipeline.boundary_watershed's defaults.
-        steps.append(task_step("agglomerate[boundary forest]", {"boundary": "learned forest"},
-                               [paths.train_volume], fill_inputs[:1], "agglomerate.boundary_forest"))  # fmt: skip
     if second.fill_min_size:  # the objects' sizes in the whole volume: a count per part, a sum
         counts = [folder / "sizes" / f"{part_name(p)}.npz" for p in parts]
         steps += [task_step(f"agglomerate[sizes {k}]", {**base, "part": k}, [stitched], [counts[k]],

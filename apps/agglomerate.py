@@ -1,8 +1,8 @@
 """FFN's second pass after stitching (pipeline.agglomeration): the stitched first pass's touching
 pairs found per block core, one table of them, a decision task per core (two flood fills per
 pair around its contact), one table of merges, a relabel task per part of the export's
-segmentation layer writing it (with the fill, its 0s filled over the boundary map that a forest
-one task learns predicts part by part; with `fill_min_size`, the objects' voxels counted per part
+segmentation layer writing it (with the fill, its 0s filled over the boundary map that the
+learned watershed's forest, apps/evaluate.py's `boundary_forest`, predicts part by part; with `fill_min_size`, the objects' voxels counted per part
 and summed first, and the objects too small in all filled alike), then a check that every file
 is what its task wrote.
 
@@ -61,19 +61,6 @@ def join_pairs(settings: dict, inputs=(), outputs=()):
         return digest_files([output])
 
     return run_once(settings, [f.filepath for f in inputs], [output], work)
-
-
-@python_app(executors=[CPU_LABEL])
-def boundary_forest(settings: dict, inputs=(), outputs=()):
-    """inputs[0]: the staged training part; outputs[0]: the boundary forest learned there
-    (joblib), whose map of the volume the fill of unsegmented voxels floods."""
-    from pipeline.evaluation import learn_boundary_forest
-    from pipeline.staging import read_staged
-    from pipeline.stamps import run_once
-
-    train, output = read_staged(inputs[0].filepath), outputs[0].filepath
-    return run_once(settings, [inputs[0].filepath], [output],
-                    lambda: learn_boundary_forest(train, output))  # fmt: skip
 
 
 @python_app(executors=[CPU_LABEL])
@@ -321,16 +308,15 @@ def small_objects_of(config, inputs, merges):
 def boundary_reader(config, settings: dict, inputs):
     """When the fill is on, a reader of the volume's boundary map (box -> P(boundary)), predicted
     box by box by the forest (inputs: the forest, the staged volume); else None."""
-    import joblib
-
     from pipeline.boundary_watershed import BoundaryForestConfig, box_boundary_probability
+    from pipeline.evaluation import load_boundary_forest
     from pipeline.staging import read_staged
     from pipeline.volumes import open_volume
 
     if not config.fill_unsegmented:
         yield None
         return
-    forest = joblib.load(inputs[0].filepath)
+    forest = load_boundary_forest(inputs[0].filepath)
     with open_volume(read_staged(inputs[1].filepath).raw) as raw:
         yield lambda box: box_boundary_probability(
             forest, raw.__getitem__, box, settings["shape"], BoundaryForestConfig()

@@ -1,6 +1,7 @@
 """Score the FFN segmentation and the watershed baseline against the ground truth: a task per
 region counts the overlaps of its part (pipeline.evaluation), the last sums and scores; the
-learned baseline, where the run has a labelled training part, is a task of its own."""
+learned baseline, where the run has a labelled training part, is a task of its own, over the map
+of a boundary forest learned there by another (which the second pass's fill also takes)."""
 
 from parsl import python_app
 
@@ -30,9 +31,23 @@ def count_region(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 @python_app(executors=[CPU_LABEL])
+def boundary_forest(settings: dict, inputs=(), outputs=()):
+    """inputs[0]: the staged training part; outputs[0]: the boundary forest learned there
+    (joblib): the learned watershed's map, and the one the second pass's fill floods."""
+    from pipeline.evaluation import learn_boundary_forest
+    from pipeline.staging import read_staged
+    from pipeline.stamps import run_once
+
+    train, output = read_staged(inputs[0].filepath), outputs[0].filepath
+    return run_once(settings, [inputs[0].filepath], [output],
+                    lambda: learn_boundary_forest(train, output))  # fmt: skip
+
+
+@python_app(executors=[CPU_LABEL])
 def learned_baseline(settings: dict, inputs=(), outputs=()):
-    """settings: {"baseline": "learned watershed"}; inputs: the staged training, selection and
-    evaluated volumes; outputs: the segmentation (HDF5) and its record (.json)."""
+    """settings: {"baseline": "learned watershed"}; inputs: the boundary forest (`boundary_forest`),
+    the staged selection and evaluated volumes; outputs: the segmentation (HDF5) and its record
+    (.json)."""
     from pipeline.evaluation import learned_baseline
     from pipeline.staging import read_staged
     from pipeline.stamps import run_once
@@ -41,7 +56,7 @@ def learned_baseline(settings: dict, inputs=(), outputs=()):
     segmentation, record = (f.filepath for f in outputs)
 
     def work() -> None:
-        learned_baseline(*map(read_staged, paths), segmentation, record)
+        learned_baseline(paths[0], *map(read_staged, paths[1:]), segmentation, record)
 
     return run_once(settings, paths, [segmentation, record], work)
 

@@ -40,6 +40,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -52,13 +53,18 @@ from agglomerate import read_array, staged_eval  # noqa: E402  (bench/agglomerat
 from machine import write_result  # noqa: E402  (bench/machine.py)
 
 from pipeline.agglomeration import relabel  # noqa: E402
-from pipeline.boundary_watershed import learned_watershed  # noqa: E402
+from pipeline.boundary_watershed import (  # noqa: E402
+    BoundaryForestConfig,
+    learned_watershed,
+    train_boundary_forest,
+)
 from pipeline.config import save_json  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
 from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
 from pipeline.roi import Roi  # noqa: E402
 from pipeline.run_config import load_run_config  # noqa: E402
+from pipeline.stamps import read_stamp  # noqa: E402
 
 CONFIGS = {
     "FFN trained here": "configs/flyem.toml",
@@ -223,10 +229,11 @@ def _runs_watershed(run_dir: Path) -> dict:
     part, truth = _staged(run_dir)
     record = json.loads((run_dir / "baseline/learned_watershed.json").read_text())
     segmentation = _read(run_dir / "baseline/learned_watershed.h5", "segmentation")[part]
+    forest = read_stamp(run_dir / "baseline/boundary_forest.joblib")  # a task of its own
     return _scored(segmentation, truth) | {
         "params": record["params"],
         "tuning_trials": len(record["tuning_trials"]),
-        "train_s": record["seconds"]["train"],
+        "train_s": forest["measured"]["seconds"],
         "select_s": record["seconds"]["tune"],
         "infer_s": record["seconds"]["segment"],
     }
@@ -236,8 +243,15 @@ def _forest_watershed(parts: Path, run_dir: Path) -> dict:
     """Learn on the training part, tune on the selection part (both staged in `parts`), segment
     the run's staged volume."""
     staged = staged_eval(run_dir)
+    started = time.perf_counter()
+    forest = train_boundary_forest(
+        _read(parts / "train.h5", "raw"),
+        _read(parts / "train.h5", "labels"),
+        BoundaryForestConfig(),
+    )
+    learnt = time.perf_counter() - started
     result = learned_watershed(
-        (_read(parts / "train.h5", "raw"), _read(parts / "train.h5", "labels")),
+        forest,
         (_read(parts / "select.h5", "raw"), _read(parts / "select.h5", "labels")),
         read_array(staged.raw),
     )
@@ -245,7 +259,7 @@ def _forest_watershed(parts: Path, run_dir: Path) -> dict:
     return _scored(result.segmentation[part], truth) | {
         "params": result.params.__dict__,
         "tuning_trials": len(result.trials),
-        "train_s": result.seconds["train"],
+        "train_s": learnt,
         "select_s": result.seconds["tune"],
         "infer_s": result.seconds["segment"],
     }

@@ -185,8 +185,8 @@ def tune_watershed(
 
 @dataclass(frozen=True, eq=False)
 class LearnedWatershed:
-    """A volume segmented the way a lab would before FFN: the forest learned on a training part,
-    the watershed tuned on a selection part (every trial kept), and the seconds each took."""
+    """A volume segmented the way a lab would before FFN: the watershed over a forest's map,
+    tuned on a selection part (every trial kept), and the seconds each step took."""
 
     segmentation: np.ndarray
     params: WatershedParams
@@ -199,21 +199,18 @@ class LearnedWatershed:
 
 
 def learned_watershed(
-    train: tuple[np.ndarray, np.ndarray],
+    forest: RandomForestClassifier,
     select: tuple[np.ndarray, np.ndarray],
     raw: np.ndarray,
     config: BoundaryForestConfig | None = None,
 ) -> LearnedWatershed:
-    """Learn the boundary forest on `train` (image, labels), tune the watershed on `select`
-    (image, labels), segment `raw`; no part sees another's labels."""
+    """Tune the watershed over `forest`'s map (learned on a training part by
+    `train_boundary_forest`) on `select` (image, labels), segment `raw`; no part sees another's
+    labels."""
     config = config or BoundaryForestConfig()
     started = time.perf_counter()
-    forest = train_boundary_forest(*train, config)
-    trained = time.perf_counter()
     params, trials = tune_watershed(boundary_probability(forest, select[0], config), select[1])
     tuned = time.perf_counter()
     segmentation = watershed_segmentation(boundary_probability(forest, raw, config), params)
-    seconds = {"train": trained - started, "tune": tuned - trained}
-    return LearnedWatershed(
-        segmentation, params, trials, seconds | {"segment": time.perf_counter() - tuned}
-    )
+    seconds = {"tune": tuned - started, "segment": time.perf_counter() - tuned}
+    return LearnedWatershed(segmentation, params, trials, seconds)

@@ -5,8 +5,9 @@ per region of the volume (`count_regions`, `count_region`) counts its part, read
 and one last task sums them and scores (`score_volume`), so no task holds the volume and the
 counting spreads over the workers. The baseline is a watershed for volumes that fit in memory
 (`WatershedConfig.enabled`): where the run has a labelled training part, the one a lab would
-tune (`learned_baseline`, a task of its own: a boundary forest learned there, tuned on the
-selection part); else the edge-distance watershed, segmented in that last task.
+tune (`learned_baseline`, a task of its own: over the map of a boundary forest learned there,
+`learn_boundary_forest`, tuned on the selection part); else the edge-distance watershed,
+segmented in that last task.
 `evaluate_volume` does it all in one process.
 """
 
@@ -24,6 +25,7 @@ from pipeline.metrics import (
     OverlapCounts,
     WatershedConfig,
     count_overlaps,
+    largest_errors,
     score_counts,
     truth_in_pieces,
     watershed_baseline,
@@ -80,10 +82,11 @@ def score_volume(
     given. The watershed segments the whole image and is scored on the same part. `also`: more
     segmentations' counts to score under their keys (FFN's steps before its second pass's end).
     `learned`: the spec of `learned_baseline`'s segmentation, scored as "learned_watershed"
-    instead of the edge-distance watershed. With the baseline (the part in memory) also
+    instead of the edge-distance watershed. "largest_errors": the bodies FFN splits most and
+    the segments that merge most (`largest_errors`). With the baseline (the part in memory) also
     "truth_in_pieces": the split the part's own ground truth costs (`truth_in_pieces`)."""
     watershed = watershed or WatershedConfig()
-    result = {"ffn": score_counts(counts).to_dict()}
+    result = {"ffn": score_counts(counts).to_dict(), "largest_errors": largest_errors(counts)}
     for key, more in (also or {}).items():
         result[key] = score_counts(more).to_dict()
     if watershed.enabled:
@@ -137,7 +140,8 @@ def image_and_labels(part: StagedVolume) -> tuple[np.ndarray, np.ndarray]:
 
 def learn_boundary_forest(train: StagedVolume, path: str | Path) -> None:
     """The learned watershed's forest (its default settings) learned on `train`, saved
-    atomically to `path` (joblib), for the second pass's fill to predict part by part."""
+    atomically to `path` (joblib): the baseline's map, and the one the second pass's fill
+    floods part by part."""
     import joblib
 
     from pipeline.boundary_watershed import BoundaryForestConfig, train_boundary_forest
@@ -147,21 +151,30 @@ def learn_boundary_forest(train: StagedVolume, path: str | Path) -> None:
         joblib.dump(forest, tmp)
 
 
+def load_boundary_forest(path: str | Path):
+    """The forest `learn_boundary_forest` saved (a scikit-learn RandomForestClassifier)."""
+    import joblib
+
+    return joblib.load(path)
+
+
 def learned_baseline(
-    train: StagedVolume,
+    forest_path: str | Path,
     select: StagedVolume,
     volume: StagedVolume,
     segmentation_path: str | Path,
     record_path: str | Path,
 ) -> None:
-    """The learned-boundary watershed of `volume` (its forest learned on `train`, tuned on
-    `select`), written atomically: the segmentation as `segmentation_path:segmentation` (HDF5,
-    the whole volume with its context) and the record (parameters, tuning trials, seconds)."""
+    """The learned-boundary watershed of `volume` (over the map of the forest at `forest_path`,
+    learned on the training part; tuned on `select`), written atomically: the segmentation as
+    `segmentation_path:segmentation` (HDF5, the whole volume with its context) and the record
+    (parameters, tuning trials, seconds)."""
     # scikit-learn takes seconds to import: not when the workflow only plans its tasks.
     from pipeline.boundary_watershed import learned_watershed
 
     raw, voxel_size = read_raw(volume.raw, volume.voxel_size_nm)
-    result = learned_watershed(image_and_labels(train), image_and_labels(select), raw)
+    forest = load_boundary_forest(forest_path)
+    result = learned_watershed(forest, image_and_labels(select), raw)
     write_volumes(segmentation_path, {"segmentation": result.segmentation}, voxel_size)
     with atomic_path(record_path) as tmp:
         tmp.write_text(json.dumps(result.record(), indent=2) + "\n")

@@ -264,6 +264,40 @@ def truth_in_pieces(truth: np.ndarray) -> dict:
     }
 
 
+def largest_errors(counts: OverlapCounts, n: int = 5, overlaps: int = 4) -> dict:
+    """Where a proofreader would look first: the `n` ground-truth bodies that add most to VI
+    split and the `n` segments that add most to VI merge (each object's share, bits; all of them
+    sum to the scores' VI split and merge; segment 0, the unsegmented voxels, counts as the scores
+    count it), each with its `overlaps` largest overlaps. {"split": [{"id", "voxels", "bits",
+    "largest": [[other id, voxels], ...]}, ...], "merge": [...]}, largest share first."""
+    total = counts.voxels.sum()
+
+    def shares(ids: np.ndarray, others: np.ndarray) -> list[dict]:
+        order = np.lexsort((-counts.voxels, ids))  # by object, its largest overlap first
+        ids, others, voxels = ids[order], others[order], counts.voxels[order]
+        objects, first, pairs = np.unique(ids, return_index=True, return_counts=True)
+        sizes = np.add.reduceat(voxels, first)
+        fraction = voxels / np.repeat(sizes, pairs)
+        bits = -np.add.reduceat(voxels * np.log2(fraction), first) / total
+        rows = []
+        for i in np.argsort(-bits, kind="stable")[:n]:
+            if bits[i] <= 0:
+                break
+            largest = slice(first[i], first[i] + min(pairs[i], overlaps))
+            rows.append({
+                "id": int(objects[i]), "voxels": int(sizes[i]), "bits": float(bits[i]),
+                "largest": [[int(o), int(v)] for o, v in zip(others[largest], voxels[largest], strict=True)],
+            })  # fmt: skip
+        return rows
+
+    if not total:
+        raise ConfigError("ground truth has no labeled voxel: nothing to score")
+    return {
+        "split": shares(counts.truth_ids, counts.predicted_ids),
+        "merge": shares(counts.predicted_ids, counts.truth_ids),
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # Baseline
 

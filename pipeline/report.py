@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 from pipeline.atomic import atomic_path
+from pipeline.stamps import read_stamp
 
 # Parsl app function names -> the stage names the workflow prints.
 STAGE_OF_APP = {
@@ -30,12 +31,12 @@ STAGE_OF_APP = {
     "join_pairs": "agglomerate",
     "decide_core": "agglomerate",
     "merge_pairs": "agglomerate",
-    "boundary_forest": "agglomerate",
     "count_part": "agglomerate",
     "sum_sizes": "agglomerate",
     "relabel_merged_part": "agglomerate",
     "finish_agglomeration": "agglomerate",
     "count_region": "evaluate",
+    "boundary_forest": "evaluate",
     "learned_baseline": "evaluate",
     "evaluate": "evaluate",
     "begin_export": "export",
@@ -66,6 +67,31 @@ def _truth_in_pieces_lines(pieces: dict | None) -> list[str]:
         f"costs: {pieces['bodies_in_pieces']} of its {pieces['bodies']} bodies lie in pieces there "
         "(joined outside it), which no segmentation of connected segments joins without merging.",
     ]  # fmt: skip
+
+
+def _largest_errors_lines(errors: dict | None) -> list[str]:
+    """The bodies split most and the segments that merge most: where to proofread first."""
+    if not errors or not (errors["split"] or errors["merge"]):
+        return []
+
+    def named(i: int) -> str:
+        return str(i) if i else "unsegmented"
+
+    lines = ["", "## Where FFN errs most", "",
+             "The ground-truth bodies that add most to VI split, and the segments that add most to "
+             "VI merge (segment ids as in the export: select them in Neuroglancer):", ""]  # fmt: skip
+    columns = {"split": ("body", "segments"), "merge": ("segment", "bodies")}
+    for side, (what, other) in columns.items():
+        if errors[side]:
+            header = f"| {what} | voxels | VI {side} (bits) | its largest {other} (voxels) |"
+            lines += [header, "|---|---|---|---|"]
+            for row in errors[side]:
+                largest = ", ".join(f"{named(i)} ({v:,})" for i, v in row["largest"])
+                lines.append(
+                    f"| {named(row['id'])} | {row['voxels']:,} | {row['bits']:.3f} | {largest} |"
+                )
+            lines.append("")
+    return lines[:-1]
 
 
 def _query(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
@@ -286,11 +312,16 @@ def write_report(run_dir: str | Path) -> Path:
     if learned and "learned_watershed" in evaluation:
         params = ", ".join(f"{k} {v}" for k, v in learned["params"].items())
         seconds = learned["seconds"]
+        # The forest is a task of its own (the fill takes it too): its stamp holds its time.
+        forest = read_stamp(run_dir / "baseline" / "boundary_forest.joblib") or {}
+        learn = forest.get("measured", {}).get("seconds")
+        learnt = f"{learn:.0f} s to learn the forest, " if learn is not None else ""
         lines += [
             "", f"The learned watershed: {params} (the best of {len(learned['tuning_trials'])} "
-            f"tried on the selection part); {seconds['train']:.0f} s to learn, {seconds['tune']:.0f} s "
-            f"to tune, {seconds['segment']:.0f} s to segment.",
+            f"tried on the selection part); {learnt}{seconds['tune']:.0f} s to tune, "
+            f"{seconds['segment']:.0f} s to segment.",
         ]  # fmt: skip
+    lines += _largest_errors_lines(evaluation.get("largest_errors") if evaluation else None)
     if (run_dir / "precomputed").is_dir():
         lines += ["", f"Neuroglancer: `python workflow.py view --run-dir {run_dir}`"]
     with atomic_path(run_dir / "report.md") as tmp:

@@ -478,7 +478,7 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     assert (merged == 0).any() and exported.all()
     np.testing.assert_array_equal(exported[kept], merged[kept])
     assert set(np.unique(exported)) == set(ids[sizes >= 100])
-    assert (run / "agglomerate" / "boundary_forest.joblib").is_file()
+    assert (run / "baseline" / "boundary_forest.joblib").is_file()
     scores = json.loads((run / "evaluation.json").read_text())
     assert {"ffn", "ffn_first_pass", "ffn_consensus"} <= set(scores)
     report = (run / "report.md").read_text()
@@ -522,16 +522,25 @@ def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_a
     assert "fill_min_size" not in unchanged[relabels[0]].task.settings["agglomeration"]
 
 
-def test_the_fill_alone_plans_no_pair_and_a_boundary_forest(tmp_path):
+def test_the_fill_alone_plans_no_pair_and_the_learned_watersheds_forest(tmp_path):
     """`fill_unsegmented` without `enabled` (the demo's second pass): no pairs are found or
-    decided, the layer's parts are filled over the map of a forest learned on the training part."""
+    decided, the layer's parts are filled over the map of the forest learned on the training
+    part, the one forest that the learned watershed's map is made by too."""
     import workflow as cli
     from pipeline.run_config import RunConfig
     from site_configs import local
 
     config = replace(RunConfig(), agglomeration=AgglomerationConfig(fill_unsegmented=True))
-    names = [s.task.name for s in cli.dag_steps(config, cli.RunPaths(tmp_path), local.SITE)]
+    steps = {s.task.name: s.task for s in cli.dag_steps(config, cli.RunPaths(tmp_path), local.SITE)}
+    names = list(steps)
     assert not [n for n in names if n.startswith(("agglomerate[pairs", "agglomerate[decide"))]
-    assert "agglomerate[boundary forest]" in names and "agglomerate[relabel 0]" in names
-    assert names.index("stage[train]") < names.index("agglomerate[boundary forest]")
-    assert names.index("agglomerate[boundary forest]") < names.index("agglomerate[relabel 0]")
+    assert [n for n in names if "forest" in n] == ["evaluate[boundary forest]"]
+    forest = steps["evaluate[boundary forest]"].outputs[0]
+    assert steps["evaluate[boundary forest]"].inputs == (tmp_path / "staged" / "train.h5",)
+    assert names.index("stage[train]") < names.index("evaluate[boundary forest]")
+    assert forest in steps["agglomerate[relabel 0]"].inputs
+    assert forest == steps["evaluate[learned watershed]"].inputs[0]
+    # Without the fill or the learned baseline, no forest.
+    neither = replace(RunConfig(), watershed=replace(RunConfig().watershed, learned=False))
+    names = [s.task.name for s in cli.dag_steps(neither, cli.RunPaths(tmp_path), local.SITE)]
+    assert "evaluate[boundary forest]" not in names

@@ -14,6 +14,7 @@ from pipeline.metrics import (
     OverlapCounts,
     SegmentationScores,
     count_overlaps,
+    largest_errors,
     score_counts,
     score_segmentation,
     truth_in_pieces,
@@ -112,6 +113,28 @@ def test_a_body_in_two_pieces_within_the_part_costs_every_segmentation_its_split
     whole[0, 0, 2] = 1  # joined inside the part: nothing to pay
     joined = truth_in_pieces(whole)
     assert joined["vi_split"] == 0 and joined["bodies_in_pieces"] == 0
+
+
+def test_the_largest_errors_name_the_split_body_and_the_merging_segment_and_sum_to_vi():
+    # Body 1 split into segments 5 (3 voxels) and 6 (1); segment 7 merges bodies 2 and 3; body 4
+    # right; one voxel of body 4 left unsegmented.
+    truth = row(1, 1, 1, 1, 2, 2, 3, 3, 3, 4, 4, 4)
+    segmentation = row(5, 5, 5, 6, 7, 7, 7, 7, 7, 8, 8, 0)
+    counts = OverlapCounts.of(truth, segmentation)
+    errors = largest_errors(counts, n=2, overlaps=1)
+    # p(body 1) H(3/4, 1/4), in bits, is body 1's share of VI split.
+    h = -(0.75 * np.log2(0.75) + 0.25 * np.log2(0.25))
+    assert errors["split"][0] == {"id": 1, "voxels": 4, "bits": pytest.approx(4 / 12 * h),
+                                  "largest": [[5, 3]]}  # fmt: skip
+    assert errors["split"][1]["id"] == 4  # its unsegmented voxel: a piece of its own
+    assert errors["merge"][0]["id"] == 7 and errors["merge"][0]["largest"] == [[3, 3]]
+    # Unsegmented voxels are a segment as the scores count them; named 0.
+    everything = largest_errors(counts, n=100)
+    assert [r["id"] for r in everything["merge"]] == [7]  # segment 0 holds one body: no merge
+    scores = score_counts(counts)
+    assert sum(r["bits"] for r in everything["split"]) == pytest.approx(scores.vi_split)
+    assert sum(r["bits"] for r in everything["merge"]) == pytest.approx(scores.vi_merge)
+    assert largest_errors(OverlapCounts.of(truth, truth)) == {"split": [], "merge": []}
 
 
 def test_bad_inputs_are_refused():

@@ -89,6 +89,27 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
         assert STAGE_OF_APP.get(app) == step.task.stage, step.task.name
 
 
+def test_the_report_names_the_bodies_split_most_and_the_segments_that_merge_most(tmp_path):
+    scores = {"vi_split": 0.6, "vi_merge": 0.3, "vi": 0.9, "adapted_rand_error": 0.04,
+              "split_objects": 8, "merged_segments": 3}  # fmt: skip
+    errors = {
+        "split": [
+            {"id": 135478, "voxels": 50198, "bits": 0.194, "largest": [[69, 10187], [0, 900]]}
+        ],
+        "merge": [{"id": 14, "voxels": 475926, "bits": 0.063, "largest": [[114488, 469440]]}],
+    }
+    (tmp_path / "evaluation.json").write_text(json.dumps({"ffn": scores, "largest_errors": errors}))
+    report = write_report(tmp_path).read_text()
+    assert "## Where FFN errs most" in report
+    assert "| 135478 | 50,198 | 0.194 | 69 (10,187), unsegmented (900) |" in report
+    assert "| 14 | 475,926 | 0.063 | 114488 (469,440) |" in report
+    nothing = {"split": [], "merge": []}
+    (tmp_path / "evaluation.json").write_text(
+        json.dumps({"ffn": scores, "largest_errors": nothing})
+    )
+    assert "errs most" not in write_report(tmp_path).read_text()
+
+
 def test_the_report_says_how_much_split_the_scored_parts_own_truth_costs(tmp_path):
     scores = {"vi_split": 0.6, "vi_merge": 0.3, "vi": 0.9, "adapted_rand_error": 0.04,
               "split_objects": 8, "merged_segments": 3}  # fmt: skip

@@ -241,11 +241,9 @@ def test_the_baseline_is_the_learned_watershed_where_the_run_has_a_labelled_trai
     trained = tasks(RunConfig())
     run = tmp_path / "run" / "staged"
     # Learned on the training part, tuned on the selection part, applied to the scored volume.
-    assert trained["evaluate[learned watershed]"] == (
-        run / "train.h5",
-        run / "select.h5",
-        run / "eval.h5",
-    )
+    forest = tmp_path / "run" / "baseline" / "boundary_forest.joblib"
+    assert trained["evaluate[boundary forest]"] == (run / "train.h5",)
+    assert trained["evaluate[learned watershed]"] == (forest, run / "select.h5", run / "eval.h5")
     assert trained["evaluate"][-1] == tmp_path / "run" / "baseline" / "learned_watershed.h5"
     # A given model: its training and selection parts are staged for the baseline alone.
     given = tasks(RunConfig(pretrained_model=str(DEMO_MODEL)))
