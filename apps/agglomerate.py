@@ -2,9 +2,9 @@
 pairs found per block core, one table of them, a decision task per core (two flood fills per
 pair around its contact), one table of merges, a relabel task per part of the export's
 segmentation layer writing it (with the fill, its 0s filled over the boundary map that the
-learned watershed's forest, apps/evaluate.py's `boundary_forest`, predicts part by part; with `fill_min_size`, the objects' voxels counted per part
-and summed first, and the objects too small in all filled alike), then a check that every file
-is what its task wrote.
+learned watershed's forest, apps/evaluate.py's `boundary_forest`, predicts part by part; with
+`fill_min_size`, the objects' voxels counted per part and summed first, and the objects too
+small in all filled alike), then a check that every file is what its task wrote.
 
 Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
 written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k

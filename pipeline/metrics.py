@@ -271,6 +271,8 @@ def largest_errors(counts: OverlapCounts, n: int = 5, overlaps: int = 4) -> dict
     count it), each with its `overlaps` largest overlaps. {"split": [{"id", "voxels", "bits",
     "largest": [[other id, voxels], ...]}, ...], "merge": [...]}, largest share first."""
     total = counts.voxels.sum()
+    if not total:
+        raise ConfigError("ground truth has no labeled voxel: nothing to score")
 
     def shares(ids: np.ndarray, others: np.ndarray) -> list[dict]:
         order = np.lexsort((-counts.voxels, ids))  # by object, its largest overlap first
@@ -290,8 +292,6 @@ def largest_errors(counts: OverlapCounts, n: int = 5, overlaps: int = 4) -> dict
             })  # fmt: skip
         return rows
 
-    if not total:
-        raise ConfigError("ground truth has no labeled voxel: nothing to score")
     return {
         "split": shares(counts.truth_ids, counts.predicted_ids),
         "merge": shares(counts.predicted_ids, counts.truth_ids),
