@@ -135,6 +135,8 @@ def test_the_largest_errors_name_the_split_body_and_the_merging_segment_and_sum_
     assert sum(r["bits"] for r in everything["split"]) == pytest.approx(scores.vi_split)
     assert sum(r["bits"] for r in everything["merge"]) == pytest.approx(scores.vi_merge)
     assert largest_errors(OverlapCounts.of(truth, truth)) == {"split": [], "merge": []}
+    with pytest.raises(ConfigError, match="no labeled voxel"):
+        largest_errors(OverlapCounts.empty())
 
 
 def test_bad_inputs_are_refused():
