@@ -1370,9 +1370,8 @@ def status(args: argparse.Namespace) -> int:
 def view(args: argparse.Namespace) -> int:
     from pipeline.viewer import serve_forever
 
-    serve_forever(
-        Path(args.run_dir) / _LAYOUT["precomputed"], port=args.port, viewer_port=args.viewer_port
-    )
+    folder = Path(args.run_dir) / _LAYOUT["precomputed"]
+    serve_forever(folder, args.port, args.segments, args.viewer_port)
     return 0
 
 
@@ -1435,6 +1434,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--viewer-port", type=int, default=0, help="view: Neuroglancer port (0 = any free)"
     )
+    parser.add_argument(
+        "--segments", type=int, nargs="+", metavar="ID",
+        help="view: the segments to show, e.g. a body's pieces from the report (default: the largest)",
+    )  # fmt: skip
     return parser
 
 

@@ -324,6 +324,13 @@ def write_report(run_dir: str | Path) -> Path:
     lines += _largest_errors_lines(evaluation.get("largest_errors") if evaluation else None)
     if (run_dir / "precomputed").is_dir():
         lines += ["", f"Neuroglancer: `python workflow.py view --run-dir {run_dir}`"]
+        split = (evaluation or {}).get("largest_errors", {}).get("split")
+        pieces = [str(i) for i, _ in split[0]["largest"] if i] if split else []
+        if pieces:
+            lines[-1] += (
+                f"; the body split most, its largest segments: `python workflow.py view --run-dir "
+                f"{run_dir} --segments {' '.join(pieces)}`"
+            )
     with atomic_path(run_dir / "report.md") as tmp:
         tmp.write_text("\n".join(lines) + "\n")
     return run_dir / "report.md"

@@ -103,6 +103,9 @@ def test_the_report_names_the_bodies_split_most_and_the_segments_that_merge_most
     assert "## Where FFN errs most" in report
     assert "| 135478 | 50,198 | 0.194 | 69 (10,187), unsegmented (900) |" in report
     assert "| 14 | 475,926 | 0.063 | 114488 (469,440) |" in report
+    (tmp_path / "precomputed").mkdir()  # exported: the command that shows the body's pieces
+    report = write_report(tmp_path).read_text()
+    assert f"view --run-dir {tmp_path} --segments 69`" in report
     nothing = {"split": [], "merge": []}
     (tmp_path / "evaluation.json").write_text(
         json.dumps({"ffn": scores, "largest_errors": nothing})

@@ -260,6 +260,26 @@ def test_viewer_refuses_incomplete_exports_and_unknown_segments(precomputed, tmp
         viewer.start_viewer(precomputed, segments=[1, 999999])
 
 
+def test_workflow_view_shows_the_segments_asked_for(precomputed, tmp_path, monkeypatch, capsys):
+    """`workflow.py view --segments`: the ids the report names (a body's pieces) selected."""
+    import workflow
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "precomputed").symlink_to(precomputed)
+    shown = []
+
+    def serve_once(folder, port, segments, viewer_port):  # serve_forever without the forever
+        with viewer.start_viewer(folder, port, segments, viewer_port) as handle:
+            shown.append(sorted(handle.viewer.state.layers["segmentation"].segments))
+
+    monkeypatch.setattr(viewer, "serve_forever", serve_once)
+    assert workflow.main(["view", "--run-dir", str(run), "--segments", "2", "1"]) == 0
+    assert shown == [[1, 2]]
+    assert workflow.main(["view", "--run-dir", str(run), "--segments", "999999"]) == 2
+    assert "no segment 999999" in capsys.readouterr().err
+
+
 def test_cli_reports_an_incomplete_export(tmp_path, capsys):
     assert viewer_cli.main(["--precomputed", str(tmp_path)]) == 2
     assert "not a complete export" in capsys.readouterr().err
