@@ -307,7 +307,10 @@ def small_objects_of(config, inputs, merges):
 @contextmanager
 def boundary_reader(config, settings: dict, inputs):
     """When the fill is on, a reader of the volume's boundary map (box -> P(boundary)), predicted
-    box by box by the forest (inputs: the forest, the staged volume); else None."""
+    box by box by the forest (inputs: the forest, the staged volume); else None. The forest is
+    loaded at the first box: the last task reads none when no part needs rewriting."""
+    from functools import cache
+
     from pipeline.boundary_watershed import BoundaryForestConfig, box_boundary_probability
     from pipeline.evaluation import load_boundary_forest
     from pipeline.staging import read_staged
@@ -316,10 +319,10 @@ def boundary_reader(config, settings: dict, inputs):
     if not config.fill_unsegmented:
         yield None
         return
-    forest = load_boundary_forest(inputs[0].filepath)
+    forest = cache(lambda: load_boundary_forest(inputs[0].filepath))
     with open_volume(read_staged(inputs[1].filepath).raw) as raw:
         yield lambda box: box_boundary_probability(
-            forest, raw.__getitem__, box, settings["shape"], BoundaryForestConfig()
+            forest(), raw.__getitem__, box, settings["shape"], BoundaryForestConfig()
         )
 
 

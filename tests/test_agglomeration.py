@@ -489,6 +489,19 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     assert (run / "precomputed" / "export.json").is_file()
     resumed = workflow("--run-dir", str(run), "--resume")
     assert "nothing to do" in resumed.stdout + resumed.stderr
+    # A chunk of the layer rewritten after its part's task wrote it: the resume's last task
+    # writes that part again (loading the forest for its fill), the layer as it was.
+    full = run / "precomputed" / "segmentation"
+    chunk = max((p for p in full.rglob("*") if p.is_file() and p.parent != full and "mesh" not in p.parts[-2]),
+                key=lambda p: p.stat().st_size)  # fmt: skip
+    written = chunk.read_bytes()
+    zero_bytes(chunk, start=len(written) // 2)
+    assert chunk.read_bytes() != written
+    workflow("--run-dir", str(run), "--resume")
+    repaired = json.loads((run / "agglomerate" / "agglomerate.json").read_text())["repaired_parts"]
+    assert 0 < len(repaired) < len(list((run / "agglomerate" / "parts").glob("*.json")))
+    assert chunk.read_bytes() == written
+    np.testing.assert_array_equal(segmentation(run), exported)
 
 
 def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_are_filled(
