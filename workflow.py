@@ -869,8 +869,9 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
 
     blocks = plan_blocks(_eval_shape(config), config.blocks)
     baseline = (
-        f"  baseline   learned watershed: forest of {paths.train_volume}, tuned on "
-        f"{_selection_volume(config, paths)} -> {paths.learned_baseline}"
+        f"  baseline   learned watershed: forest of {paths.train_volume} -> {paths.boundary_forest}"
+        f"{' (the fill floods its map too)' if config.agglomeration.fill_unsegmented else ''}, "
+        f"tuned on {_selection_volume(config, paths)} -> {paths.learned_baseline}"
     )
     if config.pretrained_model:
         staged = (

@@ -553,6 +553,8 @@ def test_the_fill_alone_plans_no_pair_and_the_learned_watersheds_forest(tmp_path
     assert names.index("stage[train]") < names.index("evaluate[boundary forest]")
     assert forest in steps["agglomerate[relabel 0]"].inputs
     assert forest == steps["evaluate[learned watershed]"].inputs[0]
+    plan = cli.describe_dag(config, cli.RunPaths(tmp_path), local.SITE)  # what --dry-run prints
+    assert f"-> {forest} (the fill floods its map too)" in plan
     # Without the fill or the learned baseline, no forest.
     neither = replace(RunConfig(), watershed=replace(RunConfig().watershed, learned=False))
     names = [s.task.name for s in cli.dag_steps(neither, cli.RunPaths(tmp_path), local.SITE)]
