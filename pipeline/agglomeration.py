@@ -172,10 +172,8 @@ class AgglomerationConfig:
         return self.enabled or self.fill_unsegmented
 
     def part_settings(self) -> dict:
-        """What the layer's parts depend on beyond the merges: the unsegmented voxels' fill.
-        Without `fill_min_size`, as before it was added (finished runs stay done)."""
-        kept = FILL_SETTINGS if self.fill_min_size else FILL_SETTINGS[:2]
-        return {k: getattr(self, k) for k in kept}
+        """What the layer's parts depend on beyond the merges: the unsegmented voxels' fill."""
+        return {k: getattr(self, k) for k in FILL_SETTINGS}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -398,6 +398,7 @@ def task_identity(settings: dict, input_tokens: Sequence[str]) -> str:
 ADDED_SETTINGS: tuple[dict[tuple[str, str], object], ...] = (
     {("train", "virtual_ranks"): 1},
     {("train", "optimizer"): "adam", ("train", "momentum"): 0.9},
+    {("agglomeration", "fill_min_size"): 0},
 )
 
 

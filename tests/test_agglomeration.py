@@ -47,6 +47,7 @@ from pipeline.export import (
 )
 from pipeline.inference import InferenceConfig, checkpoint_model_config, predictor_from_checkpoint
 from pipeline.run_config import load_run_config
+from pipeline.stamps import run_once, why_stale
 from pipeline.stitching import block_core, check_written_parts, write_part_labels
 from pipeline.synthetic import SyntheticConfig, generate
 from pipeline.volumes import open_volume
@@ -532,7 +533,20 @@ def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_a
     assert steps[relabels[0]].task.settings["agglomeration"]["fill_min_size"] == 1000
     unchanged = plan()
     assert not [n for n in unchanged if n.startswith("agglomerate[sizes")]
-    assert "fill_min_size" not in unchanged[relabels[0]].task.settings["agglomeration"]
+    # A part written before fill_min_size existed stays up to date at 0 (stamps.ADDED_SETTINGS).
+    now = unchanged[relabels[0]].task.settings
+    assert now["agglomeration"]["fill_min_size"] == 0
+    fill = {k: v for k, v in now["agglomeration"].items() if k != "fill_min_size"}
+    source, output = tmp_path / "in.txt", tmp_path / "part.json"
+    source.write_text("layer")
+
+    def write_part() -> None:
+        output.write_text("part")
+
+    run_once({**now, "agglomeration": fill}, [source], [output], write_part)
+    assert why_stale(now, [source], [output]) is None
+    dropping = steps[relabels[0]].task.settings
+    assert why_stale(dropping, [source], [output]).startswith("settings changed:")
 
 
 def test_the_fill_alone_plans_no_pair_and_the_learned_watersheds_forest(tmp_path):
