@@ -708,7 +708,7 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *fill_inputs],
                         [records[k]], "agglomerate.relabel_merged_part", first_pass, export)
               for k in range(len(parts))]  # fmt: skip
-    filling = merging | second.part_settings() if second.fill_unsegmented else merging
+    filling = config_io.to_dict(second) if second.fill_unsegmented else merging
     finish = {**base, "agglomeration": filling, "parts": len(parts)}
     steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *fill_inputs, *records, *decisions],
                            [paths.agglomerate_summary, _full_resolution(config, paths.precomputed)],
