@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
-from pipeline.errors import ConfigError, FFNError
+from pipeline.errors import BoundaryForestError, ConfigError, FFNError
 from pipeline.stamps import STAMPED_INSIDE_SUFFIX, Task, as_path, plan
 
 if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
@@ -458,7 +458,9 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
         task_step("stage[eval]", role_settings(config.data, "eval", _eval_context(config)), source_files(config.data, "eval"),
               [paths.eval_volume], "stage.stage_volume"),
     ]  # fmt: skip
-    learns_forest = _learns_baseline(config) or config.agglomeration.fill_unsegmented
+    learns_forest = not config.boundary_forest and (
+        _learns_baseline(config) or config.agglomeration.fill_unsegmented
+    )
     if not config.pretrained_model:
         steps += _training_steps(config, paths, site)
     elif learns_forest:
@@ -467,6 +469,9 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
         # Its settings are pipeline.boundary_watershed's defaults.
         steps.append(task_step("evaluate[boundary forest]", {"boundary": "learned forest"}, [paths.train_volume],
                                [paths.boundary_forest], "evaluate.boundary_forest"))  # fmt: skip
+    elif config.boundary_forest:  # another run's, checked and copied: the run keeps what it used
+        steps.append(task_step("evaluate[boundary forest]", {"boundary": "given forest"}, [Path(config.boundary_forest)],
+                               [paths.boundary_forest], "evaluate.given_boundary_forest"))  # fmt: skip
     blocks = plan_blocks(_eval_shape(config), config.blocks)
     passes = inference_passes(config, paths)
     for one in passes:
@@ -884,6 +889,8 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
             f"  stage      -> {', '.join(map(str, dict.fromkeys([*staged, paths.eval_volume])))}",
             f"  infer      {len(blocks)} block(s) of {config.blocks.block_shape_zyx} (z, y, x), in parallel",
             *([baseline] if _learns_baseline(config) else []),
+            *([f"  forest     {config.boundary_forest} (given) -> {paths.boundary_forest}, the fill's map"]
+              if config.boundary_forest else []),
             "  stitch, evaluate (with labels), export, report", describe(site, paths.root),
         ])  # fmt: skip
     launch = site.mpi_launch()
@@ -1275,6 +1282,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if config.boundary_forest and not Path(config.boundary_forest).is_file():
+        raise BoundaryForestError(f"boundary_forest {config.boundary_forest}: no such file")
     lock = hold(paths.root)  # noqa: F841  (held until this process ends)
     if config.pretrained_model:  # inference only: the model's checkpoint is the selection
         from pipeline.pretrained import stage_pretrained_selection

@@ -1,7 +1,8 @@
 """Score the FFN segmentation and the watershed baseline against the ground truth: a task per
 region counts the overlaps of its part (pipeline.evaluation), the last sums and scores; the
 learned baseline, where the run has a labelled training part, is a task of its own, over the map
-of a boundary forest learned there by another (which the second pass's fill also takes)."""
+of a boundary forest learned there by another (which the second pass's fill also takes), or
+given: another run's, copied."""
 
 from parsl import python_app
 
@@ -41,6 +42,17 @@ def boundary_forest(settings: dict, inputs=(), outputs=()):
     train, output = read_staged(inputs[0].filepath), outputs[0].filepath
     return run_once(settings, [inputs[0].filepath], [output],
                     lambda: learn_boundary_forest(train, output))  # fmt: skip
+
+
+@python_app(executors=[CPU_LABEL])
+def given_boundary_forest(settings: dict, inputs=(), outputs=()):
+    """inputs[0]: a boundary forest another run learned (`boundary_forest`); outputs[0]: its
+    copy in this run, once checked to be one."""
+    from pipeline.evaluation import copy_boundary_forest
+    from pipeline.stamps import run_once
+
+    source, output = inputs[0].filepath, outputs[0].filepath
+    return run_once(settings, [source], [output], lambda: copy_boundary_forest(source, output))
 
 
 @python_app(executors=[CPU_LABEL])

@@ -21,7 +21,7 @@ from skimage.feature import multiscale_basic_features
 from skimage.segmentation import find_boundaries, watershed
 from sklearn.ensemble import RandomForestClassifier
 
-from pipeline.errors import ConfigError, EmptyLabelsError
+from pipeline.errors import BoundaryForestError, ConfigError, EmptyLabelsError
 from pipeline.metrics import score_segmentation
 from pipeline.roi import with_context
 
@@ -113,6 +113,20 @@ def train_boundary_forest(
 def _feature_count(raw: np.ndarray, config: BoundaryForestConfig) -> int:
     per_scale = 2 + raw.ndim  # intensity, gradient magnitude, Hessian eigenvalues
     return per_scale * config.num_sigma
+
+
+def check_boundary_forest(forest: object, config: BoundaryForestConfig, where: str) -> None:
+    """Refuse (`BoundaryForestError`, naming `where`) anything but a forest of boundaries learned
+    on `config`'s features of a 3-D image."""
+    if not isinstance(forest, RandomForestClassifier):
+        raise BoundaryForestError(f"{where}: a {type(forest).__name__}, not a random forest")
+    expected = _feature_count(np.empty((1, 1, 1)), config)
+    if getattr(forest, "n_features_in_", None) != expected or list(forest.classes_) != [0, 1]:
+        raise BoundaryForestError(
+            f"{where}: a forest of {getattr(forest, 'n_features_in_', 'no')} features and "
+            f"classes {list(getattr(forest, 'classes_', []))}; a boundary forest has {expected} "
+            "features of a 3-D image and the classes [False, True]"
+        )
 
 
 def boundary_probability(

@@ -78,6 +78,11 @@ class CheckpointError(FFNError):
     """A model checkpoint is missing or does not match the model."""
 
 
+class BoundaryForestError(FFNError):
+    """A boundary forest file cannot be read or is not one the workflow learned (a random forest
+    of the learned watershed's image features)."""
+
+
 class PrecomputedError(FFNError):
     """A Neuroglancer precomputed export is missing, incomplete or cannot be served."""
 

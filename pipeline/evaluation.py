@@ -12,6 +12,7 @@ segmented in that last task.
 """
 
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import atomic_path
-from pipeline.errors import ConfigError
+from pipeline.errors import BoundaryForestError, ConfigError, first_line
 from pipeline.metrics import (
     OverlapCounts,
     WatershedConfig,
@@ -152,10 +153,30 @@ def learn_boundary_forest(train: StagedVolume, path: str | Path) -> None:
 
 
 def load_boundary_forest(path: str | Path):
-    """The forest `learn_boundary_forest` saved (a scikit-learn RandomForestClassifier)."""
+    """The forest `learn_boundary_forest` saved (a scikit-learn RandomForestClassifier), checked;
+    `BoundaryForestError` for a file that is not one."""
     import joblib
 
-    return joblib.load(path)
+    from pipeline.boundary_watershed import BoundaryForestConfig, check_boundary_forest
+
+    if not Path(path).is_file():
+        raise BoundaryForestError(f"{path}: no such file")
+    try:
+        forest = joblib.load(path)
+    except Exception as error:  # a truncated pickle, another format: each library its own error
+        raise BoundaryForestError(
+            f"{path}: not readable as a forest ({first_line(error)})"
+        ) from error
+    check_boundary_forest(forest, BoundaryForestConfig(), str(path))
+    return forest
+
+
+def copy_boundary_forest(source: str | Path, path: str | Path) -> None:
+    """A forest another run learned (its `learn_boundary_forest` file), checked, then copied
+    atomically to `path`."""
+    load_boundary_forest(source)
+    with atomic_path(path) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def learned_baseline(

@@ -72,6 +72,10 @@ class RunConfig:
     # Fine-tune instead: start the training stage from these weights (same kinds of source);
     # "": from scratch.
     train_init_from: str = config_io.path_setting()
+    # The boundary forest the second pass's fill floods the map of, learned by another run (its
+    # baseline/boundary_forest.joblib), for a run without a labelled training part (e.g. a
+    # pretrained model on new tissue): copied into this run. "": the run learns its own.
+    boundary_forest: str = config_io.path_setting()
 
     def __post_init__(self) -> None:
         if not self.name.replace("-", "").replace("_", "").isalnum():
@@ -80,11 +84,26 @@ class RunConfig:
             raise ConfigError(
                 f"train_nodes must be >= 0 (0: the site's job size), got {self.train_nodes}"
             )
-        second = self.agglomeration
-        if second.fill_unsegmented and not (self.data.synthetic or self.data.train_raw):
+        self._check_boundary_forest()
+
+    def _check_boundary_forest(self) -> None:
+        """The fill's forest is learned on the training part or given, not both."""
+        has_train_part = self.data.synthetic or bool(self.data.train_raw)
+        if self.boundary_forest and has_train_part:
+            raise ConfigError(
+                f"boundary_forest {self.boundary_forest!r}: this run learns its own forest on "
+                "its labelled training part; give one or the other"
+            )
+        if self.boundary_forest and not self.agglomeration.fill_unsegmented:
+            raise ConfigError(
+                f"boundary_forest {self.boundary_forest!r} is the fill's map: it needs "
+                "[agglomeration] fill_unsegmented = true"
+            )
+        if self.agglomeration.fill_unsegmented and not (has_train_part or self.boundary_forest):
             raise ConfigError(
                 "[agglomeration] fill_unsegmented floods a boundary map learned on a labelled "
-                "training part: give [data] train_raw and train_labels"
+                "training part: give [data] train_raw and train_labels, or boundary_forest (a "
+                "forest another run learned, its baseline/boundary_forest.joblib)"
             )
 
     def partitions_for_training(self) -> PartitionConfig:

@@ -505,6 +505,82 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     np.testing.assert_array_equal(segmentation(run), exported)
 
 
+@pytest.mark.slow
+def test_a_run_without_labels_to_learn_from_fills_over_another_runs_forest(tmp_path):
+    """A pretrained model on a part with no training part (as on new tissue): `boundary_forest`
+    is copied into the run and the fill floods its map; a new forest there is copied again and
+    the fill redone; a file that is not a forest stops the run with its name."""
+    import joblib
+    from test_parts import LABELS, RAW
+    from workflow_runs import ROOT, segmentation, tiny_variant, workflow
+
+    from pipeline.boundary_watershed import BoundaryForestConfig, train_boundary_forest
+    from pipeline.volumes import read_labels, read_raw
+
+    raw, labels = read_raw(RAW)[0], read_labels(LABELS)[0]
+    source = tmp_path / "another_run" / "boundary_forest.joblib"
+    source.parent.mkdir()
+
+    def learn(seed: int) -> None:  # the default features, few trees
+        cheap = BoundaryForestConfig(samples_per_class=2000, trees=4, seed=seed)
+        joblib.dump(train_boundary_forest(raw, labels, cheap), source)
+
+    learn(seed=0)
+    config = tiny_variant(tmp_path, "given-forest", {
+        'name = "tiny"': f'name = "tiny-given-forest"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"\n'
+                         f'boundary_forest = "{source}"',
+        "synthetic_shape_zyx = [32, 64, 64]\n": f'eval_raw = "{RAW}"\neval_labels = "{LABELS}"\n',
+        "[export]": "[agglomeration]\nfill_unsegmented = true\n\n[export]",
+    })  # fmt: skip
+    run = tmp_path / "run"
+    done = workflow("--config", str(config), "--run-dir", str(run))
+    assert "stage[train]" not in done.stdout + done.stderr  # nothing to learn a forest on
+    copied = run / "baseline" / "boundary_forest.joblib"
+    assert copied.read_bytes() == source.read_bytes()
+    filled = segmentation(run)
+    assert filled.all()  # every voxel the first pass left 0 given to a segment
+    assert (run / "evaluation.json").is_file() and (run / "report.md").is_file()
+
+    learn(seed=1)  # the other run learned its forest again
+    assert source.read_bytes() != copied.read_bytes()
+    resumed = workflow("--run-dir", str(run), "--resume")
+    assert copied.read_bytes() == source.read_bytes()
+    assert "agglomerate[relabel 0]" in resumed.stdout + resumed.stderr  # filled again
+    assert segmentation(run).all()
+
+    joblib.dump({"trees": 4}, source)
+    failed = workflow("--run-dir", str(run), "--resume", expect=1)
+    assert f"{source}: a dict, not a random forest" in failed.stdout + failed.stderr
+
+
+def test_a_given_forest_is_the_forest_task_s_only_input_and_no_training_part_is_staged(tmp_path):
+    """With `boundary_forest` the run copies that file where it would learn one: the fill's
+    tasks read the copy, nothing stages a training part, and --dry-run names both files."""
+    from test_parts import LABELS, RAW
+
+    import workflow as cli
+    from pipeline.run_config import RunConfig
+    from pipeline.staging import DataConfig
+    from site_configs import local
+
+    given = tmp_path / "another_run" / "boundary_forest.joblib"
+    config = RunConfig(
+        data=DataConfig(eval_raw=RAW, eval_labels=LABELS),
+        pretrained_model=str(CHECKPOINT.parents[1]),
+        boundary_forest=str(given),
+        agglomeration=AgglomerationConfig(fill_unsegmented=True),
+    )
+    paths = cli.RunPaths(tmp_path / "run")
+    steps = {s.task.name: s for s in cli.dag_steps(config, paths, local.SITE)}
+    forest = steps["evaluate[boundary forest]"]
+    assert forest.app == "evaluate.given_boundary_forest" and forest.task.inputs == (given,)
+    assert forest.task.outputs == (paths.boundary_forest,)
+    assert paths.boundary_forest in steps["agglomerate[relabel 0]"].task.inputs
+    assert not [n for n in steps if n.startswith("stage[") and n != "stage[eval]"]
+    plan = cli.describe_dag(config, paths, local.SITE)
+    assert f"forest     {given} (given) -> {paths.boundary_forest}, the fill's map" in plan
+
+
 def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_are_filled(
     tmp_path,
 ):

@@ -17,7 +17,7 @@ from pipeline.boundary_watershed import (
     tune_watershed,
     watershed_segmentation,
 )
-from pipeline.errors import ConfigError, EmptyLabelsError
+from pipeline.errors import BoundaryForestError, ConfigError, EmptyLabelsError
 from pipeline.metrics import score_segmentation
 
 SMALL = BoundaryForestConfig(sigma_max=4.0, num_sigma=3, samples_per_class=3000, trees=16)
@@ -101,3 +101,38 @@ def test_bad_training_input_is_one_clear_error(parts):
         train_boundary_forest(raw, labels[:, :, :-1], SMALL)
     with pytest.raises(ConfigError, match="marker_threshold"):
         WatershedParams(marker_threshold=1.5)
+
+
+def test_a_forest_another_run_learned_is_checked_then_copied(parts, tmp_path):
+    """`boundary_forest` in a run's config: the file is copied in once it loads as a boundary
+    forest; a missing, truncated or foreign file is one clear error and nothing is copied."""
+    import joblib
+
+    from pipeline.evaluation import copy_boundary_forest
+
+    (train_raw, train_labels), _, _ = parts
+    cheap = BoundaryForestConfig(samples_per_class=2000, trees=4)  # the default features
+    source = tmp_path / "forest.joblib"
+    joblib.dump(train_boundary_forest(train_raw, train_labels, cheap), source)
+    copy = tmp_path / "run" / "boundary_forest.joblib"
+    copy.parent.mkdir()
+    copy_boundary_forest(source, copy)
+    assert copy.read_bytes() == source.read_bytes()
+
+    truncated, foreign, other_features = (
+        tmp_path / f"{n}.joblib" for n in ("cut", "dict", "small")
+    )
+    truncated.write_bytes(source.read_bytes()[: source.stat().st_size // 2])
+    joblib.dump({"trees": 4}, foreign)
+    joblib.dump(train_boundary_forest(train_raw, train_labels, SMALL), other_features)
+    refused = {
+        tmp_path / "none.joblib": "no such file",
+        truncated: "not readable as a forest",
+        foreign: "a dict, not a random forest",
+        other_features: "a forest of 15 features .* a boundary forest has 25",
+    }
+    for path, message in refused.items():
+        into = tmp_path / "run" / f"from_{path.stem}.joblib"
+        with pytest.raises(BoundaryForestError, match=f"{path}: {message}"):
+            copy_boundary_forest(path, into)
+        assert not into.exists()

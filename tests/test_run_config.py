@@ -148,3 +148,19 @@ def test_the_fill_of_unsegmented_voxels_needs_a_training_part(tmp_path):
         load_run_config(toml(tmp_path, text))
     synthetic = "[agglomeration]\nfill_unsegmented = true\n"  # without pairs' agglomeration
     assert load_run_config(toml(tmp_path, synthetic)).agglomeration.writes_layer
+
+
+def test_a_run_without_a_training_part_fills_over_a_forest_another_run_learned(tmp_path):
+    """`boundary_forest`, relative to the config's folder like every path setting; only for the
+    fill, and only where the run has no training part of its own to learn one on."""
+    from pipeline.errors import ConfigError
+
+    eval_only = f'[data]\neval_raw = "{tmp_path / "em.h5"}:raw"\n'
+    given = 'boundary_forest = "runs/a/baseline/boundary_forest.joblib"\n'
+    fill = "[agglomeration]\nfill_unsegmented = true\n"
+    config = load_run_config(toml(tmp_path, given + eval_only + fill))
+    assert config.boundary_forest == str(tmp_path / "runs/a/baseline/boundary_forest.joblib")
+    with pytest.raises(ConfigError, match="needs \\[agglomeration\\] fill_unsegmented = true"):
+        load_run_config(toml(tmp_path, given + eval_only))
+    with pytest.raises(ConfigError, match="learns its own forest on its labelled training part"):
+        load_run_config(toml(tmp_path, given + fill))  # the synthetic demo's training part
