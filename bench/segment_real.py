@@ -2,7 +2,7 @@
 
 Run by hand (not a test), from the repository root:
 
-    PATH=.venv/bin:$PATH python bench/segment_real.py [--no-runs] [--whole]
+    PATH=.venv/bin:$PATH python bench/segment_real.py [--no-runs] [--whole [CONFIG] | --part CONFIG]
 
 Runs (or, finished, reuses: a finished run's resume takes seconds) the workflow runs
   configs/flyem.toml            FFN trained here from scratch (train / select / eval parts of one file)
@@ -25,10 +25,13 @@ the scores, each segmentation's unsegmented share within 16 voxels of the file's
 FFN as published seeds nothing) and how it differs from the authors' segmentation (VI with theirs
 as the truth: split = ours cut their objects, merge = ours joined them).
 
---whole scores all 125 sections instead: configs/flyem_fib25_bf16_whole.toml's run (first pass
-and second pass), the learned watershed (learned on the training part and tuned on the
-selection part of the bf16 run's staged parts, so it has seen the labels of most of these
-voxels: flattered) and the authors' segmentation.
+--whole scores all 125 sections instead: configs/flyem_fib25_bf16_whole.toml's run (or the
+CONFIG given, e.g. configs/flyem_fib25_whole.toml in fp32; first pass and second pass), the
+learned watershed (learned on the training part and tuned on the selection part that the run
+whose forest the config takes staged, so it has seen the labels of most of these voxels:
+flattered) and the authors' segmentation.
+--part CONFIG scores one run's part alone (e.g. configs/flyem_fib25_unseen.toml): its rows, the
+learned watershed its evaluation made, the authors' segmentation.
 Prints a Markdown table and writes everything to --output (JSON).
 """
 
@@ -74,7 +77,7 @@ CONFIGS = {
 }
 # Runs copied and resumed with consensus on as well (their first pass reused).
 WITH_CONSENSUS = ("FIB-25 weights, bf16",)
-WHOLE = ("FIB-25 weights, bf16, all 125 sections", "configs/flyem_fib25_bf16_whole.toml")
+WHOLE = "configs/flyem_fib25_bf16_whole.toml"
 # evaluation.json's keys for the steps before a second pass's result: their rows' suffixes and
 # the folders (under the run dir) of the segmentations they score.
 STEPS_BEFORE = {
@@ -97,7 +100,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--no-runs", action="store_true", help="only read finished runs, start none")
-    add("--whole", action="store_true", help="score all 125 sections (configs' WHOLE run)")
+    add(
+        "--whole",
+        nargs="?",
+        const=WHOLE,
+        metavar="CONFIG",
+        help=f"score all 125 sections: CONFIG's run (default {WHOLE})",
+    )
+    add("--part", metavar="CONFIG", help="score one run's part alone")
     add("--runs-dir", type=Path, default=ROOT / "data" / "runs")
     add("--output", type=Path, default=ROOT / "data" / "bench" / "segment_real.json")
     return parser
@@ -391,23 +401,39 @@ def _part_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
     return rows, next(iter(runs.values()))
 
 
-def _whole_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
-    """The whole-file run's rows, and the learned watershed on the same voxels (its training and
-    selection parts staged by the bf16 run)."""
-    name, config = WHOLE
+def _one_run(args: argparse.Namespace, config: str) -> tuple[str, Path]:
+    """The row name and the finished run of `config` (run first unless --no-runs)."""
     if not args.no_runs:
         _run_workflow(config)
-    run_dir = args.runs_dir / load_run_config(config).name
+    settings = load_run_config(config)
+    precision = "bf16" if MODELS.get(settings.pretrained_model) == "mixed_bfloat16" else "fp32"
+    return f"FIB-25 weights, {precision}, {settings.name}", args.runs_dir / settings.name
+
+
+def _whole_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
+    """The whole-file run's rows, and the learned watershed on the same voxels (learned and
+    tuned on the parts that the run whose forest the config takes staged)."""
+    name, run_dir = _one_run(args, args.whole)
     rows = _ffn_rows(name, run_dir)
-    parts = args.runs_dir / load_run_config(CONFIGS["FIB-25 weights, bf16"]).name / "staged"
+    parts = Path(load_run_config(args.whole).boundary_forest).parents[1] / "staged"
     rows[LEARNED_ROW + ", both parts inside this cube"] = _forest_watershed(parts, run_dir)
     return rows, run_dir
+
+
+def _one_part_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
+    """One run's rows on its part, and the learned watershed its evaluation made there."""
+    name, run_dir = _one_run(args, args.part)
+    return _ffn_rows(name, run_dir) | {LEARNED_ROW: _runs_watershed(run_dir)}, run_dir
 
 
 def main() -> int:
     args = _parser().parse_args()
     os.chdir(ROOT)
-    rows, scored_run = (_whole_rows if args.whole else _part_rows)(args)
+    if args.whole and args.part:
+        sys.exit("--whole or --part, not both")
+    rows, scored_run = (_whole_rows if args.whole else _one_part_rows if args.part else _part_rows)(
+        args
+    )
     eval_roi = load_run_config(scored_run / "config.json").data.eval_roi
     rows[REFERENCE_ROW] = _reference(eval_roi, scored_run)
     with h5py.File(str(REFERENCE).rsplit(":", 1)[0], "r") as f:
@@ -419,7 +445,10 @@ def main() -> int:
         "eval_roi": eval_roi,
         "rows": rows,
     }
-    output = args.output.with_stem(args.output.stem + "_whole") if args.whole else args.output
+    one_run = args.whole or args.part
+    output = (
+        args.output.with_stem(f"{args.output.stem}_{scored_run.name}") if one_run else args.output
+    )
     print(table(rows))
     print(
         f"\n{result['machine']}; all times wall-clock on it; written to {write_result(output, result)}"

@@ -36,7 +36,7 @@ def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, tmp_path
 
 def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
-    scored = [c for c in flyem if not c.name.endswith(("-selection", "-whole"))]
+    scored = [c for c in flyem if not c.name.endswith(("-selection", "-whole", "-unseen"))]
     assert len(scored) == 4
     assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in scored}) == 1
     # And their reports' baseline, the learned watershed, learns and is tuned on the same parts.
@@ -58,15 +58,13 @@ def test_the_runs_where_second_pass_settings_are_chosen_score_only_the_selection
 
 def test_the_fib25_runs_that_are_scored_share_one_second_pass_chosen_on_the_selection_part():
     """The settings chosen on the selection part are the ones every scored FIB-25 run uses,
-    the whole file's too; the selection runs themselves leave the pass off (their first pass is
-    what the settings are chosen on)."""
+    the whole file's and the unseen part's too; the selection runs themselves leave the pass off
+    (their first pass is what the settings are chosen on)."""
     fib25 = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem_fib25")]
     scored = [c.agglomeration for c in fib25 if not c.name.endswith("-selection")]
     tuning = [c.agglomeration for c in fib25 if c.name.endswith("-selection")]
-    # The fill floods a boundary map learned on a training part: the whole file's run has none.
-    assert [c.fill_unsegmented for c in scored].count(True) == 2
-    unfilled = {replace(c, fill_unsegmented=False, fill_min_size=0) for c in scored}
-    assert len(scored) == 3 and len(unfilled) == 1 and scored[0].enabled
+    assert len(scored) == 5 and len(set(scored)) == 1
+    assert scored[0].enabled and scored[0].fill_unsegmented and scored[0].fill_min_size
     assert len(tuning) == 2 and not any(c.enabled or c.consensus for c in tuning)
 
 
@@ -78,10 +76,35 @@ def test_the_fib25_selection_runs_segment_as_the_runs_they_choose_for():
         assert fib25[scored].inference == fib25[f"{scored}_selection"].inference
 
 
-def test_the_whole_file_run_scores_every_section_and_learns_nothing_there():
-    whole = load_run_config(ROOT / "configs" / "flyem_fib25_bf16_whole.toml").data
-    assert not whole.eval_roi
-    assert not (whole.train_raw or whole.select_raw or whole.train_roi or whole.select_roi)
+@pytest.mark.parametrize("precision", ["", "_bf16"])
+def test_the_whole_file_run_scores_every_section_and_learns_nothing_there(precision):
+    """It fills over the forest the evaluated part's run of the same precision learned."""
+    whole = load_run_config(ROOT / "configs" / f"flyem_fib25{precision}_whole.toml")
+    assert not whole.data.eval_roi
+    data = whole.data
+    assert not (data.train_raw or data.select_raw or data.train_roi or data.select_roi)
+    part_run = load_run_config(ROOT / "configs" / f"flyem_fib25{precision}.toml").name
+    assert whole.boundary_forest == str(
+        ROOT / "data/runs" / part_run / "baseline/boundary_forest.joblib"
+    )
+    assert (
+        whole.inference
+        == load_run_config(ROOT / "configs" / f"flyem_fib25{precision}.toml").inference
+    )
+
+
+def test_the_unseen_part_is_apart_from_every_part_of_the_flyem_configs():
+    """configs/flyem_fib25_unseen.toml scores the file's one quarter that no part names, with
+    the evaluated part's run's settings (only its scored part differs)."""
+    unseen = load_run_config(ROOT / "configs" / "flyem_fib25_unseen.toml")
+    evaluated = load_run_config(ROOT / "configs" / "flyem_fib25.toml")
+    scored = Roi.parse(unseen.data.eval_roi)
+    parts = evaluated.data
+    assert not any(
+        scored.overlaps(Roi.parse(r)) for r in (parts.train_roi, parts.select_roi, parts.eval_roi)
+    )
+    same = replace(unseen, name=evaluated.name, data=replace(unseen.data, eval_roi=parts.eval_roi))
+    assert same == evaluated
 
 
 def test_the_demo_fine_tunes_the_shipped_model_and_a_config_file_starts_from_scratch():
