@@ -321,10 +321,11 @@ def write_report(run_dir: str | Path) -> Path:
             f"tried on the selection part); {learnt}{seconds['tune']:.0f} s to tune, "
             f"{seconds['segment']:.0f} s to segment.",
         ]  # fmt: skip
-    lines += _largest_errors_lines(evaluation.get("largest_errors") if evaluation else None)
+    errors = (evaluation or {}).get("largest_errors") or {}
+    lines += _largest_errors_lines(errors)
     if (run_dir / "precomputed").is_dir():
         lines += ["", f"Neuroglancer: `python workflow.py view --run-dir {run_dir}`"]
-        split = (evaluation or {}).get("largest_errors", {}).get("split")
+        split = errors.get("split")
         pieces = [str(i) for i, _ in split[0]["largest"] if i] if split else []
         if pieces:
             lines[-1] += (
