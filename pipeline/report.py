@@ -37,6 +37,7 @@ STAGE_OF_APP = {
     "finish_agglomeration": "agglomerate",
     "count_region": "evaluate",
     "boundary_forest": "evaluate",
+    "given_boundary_forest": "evaluate",
     "learned_baseline": "evaluate",
     "evaluate": "evaluate",
     "begin_export": "export",
@@ -67,6 +68,16 @@ def _truth_in_pieces_lines(pieces: dict | None) -> list[str]:
         f"costs: {pieces['bodies_in_pieces']} of its {pieces['bodies']} bodies lie in pieces there "
         "(joined outside it), which no segmentation of connected segments joins without merging.",
     ]  # fmt: skip
+
+
+def _forest_origin(run_dir: Path) -> str:
+    """Where the fill's forest came from: the run's training part, or the file it was given."""
+    given = (_read_json(run_dir / "config.json") or {}).get("boundary_forest")
+    return (
+        f"of the forest another run learned (`{given}`)"
+        if given
+        else "learned on the training part"
+    )
 
 
 def _largest_errors_lines(errors: dict | None) -> list[str]:
@@ -280,7 +291,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines += [
             "", "## Fill of the unsegmented voxels", "",
             "Every voxel the fills left unsegmented joined the segment whose basin it lies in, "
-            "flooding a boundary map learned on the training part.",
+            f"flooding a boundary map {_forest_origin(run_dir)}.",
         ]  # fmt: skip
         if agglomerated.get("fill_min_size"):
             lines[-1] += (

@@ -539,7 +539,11 @@ def test_a_run_without_labels_to_learn_from_fills_over_another_runs_forest(tmp_p
     assert copied.read_bytes() == source.read_bytes()
     filled = segmentation(run)
     assert filled.all()  # every voxel the first pass left 0 given to a segment
-    assert (run / "evaluation.json").is_file() and (run / "report.md").is_file()
+    assert (run / "evaluation.json").is_file()
+    assert (
+        f"flooding a boundary map of the forest another run learned (`{source}`)"
+        in (run / "report.md").read_text()
+    )
 
     learn(seed=1)  # the other run learned its forest again
     assert source.read_bytes() != copied.read_bytes()

@@ -72,10 +72,13 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     """A task whose app has no stage would be left out of the report's stage times."""
     import dataclasses
 
+    from test_parts import LABELS, RAW
+
     import workflow as cli
     from pipeline.agglomeration import AgglomerationConfig
     from pipeline.report import STAGE_OF_APP
     from pipeline.run_config import RunConfig
+    from pipeline.staging import DataConfig
     from pipeline.study import StudyConfig
     from site_configs import local
 
@@ -84,6 +87,13 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     paths = cli.RunPaths(cli.ROOT / "data" / "runs" / "plan-only")
     a_study = dataclasses.replace(RunConfig(), study=StudyConfig(rank_counts=(1, 4)))
     steps = cli.dag_steps(config, paths, local.SITE) + cli.study_steps(a_study, paths, local.SITE)
+    given_forest = dataclasses.replace(  # no training part: the fill's forest another run's
+        config,
+        data=DataConfig(eval_raw=RAW, eval_labels=LABELS),
+        pretrained_model=str(cli.ROOT / "models" / "demo-synthetic"),
+        boundary_forest=str(paths.root / "forest.joblib"),
+    )
+    steps += cli.dag_steps(given_forest, paths, local.SITE)
     for step in steps:
         app = step.app.rpartition(".")[2]
         assert STAGE_OF_APP.get(app) == step.task.stage, step.task.name
