@@ -1282,8 +1282,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if config.boundary_forest and not Path(config.boundary_forest).is_file():
-        raise BoundaryForestError(f"boundary_forest {config.boundary_forest}: no such file")
+    if config.boundary_forest:
+        _check_given_forest(Path(config.boundary_forest), paths)
     lock = hold(paths.root)  # noqa: F841  (held until this process ends)
     if config.pretrained_model:  # inference only: the model's checkpoint is the selection
         from pipeline.pretrained import stage_pretrained_selection
@@ -1326,6 +1326,16 @@ def run(args: argparse.Namespace) -> int:
     write_report(paths.root)
     _say(f"done: {paths.report}; view it with: python workflow.py view --run-dir {paths.root}")
     return 0
+
+
+def _check_given_forest(given: Path, paths: RunPaths) -> None:
+    """`boundary_forest` names a file, and not the copy this run keeps of it."""
+    if not given.is_file():
+        raise BoundaryForestError(f"boundary_forest {given}: no such file")
+    if given.resolve() == paths.boundary_forest.resolve():
+        raise BoundaryForestError(
+            f"boundary_forest {given} is this run's own copy: name the file of the run that learned it"
+        )
 
 
 def status(args: argparse.Namespace) -> int:

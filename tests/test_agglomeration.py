@@ -585,6 +585,29 @@ def test_a_given_forest_is_the_forest_task_s_only_input_and_no_training_part_is_
     assert f"forest     {given} (given) -> {paths.boundary_forest}, the fill's map" in plan
 
 
+def test_a_given_forest_that_is_missing_or_the_runs_own_copy_is_refused_before_the_run(tmp_path):
+    from test_parts import LABELS, RAW
+    from workflow_runs import ROOT, tiny_variant, workflow
+
+    run = tmp_path / "run"
+    for given, message in [
+        (tmp_path / "none.joblib", ": no such file"),
+        (run / "baseline" / "boundary_forest.joblib", " is this run's own copy"),
+    ]:
+        config = tiny_variant(tmp_path, "given", {
+            'name = "tiny"': f'name = "given"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"\n'
+                             f'boundary_forest = "{given}"',
+            "synthetic_shape_zyx = [32, 64, 64]\n": f'eval_raw = "{RAW}"\neval_labels = "{LABELS}"\n',
+            "[export]": "[agglomeration]\nfill_unsegmented = true\n\n[export]",
+        })  # fmt: skip
+        if "own copy" in message:
+            given.parent.mkdir(parents=True)
+            given.write_bytes(b"a copy")
+        refused = workflow("--config", str(config), "--run-dir", str(run), expect=2)
+        assert f"error: boundary_forest {given}{message}" in refused.stderr
+        assert not (run / "config.json").exists()  # nothing of a run was begun
+
+
 def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_are_filled(
     tmp_path,
 ):
