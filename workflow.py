@@ -891,7 +891,8 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
             *([baseline] if _learns_baseline(config) else []),
             *([f"  forest     {config.boundary_forest} (given) -> {paths.boundary_forest}, the fill's map"]
               if config.boundary_forest else []),
-            "  stitch, evaluate (with labels), export, report", describe(site, paths.root),
+            f"  stitch, {'agglomerate, ' if config.agglomeration.writes_layer else ''}evaluate (with labels), export, report",
+            describe(site, paths.root),
         ])  # fmt: skip
     launch = site.mpi_launch()
     lines = [

@@ -583,6 +583,7 @@ def test_a_given_forest_is_the_forest_task_s_only_input_and_no_training_part_is_
     assert not [n for n in steps if n.startswith("stage[") and n != "stage[eval]"]
     plan = cli.describe_dag(config, paths, local.SITE)
     assert f"forest     {given} (given) -> {paths.boundary_forest}, the fill's map" in plan
+    assert "  stitch, agglomerate, evaluate (with labels), export, report" in plan
 
 
 def test_a_given_forest_that_is_missing_or_the_runs_own_copy_is_refused_before_the_run(tmp_path):
