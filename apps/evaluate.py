@@ -49,10 +49,15 @@ def given_boundary_forest(settings: dict, inputs=(), outputs=()):
     """inputs[0]: a boundary forest another run learned (`boundary_forest`); outputs[0]: its
     copy in this run, once checked to be one."""
     from pipeline.evaluation import copy_boundary_forest
-    from pipeline.stamps import run_once
+    from pipeline.stamps import digest_files, run_once
 
     source, output = inputs[0].filepath, outputs[0].filepath
-    return run_once(settings, [source], [output], lambda: copy_boundary_forest(source, output))
+
+    def work() -> str:
+        copy_boundary_forest(source, output)
+        return digest_files([output])  # the same forest copied again leaves the fill done
+
+    return run_once(settings, [source], [output], work)
 
 
 @python_app(executors=[CPU_LABEL])

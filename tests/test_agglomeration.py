@@ -508,8 +508,9 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
 @pytest.mark.slow
 def test_a_run_without_labels_to_learn_from_fills_over_another_runs_forest(tmp_path):
     """A pretrained model on a part with no training part (as on new tissue): `boundary_forest`
-    is copied into the run and the fill floods its map; a new forest there is copied again and
-    the fill redone; a file that is not a forest stops the run with its name."""
+    is copied into the run and the fill floods its map; the same forest rewritten is copied
+    again and nothing else runs; a new forest there is copied again and the fill redone; a file
+    that is not a forest stops the run with its name."""
     import joblib
     from test_parts import LABELS, RAW
     from workflow_runs import ROOT, segmentation, tiny_variant, workflow
@@ -544,6 +545,17 @@ def test_a_run_without_labels_to_learn_from_fills_over_another_runs_forest(tmp_p
         f"flooding a boundary map of the forest another run learned (`{source}`)"
         in (run / "report.md").read_text()
     )
+
+    def stamped() -> dict:  # when each task after the copy last ran
+        return {
+            p: p.stat().st_mtime_ns for p in run.rglob("*.stamp.json") if "baseline" not in p.parts
+        }
+
+    before = stamped()
+    source.write_bytes(source.read_bytes())  # rewritten as it was: copied again, nothing else
+    resumed = workflow("--run-dir", str(run), "--resume")
+    assert "evaluate[boundary forest] finished" in resumed.stdout + resumed.stderr
+    assert stamped() == before
 
     learn(seed=1)  # the other run learned its forest again
     assert source.read_bytes() != copied.read_bytes()
