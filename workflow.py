@@ -22,6 +22,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -953,11 +954,20 @@ def _progress_of(path: Path, seen: dict[str, int]) -> dict | None:
         return None
 
 
+def progress_seen_before(progress_files: Iterable[Path]) -> dict[str, int]:
+    """The progress files a stopped run left, as `_progress_of` marks them seen: a resumed block
+    goes on from its last saved state, not from what its last record said."""
+    seen: dict[str, int] = {}
+    for path in progress_files:
+        _progress_of(path, seen)
+    return seen
+
+
 def _watch(futures: dict[str, object], paths: RunPaths, progress_files: dict[str, Path]) -> None:
     """Print each task's start and end, training progress and each running block's progress
     (every minute), until every task is done."""
     reported: dict[str, str] = {}
-    progress_seen: dict[str, int] = {}
+    progress_seen = progress_seen_before(progress_files.values())
     # The log is appended to by every run: show only lines this run adds.
     last_train_line, started = _last_train_line(paths.train_log), time.monotonic()
     while True:

@@ -1,7 +1,9 @@
 """The whole DAG through Parsl on the local site: what a run leaves, and what the CLI refuses.
 How a run resumes after changes and faults: tests/test_resume.py."""
 
+import json
 import sys
+import time
 
 import processes
 import pytest
@@ -208,6 +210,22 @@ def test_a_running_blocks_progress_reads_as_one_line():
     assert cli.describe_progress("infer[0]", early).endswith(
         "tried, too early for a time left (2 seeds tried)"
     )
+
+
+def test_a_resumed_block_shows_no_progress_until_it_writes_its_own(tmp_path):
+    """The record a stopped run left (its counts went on past the last saved state) is not
+    shown as the resumed block's; the first record the block writes is."""
+    import workflow as cli
+
+    progress = tmp_path / "block_0_0_0.progress.json"
+    record = {"block": "block_0_0_0", "objects": 1, "fov_evaluations": 2814, "fov_per_s": 0.6,
+              "seed_share": 0.0, "eta_s": None}  # fmt: skip
+    progress.write_text(json.dumps(record))
+    seen = cli.progress_seen_before([progress, tmp_path / "not_started.progress.json"])
+    assert cli._progress_of(progress, seen) is None
+    time.sleep(0.05)  # a new mtime, as the block's next atomic write gives
+    progress.write_text(json.dumps(record | {"fov_evaluations": 1887}))
+    assert cli._progress_of(progress, seen)["fov_evaluations"] == 1887
 
 
 def test_parsl_starts_only_the_pools_of_the_tasks_that_run(tmp_path):
