@@ -27,9 +27,9 @@ as the truth: split = ours cut their objects, merge = ours joined them).
 
 --whole scores all 125 sections instead: configs/flyem_fib25_bf16_whole.toml's run (or the
 CONFIG given, e.g. configs/flyem_fib25_whole.toml in fp32; first pass and second pass), the
-learned watershed (learned on the training part and tuned on the selection part that the run
-whose forest the config takes staged, so it has seen the labels of most of these voxels:
-flattered) and the authors' segmentation.
+learned watershed (the forest the config's fill floods, learned on the training part of the run
+that saved it, tuned on that run's selection part: it has seen the labels of most of these
+voxels, flattered) and the authors' segmentation.
 --part CONFIG scores one run's part alone (e.g. configs/flyem_fib25_unseen.toml): its rows, the
 learned watershed its evaluation made, the authors' segmentation.
 Prints a Markdown table and writes everything to --output (JSON).
@@ -43,7 +43,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -56,12 +55,9 @@ from agglomerate import read_array, staged_eval  # noqa: E402  (bench/agglomerat
 from machine import write_result  # noqa: E402  (bench/machine.py)
 
 from pipeline.agglomeration import relabel  # noqa: E402
-from pipeline.boundary_watershed import (  # noqa: E402
-    BoundaryForestConfig,
-    learned_watershed,
-    train_boundary_forest,
-)
+from pipeline.boundary_watershed import learned_watershed  # noqa: E402
 from pipeline.config import save_json  # noqa: E402
+from pipeline.evaluation import load_boundary_forest  # noqa: E402
 from pipeline.export import segmentation_spec  # noqa: E402
 from pipeline.metrics import score_segmentation  # noqa: E402
 from pipeline.report import stage_wall_times  # noqa: E402
@@ -100,14 +96,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--no-runs", action="store_true", help="only read finished runs, start none")
-    add(
+    one_run = parser.add_mutually_exclusive_group()
+    one_run.add_argument(
         "--whole",
         nargs="?",
         const=WHOLE,
         metavar="CONFIG",
         help=f"score all 125 sections: CONFIG's run (default {WHOLE})",
     )
-    add("--part", metavar="CONFIG", help="score one run's part alone")
+    one_run.add_argument("--part", metavar="CONFIG", help="score one run's part alone")
     add("--runs-dir", type=Path, default=ROOT / "data" / "runs")
     add("--output", type=Path, default=ROOT / "data" / "bench" / "segment_real.json")
     return parser
@@ -249,27 +246,21 @@ def _runs_watershed(run_dir: Path) -> dict:
     }
 
 
-def _forest_watershed(parts: Path, run_dir: Path) -> dict:
-    """Learn on the training part, tune on the selection part (both staged in `parts`), segment
-    the run's staged volume."""
-    staged = staged_eval(run_dir)
-    started = time.perf_counter()
-    forest = train_boundary_forest(
-        _read(parts / "train.h5", "raw"),
-        _read(parts / "train.h5", "labels"),
-        BoundaryForestConfig(),
-    )
-    learnt = time.perf_counter() - started
+def _forest_watershed(forest_path: Path, run_dir: Path) -> dict:
+    """The watershed of the forest at `forest_path` (the one the run's fill flooded, learned on
+    the training part of the run that saved it), tuned on that run's staged selection part,
+    segmenting this run's staged volume."""
+    selection = forest_path.parents[1] / "staged" / "select.h5"
     result = learned_watershed(
-        forest,
-        (_read(parts / "select.h5", "raw"), _read(parts / "select.h5", "labels")),
-        read_array(staged.raw),
+        load_boundary_forest(forest_path),
+        (_read(selection, "raw"), _read(selection, "labels")),
+        read_array(staged_eval(run_dir).raw),
     )
     part, truth = _staged(run_dir)
     return _scored(result.segmentation[part], truth) | {
         "params": result.params.__dict__,
         "tuning_trials": len(result.trials),
-        "train_s": learnt,
+        "train_s": read_stamp(forest_path)["measured"]["seconds"],  # when that run learned it
         "select_s": result.seconds["tune"],
         "infer_s": result.seconds["segment"],
     }
@@ -415,8 +406,8 @@ def _whole_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
     tuned on the parts that the run whose forest the config takes staged)."""
     name, run_dir = _one_run(args, args.whole)
     rows = _ffn_rows(name, run_dir)
-    parts = Path(load_run_config(args.whole).boundary_forest).parents[1] / "staged"
-    rows[LEARNED_ROW + ", both parts inside this cube"] = _forest_watershed(parts, run_dir)
+    forest = Path(load_run_config(args.whole).boundary_forest)
+    rows[LEARNED_ROW + ", both parts inside this cube"] = _forest_watershed(forest, run_dir)
     return rows, run_dir
 
 
@@ -429,8 +420,6 @@ def _one_part_rows(args: argparse.Namespace) -> tuple[dict[str, dict], Path]:
 def main() -> int:
     args = _parser().parse_args()
     os.chdir(ROOT)
-    if args.whole and args.part:
-        sys.exit("--whole or --part, not both")
     rows, scored_run = (_whole_rows if args.whole else _one_part_rows if args.part else _part_rows)(
         args
     )
