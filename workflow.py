@@ -935,10 +935,12 @@ def describe_progress(name: str, record: dict) -> str:
         if eta is not None
         else f", too early for a time left ({record.get('seeds_tried', 0)} seeds tried)"
     )
+    segmented = record.get("segmented_share")  # absent from records older runs wrote
     return (
         f"{name} {record['block']}: {record['objects']} objects, {record['fov_evaluations']:,} FOV "
-        f"evaluations, {record['fov_per_s']:.1f} FOV/s, {record['seed_share']:.0%} of the seeds "
-        f"tried{left}"
+        f"evaluations, {record['fov_per_s']:.1f} FOV/s, "
+        + (f"{segmented:.0%} of the voxels segmented, " if segmented is not None else "")
+        + f"{record['seed_share']:.0%} of the seeds tried{left}"
     )
 
 

@@ -501,15 +501,17 @@ def _load_state(path: Path, canvas: "Canvas", fingerprint: str) -> _SeedLoop:
     return loop
 
 
-ETA_MIN_SEEDS = 20  # seeds tried before a time left is estimated
+ETA_MIN_SEEDS = 20  # seeds tried before a time left is estimated from the seeds
 
 
-def progress_record(counts: Counter, loop: "_SeedLoop", seconds: float) -> dict:
-    """Where a segmentation stands: objects, FOV evaluations and their rate, the share of this
-    seed pass's seeds tried, and a rough time left for the pass (later passes may add seeds)."""
+def progress_record(counts: Counter, loop: "_SeedLoop", seconds: float, voxels: int) -> dict:
+    """Where a segmentation of `voxels` voxels stands: objects, FOV evaluations and their rate,
+    the share of the voxels segmented and of this seed pass's seeds tried, and a rough time left
+    for the pass (later passes may add seeds)."""
     pending = len(loop.pending or [])
     tried = len(loop.tried)
     share = tried / (tried + pending) if tried + pending else 0.0
+    segmented = counts["segmented_voxels"] / voxels if voxels else 0.0
     fovs = counts["fov_evaluations"]
     return {
         "objects": counts["objects"],
@@ -518,10 +520,19 @@ def progress_record(counts: Counter, loop: "_SeedLoop", seconds: float) -> dict:
         "seeds_tried": tried,
         "seeds_pending": pending,
         "seed_share": share,
+        "segmented_share": segmented,
         "seconds": seconds,
-        # Objects differ in cost by orders of magnitude: no extrapolation from a few seeds.
-        "eta_s": seconds * (1 - share) / share if tried >= ETA_MIN_SEEDS and share > 0 else None,
+        "eta_s": _time_left(seconds, share if tried >= ETA_MIN_SEEDS else 0.0, segmented),
     }
+
+
+def _time_left(seconds: float, seed_share: float, segmented_share: float) -> float | None:
+    """The smaller of two extrapolations, each too long in its own phase: by seeds early (the
+    first seeds lie deepest in the largest objects: on the whole FlyEM file's first block the
+    first 28 of 4,143 seeds had segmented 39 % of it) and by segmented voxels late (what no fill
+    reaches stays unsegmented however many seeds are left). None before either has a share."""
+    left = [seconds * (1 - share) / share for share in (seed_share, segmented_share) if share > 0]
+    return min(left) if left else None
 
 
 def segment(
@@ -565,7 +576,9 @@ def segment(
         now = time.perf_counter()
         if on_progress is not None and now - last_report >= progress_every_s:
             last_report = now
-            on_progress(progress_record(canvas.counts, loop, loop.seconds + now - started))
+            on_progress(
+                progress_record(canvas.counts, loop, loop.seconds + now - started, raw.size)
+            )
 
     canvas.after_batch = report_if_due
 

@@ -276,7 +276,12 @@ def test_a_running_block_reports_its_progress_and_clears_it_when_done(tmp_path):
     assert seen and seen[0]["block"] == block.name
     assert [r["fov_evaluations"] for r in seen] == sorted(r["fov_evaluations"] for r in seen)
     assert 0 < seen[-1]["seed_share"] <= 1 and seen[-1]["fov_per_s"] > 0
-    assert all((r["eta_s"] is None) == (r["seeds_tried"] < ETA_MIN_SEEDS) for r in seen)
+    assert all(
+        (r["eta_s"] is None) == (r["seeds_tried"] < ETA_MIN_SEEDS and r["segmented_share"] == 0)
+        for r in seen
+    )
+    shares = [r["segmented_share"] for r in seen]
+    assert shares == sorted(shares) and 0 <= shares[-1] <= 1
     assert seen[-1]["objects"] <= result.stats.objects
     assert not progress.exists()  # done: nothing stale left for the next run to print
 
@@ -318,3 +323,24 @@ def test_the_ground_truth_stand_in_gives_block_results_that_stitch_back_to_the_t
     stitched, _ = stitch(results, truth.shape, config)
     pairs = np.unique(np.stack([truth.ravel(), stitched.ravel()]), axis=1)
     assert pairs.shape[1] == 3 == len(np.unique(stitched))  # the same three objects
+
+
+def test_a_blocks_time_left_is_the_smaller_of_the_seed_and_the_voxel_extrapolation():
+    """Early the first seeds have made the largest objects (a seed count says thousands of
+    minutes); late the unsegmented rest stays unsegmented (a voxel count never reaches 100 %)."""
+    from collections import Counter
+
+    from pipeline.inference import _SeedLoop, progress_record
+
+    def record(tried: int, pending: int, segmented: int) -> dict:
+        loop = _SeedLoop(pending=[(0, 0, 0)] * pending, tried={(i, 0, 0) for i in range(tried)})
+        counts = Counter(objects=5, fov_evaluations=5000, segmented_voxels=segmented)
+        return progress_record(counts, loop, seconds=1000.0, voxels=100)
+
+    early = record(tried=25, pending=2475, segmented=40)  # 1 % of the seeds, 40 % of the voxels
+    assert early["eta_s"] == pytest.approx(1000 * 0.6 / 0.4)  # not 99,000 s
+    late = record(tried=900, pending=100, segmented=90)  # 90 % of the seeds, 90 % of the voxels
+    assert late["eta_s"] == pytest.approx(1000 * 0.1 / 0.9)
+    nearly = record(tried=990, pending=10, segmented=90)  # the last seeds, voxels stuck at 90 %
+    assert nearly["eta_s"] == pytest.approx(1000 * 0.01 / 0.99)
+    assert record(tried=3, pending=997, segmented=0)["eta_s"] is None  # the first object filling

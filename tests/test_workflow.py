@@ -200,10 +200,10 @@ def test_a_running_blocks_progress_reads_as_one_line():
     import workflow as cli
 
     record = {"block": "block_0_0_0", "objects": 12, "fov_evaluations": 3456, "fov_per_s": 1.29,
-              "seed_share": 0.4, "eta_s": 1500.0}  # fmt: skip
+              "seed_share": 0.4, "segmented_share": 0.62, "eta_s": 1500.0}  # fmt: skip
     assert cli.describe_progress("infer[0]", record) == (
-        "infer[0] block_0_0_0: 12 objects, 3,456 FOV evaluations, 1.3 FOV/s, 40% of the seeds "
-        "tried, about 25 min left in this seed pass"
+        "infer[0] block_0_0_0: 12 objects, 3,456 FOV evaluations, 1.3 FOV/s, 62% of the voxels "
+        "segmented, 40% of the seeds tried, about 25 min left in this seed pass"
     )
     # The first seeds' objects say nothing of the rest (one object can take an hour).
     early = record | {"eta_s": None, "seeds_tried": 2}
