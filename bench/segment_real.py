@@ -230,20 +230,33 @@ def _scored(segmentation: np.ndarray, truth: np.ndarray) -> dict:
     }
 
 
+def _watershed_row(
+    run_dir: Path, segmentation: np.ndarray, params: dict, trials: int, seconds: dict
+) -> dict:
+    """A learned watershed's row: its scores on the run's scored part, how it was tuned and
+    what each step took (`seconds`: train, tune, segment)."""
+    part, truth = _staged(run_dir)
+    return _scored(segmentation[part], truth) | {
+        "params": params,
+        "tuning_trials": trials,
+        "train_s": seconds["train"],
+        "select_s": seconds["tune"],
+        "infer_s": seconds["segment"],
+    }
+
+
 def _runs_watershed(run_dir: Path) -> dict:
     """The learned watershed a run's evaluation made (learned on the training part, tuned on the
     selection part, segmenting the staged evaluated volume), cut to the scored part."""
-    part, truth = _staged(run_dir)
     record = json.loads((run_dir / "baseline/learned_watershed.json").read_text())
-    segmentation = _read(run_dir / "baseline/learned_watershed.h5", "segmentation")[part]
     forest = read_stamp(run_dir / "baseline/boundary_forest.joblib")  # a task of its own
-    return _scored(segmentation, truth) | {
-        "params": record["params"],
-        "tuning_trials": len(record["tuning_trials"]),
-        "train_s": forest["measured"]["seconds"],
-        "select_s": record["seconds"]["tune"],
-        "infer_s": record["seconds"]["segment"],
-    }
+    return _watershed_row(
+        run_dir,
+        _read(run_dir / "baseline/learned_watershed.h5", "segmentation"),
+        record["params"],
+        len(record["tuning_trials"]),
+        record["seconds"] | {"train": forest["measured"]["seconds"]},
+    )
 
 
 def _forest_watershed(forest_path: Path, run_dir: Path) -> dict:
@@ -256,14 +269,15 @@ def _forest_watershed(forest_path: Path, run_dir: Path) -> dict:
         (_read(selection, "raw"), _read(selection, "labels")),
         read_array(staged_eval(run_dir).raw),
     )
-    part, truth = _staged(run_dir)
-    return _scored(result.segmentation[part], truth) | {
-        "params": result.params.__dict__,
-        "tuning_trials": len(result.trials),
-        "train_s": read_stamp(forest_path)["measured"]["seconds"],  # when that run learned it
-        "select_s": result.seconds["tune"],
-        "infer_s": result.seconds["segment"],
-    }
+    # The forest's learning time is the saving run's.
+    train_s = read_stamp(forest_path)["measured"]["seconds"]
+    return _watershed_row(
+        run_dir,
+        result.segmentation,
+        result.params.__dict__,
+        len(result.trials),
+        result.seconds | {"train": train_s},
+    )
 
 
 def _reference(eval_roi: str | None, run_dir: Path) -> dict:

@@ -511,7 +511,7 @@ def progress_record(counts: Counter, loop: "_SeedLoop", seconds: float, voxels: 
     pending = len(loop.pending or [])
     tried = len(loop.tried)
     share = tried / (tried + pending) if tried + pending else 0.0
-    segmented = counts["segmented_voxels"] / voxels if voxels else 0.0
+    segmented = counts["segmented_voxels"] / voxels  # `segment` takes no volume under a FOV
     fovs = counts["fov_evaluations"]
     return {
         "objects": counts["objects"],
