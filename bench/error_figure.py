@@ -1,14 +1,17 @@
-"""A figure of one ground-truth body and the segments a finished run cut it into: six sections
-through the body, the image with the run's segments inside the body in colour (top row) and the
-body's outline alone (bottom row). The report's "Where FFN errs most" names the bodies to look at.
+"""A figure of one ground-truth body and the segments a finished run cut it into, or of one
+segment and the bodies it merges: six sections through it, the image with the pieces inside it
+in colour (top row) and its outline alone (bottom row). The report's "Where FFN errs most" names
+the bodies and segments to look at.
 
 Run by hand (not a test), from the repository root:
 
     PATH=.venv/bin:$PATH python bench/error_figure.py --run-dir data/runs/flyem-fib25 \
         --body 135478 --out bench/figures/fib25_eval_body_135478.png
+    PATH=.venv/bin:$PATH python bench/error_figure.py --run-dir data/runs/flyem-fib25-whole \
+        --segment 1 --out bench/figures/fib25_whole_segment_1.png
 
 Reads the run's staged volume (image, labels, the scored part) and its exported segmentation;
-prints the body's voxels, mean grey value against all labelled voxels', and its segments.
+prints its voxels, mean grey value against all labelled voxels', and its pieces.
 """
 
 import argparse
@@ -35,7 +38,9 @@ SECTIONS = 6
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--body", type=int, required=True, help="a ground-truth id")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--body", type=int, help="a ground-truth id: the segments it is cut into")
+    which.add_argument("--segment", type=int, help="a segment id: the bodies it merges")
     parser.add_argument("--out", type=Path, required=True, help="the figure (.png)")
     args = parser.parse_args()
 
@@ -43,19 +48,49 @@ def main() -> None:
     part = staged.scored.slices if staged.scored else ()
     raw, labels = read_array(staged.raw)[part], read_array(staged.labels)[part]
     segmentation = read_array(segmentation_spec(str(args.run_dir / "precomputed")))[part]
-    body = labels == args.body
-    if not body.any():
-        sys.exit(f"no voxel of body {args.body} in the scored part")
-    ids, voxels = np.unique(segmentation[body], return_counts=True)
+    if args.body is not None:
+        whole, inside, name, pieces = (
+            labels == args.body,
+            segmentation,
+            f"body {args.body}",
+            "segments",
+        )
+    else:
+        whole, inside, name, pieces = (
+            segmentation == args.segment,
+            labels,
+            f"segment {args.segment}",
+            "bodies",
+        )
+    if not whole.any():
+        sys.exit(f"no voxel of {name} in the scored part")
+    ids, voxels = np.unique(inside[whole], return_counts=True)
     order = np.argsort(-voxels)
-    print(f"body {args.body}: {body.sum():,} voxels, mean grey {raw[body].mean():.0f} "
-          f"(all labelled voxels {raw[labels > 0].mean():.0f}); {len(ids)} segments, "
+    print(f"{name}: {whole.sum():,} voxels, mean grey {raw[whole].mean():.0f} "
+          f"(all labelled voxels {raw[labels > 0].mean():.0f}); {len(ids)} {pieces}, "
           f"{np.count_nonzero(voxels >= 1000)} of >= 1,000 voxels in it")  # fmt: skip
     print("largest:", ", ".join(f"{ids[i]} ({voxels[i]:,})" for i in order[:8]))
+    figure = _sections(raw, whole, inside, name, pieces)
+    figure.suptitle(
+        f"{args.run_dir.name}: {name} (green outline) and the {pieces} inside it (colours); "
+        "data: FlyEM, HHMI Janelia"
+    )
+    figure.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.out, dpi=60)
+    print(f"wrote {args.out}")
 
-    z_with = np.flatnonzero(body.any(axis=(1, 2)))
+
+def _sections(
+    raw: np.ndarray, whole: np.ndarray, inside: np.ndarray, name: str, pieces: str
+) -> plt.Figure:
+    """Six sections through `whole`: the image with the ids of `inside` in colour within it (top
+    row), its outline alone (bottom row). Ids are coloured at random, the same id alike."""
+    z_with = np.flatnonzero(whole.any(axis=(1, 2)))
     sections = np.linspace(z_with[0], z_with[-1], SECTIONS).round().astype(int)
-    colours = np.random.default_rng(0).random((int(segmentation.max()) + 1, 3))
+    _, dense = np.unique(inside, return_inverse=True)  # ground-truth ids run to 10^5 and more
+    dense = dense.reshape(inside.shape)
+    colours = np.random.default_rng(0).random((int(dense.max()) + 1, 3))
     figure, axes = plt.subplots(2, SECTIONS, figsize=(3.2 * SECTIONS, 6.8))
     for column, z in enumerate(sections):
         for row in range(2):
@@ -63,21 +98,14 @@ def main() -> None:
             axis.imshow(raw[z], cmap="gray", vmin=0, vmax=255)
             if row == 0:
                 overlay = np.zeros((*raw[z].shape, 4))
-                overlay[..., :3] = colours[segmentation[z]]
-                overlay[..., 3] = 0.45 * body[z]
+                overlay[..., :3] = colours[dense[z]]
+                overlay[..., 3] = 0.45 * whole[z]
                 axis.imshow(overlay)
-                axis.contour(find_boundaries(segmentation[z]), [0.5], colors="y", linewidths=0.3)
-            axis.contour(body[z], [0.5], colors="lime", linewidths=0.8)
-            axis.set_title(f"z {z}" + (": segments in it" if row == 0 else ": the body"))
+                axis.contour(find_boundaries(inside[z]), [0.5], colors="y", linewidths=0.3)
+            axis.contour(whole[z], [0.5], colors="lime", linewidths=0.8)
+            axis.set_title(f"z {z}: " + (f"{pieces} in it" if row == 0 else name))
             axis.set_axis_off()
-    figure.suptitle(
-        f"{args.run_dir.name}: ground-truth body {args.body} (green outline) and the run's "
-        f"segments inside it (colours); data: FlyEM, HHMI Janelia"
-    )
-    figure.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.out, dpi=60)
-    print(f"wrote {args.out}")
+    return figure
 
 
 if __name__ == "__main__":
