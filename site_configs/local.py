@@ -20,7 +20,10 @@ from parsl.providers import LocalProvider
 from site_configs import base
 from site_configs.base import SiteSpec
 
-_CORES = os.cpu_count() or 1
+# The CPUs this process may use (taskset, a container's or a batch job's cpuset), not the
+# machine's: Parsl's block affinity gives each worker its own, and a worker left with none fails
+# to start, again and again, while the run waits.
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 SITE = SiteSpec(
     name="local",

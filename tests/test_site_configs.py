@@ -182,6 +182,40 @@ def test_local_mpi_pool_gets_a_node_file_naming_this_machine(tmp_path):
     assert "PBS_NODEFILE" not in executors(config)[CPU_LABEL].provider.worker_init
 
 
+# The local site in a process that may use one CPU of the machine: one task on the CPU pool.
+ONE_CPU_RUN = """
+import os, sys
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+import parsl
+from parsl import python_app
+from site_configs import local
+from site_configs.base import CPU_LABEL
+
+print(local.SITE.cpu_workers_per_node, flush=True)
+parsl.load(local.make_config(sys.argv[1]))
+try:
+    print(python_app(lambda: "ran", executors=[CPU_LABEL])().result(timeout=60), flush=True)
+finally:
+    parsl.dfk().cleanup()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to take one away")
+def test_local_site_runs_where_the_process_may_use_fewer_cpus_than_the_machine_has(tmp_path):
+    """Under taskset, a container's or a batch job's cpuset, one worker per CPU of the machine
+    left Parsl's block affinity a worker with no CPU: it failed to start, over and over, and the
+    run waited forever (`taskset -c 1 make test` hung). One worker per CPU the process may use."""
+    ran = subprocess.run(
+        [sys.executable, "-c", ONE_CPU_RUN, str(tmp_path / "run")],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["1", "ran"]
+
+
 def test_a_pipeline_error_is_not_retried_but_a_lost_worker_is():
     from parsl.executors.high_throughput.errors import WorkerLost
 
