@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import re
 import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from multiprocessing import resource_tracker
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -1023,6 +1025,21 @@ def _stop(signum: int, frame) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold SIGINT back from the processes and threads Parsl starts meanwhile: they inherit the
+    mask. A terminal's Ctrl-C reaches the whole foreground process group; Parsl's interchange and
+    monitoring processes died of it and its cleanup then waited forever on the dead interchange.
+    Held, it reaches this process alone (after the start, not lost), which stops them in order."""
+    # multiprocessing unblocks SIGINT when it starts its resource tracker: started first here.
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def execute(
     steps: list[Step], reasons: dict[str, str | None], site, spec: SiteSpec, paths: RunPaths
 ) -> int:
@@ -1038,9 +1055,12 @@ def execute(
         try:
             config = site.make_config(paths.root, spec)
             start_watchdog(paths.root)  # ends the run if this process is killed (pipeline.watchdog)
-            dfk = parsl.load(only_executors(config, executor_labels(steps, reasons)))
+            with _sigint_held():
+                dfk = parsl.load(only_executors(config, executor_labels(steps, reasons)))
         except Exception:
-            stop_failed_start(ours)
+            # A Ctrl-C held back during Parsl's start arrives once `dfk` is set: `shutdown` below.
+            if dfk is None:
+                stop_failed_start(ours)
             raise
         from pipeline.blocks import block_progress_path
 

@@ -17,6 +17,8 @@ import shlex
 import shutil
 import string
 import sys
+import threading
+import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -707,9 +709,56 @@ def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
                 print(
                     f"[workflow] could not cancel {executor.label} blocks: {exc}", file=sys.stderr
                 )
-    dfk.cleanup()
+    _parsl_cleanup(dfk)
     _stop(started)
     watchdog.stop_all()
+
+
+# How long Parsl's cleanup may go on once an interchange has ended: a healthy one stops the
+# interchanges itself and ends its last steps (pipes, monitoring) within seconds.
+CLEANUP_AFTER_INTERCHANGE_S = 20.0
+
+
+def _parsl_cleanup(dfk) -> None:
+    """`dfk.cleanup()`, given up if it cannot end: it asks each interchange for its workers and
+    waits for the answer without a timeout, forever if the interchange died first (a SIGTERM to
+    the whole process group, as `timeout` or a batch system sends, reaches the interchanges too).
+    What it leaves running, `shutdown` stops all the same."""
+    failures: list[BaseException] = []
+
+    def cleanup() -> None:
+        try:
+            dfk.cleanup()
+        except BaseException as exc:  # noqa: BLE001  (raised again in the caller's thread)
+            failures.append(exc)
+
+    thread = threading.Thread(target=cleanup, name="parsl-cleanup", daemon=True)
+    thread.start()
+    ended_at = None
+    while thread.is_alive():
+        thread.join(0.2)
+        if ended_at is None and (ended := _ended_interchanges(dfk)):
+            ended_at = time.monotonic()
+        if ended_at is not None and time.monotonic() - ended_at > CLEANUP_AFTER_INTERCHANGE_S:
+            print(
+                f"[workflow] Parsl's cleanup had not ended {CLEANUP_AFTER_INTERCHANGE_S:.0f} s "
+                f"after the interchange of {', '.join(ended)} ended: the run's processes are "
+                "stopped without it",
+                file=sys.stderr,
+            )
+            return
+    if failures:
+        raise failures[0]
+
+
+def _ended_interchanges(dfk) -> list[str]:
+    """Labels of the executors whose local interchange process has exited."""
+    return [
+        label
+        for label, executor in dfk.executors.items()
+        if (process := getattr(executor, "interchange_proc", None)) is not None
+        and process.poll() is not None
+    ]
 
 
 def stop_failed_start(spare: frozenset[int] = frozenset()) -> None:

@@ -299,7 +299,7 @@ def processes_of(run_dir, session: int) -> list[str]:
     return found
 
 
-def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
+def test_ctrl_c_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
     run_dir = tmp_path / "stopped"
     command = [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir)]
     with processes.started(command, cwd=ROOT) as process:
@@ -309,10 +309,13 @@ def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
                 break
             time.sleep(0.2)
         assert len(ranks(run_dir)) == 2, "the ranks should be training"
-        process.send_signal(signal.SIGTERM)
-        out, _ = process.communicate(timeout=300)
-    assert process.returncode == 128 + signal.SIGTERM, out[-3000:]
-    assert "stopped by SIGTERM" in out
+        # A terminal's Ctrl-C: SIGINT to the whole foreground process group, Parsl's interchanges
+        # and monitoring processes included (they died of it, and Parsl's cleanup then hung).
+        os.killpg(process.pid, signal.SIGINT)
+        out, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGINT, out[-3000:]
+    assert "stopped by SIGINT" in out
+    assert "cleanup had not ended" not in out  # the interchanges lived: Parsl's own cleanup ran
     time.sleep(1)
     assert processes_of(run_dir, process.pid) == []  # no worker, no rank left computing
 
@@ -323,6 +326,27 @@ def test_sigterm_stops_every_worker_and_a_resume_goes_on(tiny_run, tmp_path):
     out = resume(run_dir, TINY)
     assert f"stage      {staged}/3 up to date" in out and "train      0/1 up to date" in out
     assert_same_result(run_dir, tiny_run)
+
+
+def test_sigterm_to_the_whole_process_group_stops_every_worker(tmp_path):
+    """As `timeout` or a batch system stops a job: SIGTERM to every process of the group at once.
+    The interchanges die before the workflow's handler stops them, and Parsl's cleanup, which
+    waits for their answer, would wait forever."""
+    run_dir = tmp_path / "terminated"
+    command = [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir)]
+    with processes.started(command, cwd=ROOT) as process:
+        seen = []
+        for line in process.stdout:  # until the first task starts: Parsl is up
+            seen.append(line)
+            if line.rstrip().endswith(" started"):
+                break
+        assert seen[-1].rstrip().endswith(" started"), "".join(seen)[-3000:]
+        os.killpg(process.pid, signal.SIGTERM)
+        out, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "stopped by SIGTERM" in out and "cleanup had not ended" in out
+    time.sleep(1)
+    assert processes_of(run_dir, process.pid) == []
 
 
 def ranks(run_dir) -> list[psutil.Process]:
