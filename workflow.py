@@ -1274,6 +1274,8 @@ def check_command(command: str, config: RunConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported before the run, like all this process uses: the checkout may change under a run.
+    from pipeline.report import write_report
     from pipeline.run_lock import hold
     from pipeline.staging import check_sources
     from pipeline.train_config import TrainConfig
@@ -1354,8 +1356,6 @@ def run(args: argparse.Namespace) -> int:
             "(or --resume without --stages) for a report of one consistent run"
         )
         return 0
-    from pipeline.report import write_report
-
     write_report(paths.root)
     _say(f"done: {paths.report}; view it with: python workflow.py view --run-dir {paths.root}")
     return 0

@@ -31,6 +31,7 @@ from parsl.executors.high_throughput.mpi_prefix_composer import compose_all
 from parsl.logconfigs.file import FileLogging
 
 from pipeline import watchdog
+from pipeline.code_copy import copy_code, worker_exports
 from pipeline.devices import GPU_ORDER_ENV, GPU_ORDERS, GpuOrder
 from pipeline.errors import ConfigError, FFNError
 
@@ -574,7 +575,8 @@ def runinfo_dir(run_dir: str | Path) -> Path:
 
 
 def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecutor]) -> Config:
-    """The one place the run dir, retries and monitoring are set, for every site."""
+    """The one place the run dir, retries, monitoring and the code workers import are set, for
+    every site."""
     runinfo = runinfo_dir(run_dir)
     monitoring = None
     if site.monitoring:
@@ -593,8 +595,10 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
             resource_monitoring_enabled=site.resource_monitoring_interval > 0,
             resource_monitoring_interval=site.resource_monitoring_interval,
         )
+    code = copy_code(run_dir)
     for executor in executors:
         _record_submissions(run_dir, executor)
+        _import_code_from(code, executor)
     # No app cache: the workflow submits only the tasks whose stamps (pipeline.stamps) say they
     # must run, and each task checks its stamp again on the worker.
     return Config(
@@ -613,6 +617,13 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
         # Passed on by Parsl to the interchange, the monitoring database and the workers.
         initialize_logging=FileLogging(level=getattr(logging, site.parsl_log_level)),
     )
+
+
+def _import_code_from(code: Path, executor: ParslExecutor) -> None:
+    """Every block of `executor` imports the run's copy of the code (pipeline.code_copy), not
+    the checkout as it is when the block starts: its provider's script runs these lines last."""
+    provider = executor.provider
+    provider.worker_init = "\n".join(filter(None, [provider.worker_init, *worker_exports(code)]))
 
 
 # How a batch job of each provider is cancelled, for the watchdog (as the provider's cancel does).
