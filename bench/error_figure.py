@@ -70,7 +70,7 @@ def main() -> None:
           f"(all labelled voxels {raw[labels > 0].mean():.0f}); {len(ids)} {pieces}, "
           f"{np.count_nonzero(voxels >= 1000)} of >= 1,000 voxels in it")  # fmt: skip
     print("largest:", ", ".join(f"{ids[i]} ({voxels[i]:,})" for i in order[:8]))
-    figure = _sections(raw, whole, inside, name, pieces)
+    figure = _sections(raw, whole, inside, ids[order], name, pieces)
     figure.suptitle(
         f"{args.run_dir.name}: {name} (green outline) and the {pieces} inside it (colours); "
         "data: FlyEM, HHMI Janelia"
@@ -82,23 +82,29 @@ def main() -> None:
 
 
 def _sections(
-    raw: np.ndarray, whole: np.ndarray, inside: np.ndarray, name: str, pieces: str
+    raw: np.ndarray,
+    whole: np.ndarray,
+    inside: np.ndarray,
+    largest: np.ndarray,
+    name: str,
+    pieces: str,
 ) -> plt.Figure:
     """Six sections through `whole`: the image with the ids of `inside` in colour within it (top
-    row), its outline alone (bottom row). Ids are coloured at random, the same id alike."""
+    row), its outline alone (bottom row). The first 20 of `largest` (its ids, largest first) get
+    tab20's distinct colours; the rest grey."""
     z_with = np.flatnonzero(whole.any(axis=(1, 2)))
     sections = np.linspace(z_with[0], z_with[-1], SECTIONS).round().astype(int)
-    _, dense = np.unique(inside, return_inverse=True)  # ground-truth ids run to 10^5 and more
-    dense = dense.reshape(inside.shape)
-    colours = np.random.default_rng(0).random((int(dense.max()) + 1, 3))
+    palette = plt.get_cmap("tab20").colors
+    colour_of = dict(zip(largest[:20], palette, strict=False))
     figure, axes = plt.subplots(2, SECTIONS, figsize=(3.2 * SECTIONS, 6.8))
     for column, z in enumerate(sections):
         for row in range(2):
             axis = axes[row, column]
             axis.imshow(raw[z], cmap="gray", vmin=0, vmax=255)
             if row == 0:
-                overlay = np.zeros((*raw[z].shape, 4))
-                overlay[..., :3] = colours[dense[z]]
+                overlay = np.full((*raw[z].shape, 4), 0.5)
+                for piece, colour in colour_of.items():
+                    overlay[inside[z] == piece, :3] = colour
                 overlay[..., 3] = 0.45 * whole[z]
                 axis.imshow(overlay)
                 axis.contour(find_boundaries(inside[z]), [0.5], colors="y", linewidths=0.3)
