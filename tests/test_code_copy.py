@@ -11,7 +11,6 @@ import pytest
 from workflow_runs import ROOT
 
 from pipeline.code_copy import CODE_DIR, code_digest, copy_code
-from pipeline.export import export_complete
 from pipeline.report import task_states
 from site_configs import local
 
@@ -64,30 +63,33 @@ def test_a_local_worker_imports_the_runs_copy_not_the_checkout(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_checkout_edited_under_a_running_workflow_does_not_reach_its_tasks(tmp_path):
+def test_a_checkout_edited_under_a_running_workflow_does_not_reach_its_training(tmp_path):
     checkout = checkout_copy(tmp_path / "checkout")
     run_dir = tmp_path / "run"
-    # Workers import the checkout the workflow runs from, as a venv's editable install makes them.
+    # Workers import the checkout the workflow runs from, as a venv's editable install makes them;
+    # the training ranks (`python -m`) import from their working directory, the checkout.
     env = os.environ | {"PYTHONPATH": str(checkout)}
-    command = [sys.executable, "workflow.py", "--config", "configs/tiny.toml", "--run-dir", str(run_dir)]  # fmt: skip
+    command = [
+        sys.executable, "workflow.py", "--config", "configs/tiny.toml", "--run-dir", str(run_dir),
+        "--stages", "stage", "preprocess", "train",
+    ]  # fmt: skip
     with processes.started(command, cwd=checkout, env=env) as process:
         seen = []
-        for line in process.stdout:  # planned and started; no stitching task has run yet
+        for line in process.stdout:  # planned, and the first tasks started: the training not yet
             seen.append(line)
-            if line.rstrip().endswith("train started"):
+            if line.rstrip().endswith(" started"):
                 break
-        assert seen and seen[-1].rstrip().endswith("train started"), "".join(seen)[-3000:]
-        # A `git pull` while the run goes on: the module the stitching tasks import now fails.
-        (checkout / "pipeline" / "stitching.py").write_text(BROKEN)
+        assert seen and seen[-1].rstrip().endswith(" started"), "".join(seen)[-3000:]
+        # A `git pull` while the run goes on: the module the training ranks import now fails.
+        (checkout / "pipeline" / "train.py").write_text(BROKEN)
         out, _ = process.communicate(timeout=min(900, processes.seconds_left()))
     assert process.returncode == 0, "".join(seen)[-2000:] + out[-3000:]
-    assert set(task_states(run_dir / "monitoring.db")["stitch"]) == {"exec_done"}
-    assert export_complete(run_dir / "precomputed")
+    assert task_states(run_dir / "monitoring.db")["train"] == ["exec_done"]
     (code,) = (run_dir / CODE_DIR).iterdir()
-    assert (code / "pipeline" / "stitching.py").read_bytes() == (
-        ROOT / "pipeline" / "stitching.py"
+    assert (code / "pipeline" / "train.py").read_bytes() == (
+        ROOT / "pipeline" / "train.py"
     ).read_bytes()
     broken = subprocess.run(
-        [sys.executable, "-c", "import pipeline.stitching"], cwd=checkout, capture_output=True
+        [sys.executable, "-c", "import pipeline.train"], cwd=checkout, capture_output=True
     )
     assert broken.returncode != 0 and b"edited under a running workflow" in broken.stderr
