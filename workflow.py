@@ -1274,7 +1274,8 @@ def check_command(command: str, config: RunConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported before the run, like all this process uses: the checkout may change under a run.
+    # Imported before the run starts, as the rest this process uses: the checkout may change
+    # while it runs (its workers import a copy, pipeline.code_copy).
     from pipeline.report import write_report
     from pipeline.run_lock import hold
     from pipeline.staging import check_sources

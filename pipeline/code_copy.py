@@ -4,10 +4,9 @@ Workers start after the workflow does (a batch job waits in the queue for hours;
 started again) and import the apps and the pipeline by name, each module when a task first needs
 it. From the checkout they would import whatever it holds by then: a `git pull` or an edit while
 the run waits or runs gives a worker a module the workflow did not plan with, beside older ones
-it already holds (a task fails on a renamed name, or its outputs are stamped as made by settings
-the new code reads otherwise). So the workflow copies the packages once as it starts, and its
-workers and training ranks import from the copy (`worker_exports`); the next run (a resume)
-copies the checkout as it is then.
+it already holds (a task fails on a renamed function, or runs a changed one among the old). So
+the workflow copies the packages once as it starts, and its workers and training ranks import
+from the copy (`worker_exports`); the next run (a resume) copies the checkout as it is then.
 
 The copy is `<run_dir>/code/<digest>/`, the digest of every file copied, so a resume with the
 same code reuses it. It is made under a temporary name and renamed: a folder of that name is
