@@ -622,7 +622,9 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
 def _import_code_from(code: Path, executor: ParslExecutor) -> None:
     """Every block of `executor` imports the run's copy of the code (pipeline.code_copy), not
     the checkout as it is when the block starts: its provider's script runs these lines last."""
-    provider = executor.provider
+    provider = getattr(executor, "provider", None)
+    if provider is None:  # a thread pool: its tasks run in the workflow process
+        return
     provider.worker_init = "\n".join(filter(None, [provider.worker_init, *worker_exports(code)]))
 
 
