@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
+from pipeline.code_copy import copy_name, last_copy
 from pipeline.errors import BoundaryForestError, ConfigError, FFNError
 from pipeline.stamps import STAMPED_INSIDE_SUFFIX, Task, as_path, plan
 
@@ -1273,6 +1274,20 @@ def check_command(command: str, config: RunConfig) -> None:
         )
 
 
+def describe_code(run_dir: Path) -> str:
+    """Which code the run dir's last run imported (pipeline.code_copy), against the checkout's."""
+    copy = last_copy(run_dir)
+    if copy is None:
+        return "no run has started workers here yet"
+    if copy.name == copy_name():
+        return f"the last run's workers imported {copy}, the checkout's code as it is now"
+    return (
+        f"the last run's workers imported {copy}; the checkout's code has changed since. A run's "
+        "workers import the checkout as the run starts; what is up to date stays as the earlier "
+        "code made it (delete an output to make it again)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported before the run starts, as the rest this process uses: the checkout may change
     # while it runs (its workers import a copy, pipeline.code_copy).
@@ -1345,6 +1360,8 @@ def run(args: argparse.Namespace) -> int:
     _say(("resuming" if args.resume else "tasks") + f" in {paths.root}:")
     for line in describe_plan(steps, reasons, stages):
         _say(line)
+    if (copy := last_copy(paths.root)) and copy.name != copy_name():
+        _say(f"code: {describe_code(paths.root)}")
     if all(r is None for r in reasons.values()):
         _say("nothing to do: every task is up to date")
     else:
@@ -1391,6 +1408,7 @@ def status(args: argparse.Namespace) -> int:
     print(f"run {config.name} in {paths.root} (site {source})")
     running = holder(paths.root)
     print(f"workflow: {running.describe() if running else 'no workflow has run here'}")
+    print(f"code: {describe_code(paths.root)}")
     print("stamps (what is done and valid now):", *describe_plan(steps, plan_run(steps)), sep="\n")
     for step in [s for s in steps if s.task.stage == "infer"]:
         progress = block_progress_path(step.task.outputs[0])

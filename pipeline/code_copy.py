@@ -44,11 +44,23 @@ def code_digest(root: Path = _ROOT) -> str:
     return digest.hexdigest()
 
 
+def copy_name(root: Path = _ROOT) -> str:
+    """The name of the copy of the code under `root`."""
+    return code_digest(root)[:16]
+
+
+def last_copy(run_dir: str | os.PathLike) -> Path | None:
+    """The copy the run dir's last run imported (None: no run has started workers there)."""
+    copies = Path(run_dir).resolve() / CODE_DIR
+    made = [path for path in copies.glob("[!.]*") if path.is_dir()]
+    return max(made, key=lambda path: path.stat().st_mtime) if made else None
+
+
 def copy_code(run_dir: str | os.PathLike, root: Path = _ROOT) -> Path:
     """Copy the packages under `root` into the run dir (unless that copy is there); return the
     folder to put on workers' PYTHONPATH. Copies of other code in the run dir are removed."""
     copies = Path(run_dir).resolve() / CODE_DIR
-    target = copies / code_digest(root)[:16]
+    target = copies / copy_name(root)
     if not target.is_dir():
         with atomic_dir(target) as tmp:
             for relative in code_files(root):

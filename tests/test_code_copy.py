@@ -8,9 +8,9 @@ import sys
 
 import processes
 import pytest
-from workflow_runs import ROOT
+from workflow_runs import ROOT, copy_run, workflow
 
-from pipeline.code_copy import CODE_DIR, code_digest, copy_code
+from pipeline.code_copy import CODE_DIR, code_digest, copy_code, copy_name
 from pipeline.report import task_states
 from site_configs import local
 
@@ -93,3 +93,24 @@ def test_a_checkout_edited_under_a_running_workflow_does_not_reach_its_training(
         [sys.executable, "-c", "import pipeline.train"], cwd=checkout, capture_output=True
     )
     assert broken.returncode != 0 and b"edited under a running workflow" in broken.stderr
+
+
+def test_status_and_a_resume_say_when_the_checkout_has_changed_since_the_last_run(
+    tiny_run, tmp_path
+):
+    run_dir = copy_run(tiny_run, tmp_path / "run")
+    status = workflow("status", "--run-dir", str(run_dir)).stdout
+    current = run_dir / CODE_DIR / copy_name()
+    assert (
+        f"code: the last run's workers imported {current}, the checkout's code as it is" in status
+    )
+
+    # As if the last run had had other code: a copy of a checkout with one module edited.
+    checkout = checkout_copy(tmp_path / "checkout")
+    stitching = checkout / "pipeline" / "stitching.py"
+    stitching.write_text("# an edit\n" + stitching.read_text())
+    earlier = copy_code(run_dir, checkout)
+    changed = f"imported {earlier}; the checkout's code has changed since"
+    assert changed in workflow("status", "--run-dir", str(run_dir)).stdout
+    resumed = workflow("--run-dir", str(run_dir), "--resume").stdout
+    assert changed in resumed and "nothing to do: every task is up to date" in resumed
