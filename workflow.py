@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from pipeline import config as config_io
-from pipeline.code_copy import copy_name, last_copy
+from pipeline.code_copy import CODE_DIR, copy_name, last_copy
 from pipeline.errors import BoundaryForestError, ConfigError, FFNError
 from pipeline.stamps import STAMPED_INSIDE_SUFFIX, Task, as_path, plan
 
@@ -1278,7 +1278,7 @@ def describe_code(run_dir: Path) -> str:
     """Which code the run dir's last run imported (pipeline.code_copy), against the checkout's."""
     copy = last_copy(run_dir)
     if copy is None:
-        return "no run has started workers here yet"
+        return f"no copy in {run_dir / CODE_DIR} (where a run keeps the code its workers import)"
     if copy.name == copy_name():
         return f"the last run's workers imported {copy}, the checkout's code as it is now"
     return (
