@@ -10,7 +10,7 @@ import processes
 import pytest
 from workflow_runs import ROOT, copy_run, workflow
 
-from pipeline.code_copy import CODE_DIR, code_digest, copy_code, copy_name
+from pipeline.code_copy import CODE_DIR, copy_code, copy_name
 from pipeline.report import task_states
 from site_configs import local
 
@@ -42,7 +42,7 @@ class TestTheCopy:
 
         (checkout / "pipeline" / "stitching.py").write_text(BROKEN)
         second = copy_code(tmp_path / "run", checkout)
-        assert second != first and second.name == code_digest(checkout)[:16]
+        assert second != first and second.name == copy_name(checkout)
         assert (second / "pipeline" / "stitching.py").read_text() == BROKEN
         assert sorted((tmp_path / "run" / CODE_DIR).iterdir()) == [second]  # nothing else kept
 
