@@ -31,17 +31,18 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
-from pipeline import config as config_io
-from pipeline.code_copy import CODE_DIR, copy_name, last_copy
-from pipeline.errors import BoundaryForestError, ConfigError, FFNError
-from pipeline.stamps import STAMPED_INSIDE_SUFFIX, Task, as_path, plan
+from pipeline.core import config_io
+from pipeline.core.errors import BoundaryForestError, ConfigError, FFNError
+from pipeline.core.stamps import STAMPED_INSIDE_SUFFIX, Task, as_path, plan
+from pipeline.run.code_copy import CODE_DIR, copy_name, last_copy
+from pipeline.run.run_layout import LAYOUT, RunPaths
 
 if TYPE_CHECKING:  # Parsl and TensorFlow load in seconds: imported where used, so --help is quick
-    from pipeline.blocks import BlockGrid
-    from pipeline.inference import InferenceConfig
-    from pipeline.run_config import RunConfig
-    from pipeline.study import StudyCell
-    from pipeline.train_config import TrainConfig
+    from pipeline.inference.blocks import BlockGrid
+    from pipeline.inference.flood_fill import InferenceConfig
+    from pipeline.run.run_config import RunConfig
+    from pipeline.study.study_grid import StudyCell
+    from pipeline.training.train_config import TrainConfig
     from site_configs.base import SiteSpec
 
 ROOT = Path(__file__).resolve().parent
@@ -51,78 +52,20 @@ STAGES = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class RunPaths:
-    """Where every stage's outputs live in a run directory."""
-
-    root: Path
-    # pipeline.staging.reads_in_place: the volume to segment is staged as a record, not a copy.
-    eval_in_place: bool = False
-
-    @property
-    def eval_volume(self) -> Path:
-        return self.root / _LAYOUT["eval_record" if self.eval_in_place else "eval_copy"]
-
-    def __getattr__(self, name: str) -> Path:
-        return self.root / _LAYOUT[name]
-
-
-_LAYOUT = {
-    "train_volume": "staged/train.h5",
-    "eval_copy": "staged/eval.h5",
-    "eval_record": "staged/eval.json",
-    "select_volume": "staged/select.h5",
-    "partitions": "preprocess/partitions.h5",
-    "coordinates": "preprocess/coordinates.npz",
-    "train_dir": "train",
-    "train_summary": "train/train_summary.json",
-    "train_log": "train/train.log",
-    "selection": "selection.json",
-    "blocks_dir": "inference/blocks",
-    "stitch_dir": "inference/stitch",
-    "stitch_summary": "inference/stitch.json",
-    # FFN's second pass ([agglomeration]): the first pass is stitched here, a consensus's second
-    # inference pass beside it, and what the export shows is made from them.
-    "first_pass": "agglomerate/first_pass",
-    "second_blocks_dir": "inference/second/blocks",
-    "second_stitch_dir": "inference/second/stitch",
-    "second_stitch_summary": "inference/second/stitch.json",
-    "second_pass": "agglomerate/second_pass",
-    "consensus": "agglomerate/consensus",
-    "consensus_dir": "agglomerate/consensus_ids",
-    "consensus_summary": "agglomerate/consensus.json",
-    "agglomerate_dir": "agglomerate",
-    "agglomerate_summary": "agglomerate/agglomerate.json",
-    "evaluation": "evaluation.json",
-    # The learned watershed's forest, learned on the training part; the fill floods its map too.
-    "boundary_forest": "baseline/boundary_forest.joblib",
-    "learned_baseline": "baseline/learned_watershed.h5",
-    "learned_baseline_record": "baseline/learned_watershed.json",
-    "counts_dir": "evaluation",
-    "precomputed": "precomputed",
-    "report": "report.md",
-    # A study (`workflow.py study`): one training folder per cell, the study's report beside.
-    "study_cells": "study/cells",
-    "study_report": "study/report.md",
-    "config": "config.json",
-    "site": "site.json",
-}
-
-
 def _eval_shape(config: RunConfig) -> tuple[int, int, int]:
     if config.data.synthetic:
-        from pipeline.synthetic import PRESETS
+        from pipeline.data.synthetic import PRESETS
 
         return (
             PRESETS[config.data.synthetic_preset]
             .with_geometry(config.data.synthetic_shape_zyx)
             .shape_zyx
         )
-    from pipeline.volumes import volume_shape
+    from pipeline.data.volumes import volume_shape
 
     shape = volume_shape(config.data.eval_raw)
     if config.data.eval_roi:
-        from pipeline.roi import Roi
+        from pipeline.core.roi import Roi
 
         return Roi.parse(config.data.eval_roi).grown(_eval_context(config), shape).shape
     return shape
@@ -131,19 +74,19 @@ def _eval_shape(config: RunConfig) -> tuple[int, int, int]:
 def _eval_voxel_size(config: RunConfig) -> tuple[float, float, float]:
     """The evaluated volume's voxel size (nm), read from its metadata (or the given one)."""
     if config.data.synthetic:
-        from pipeline.synthetic import PRESETS
+        from pipeline.data.synthetic import PRESETS
 
         return PRESETS[config.data.synthetic_preset].voxel_size_nm
-    from pipeline.volumes import read_header
+    from pipeline.data.volumes import read_header
 
     return read_header(config.data.eval_raw, config.data.voxel_size_nm).voxel_size_nm
 
 
 def _full_resolution(config: RunConfig, folder: Path) -> Path:
     """The folder of the full resolution of the segmentation layer in `folder`
-    (pipeline.export.new_segmentation): the export's, where evaluation and the export read the
+    (pipeline.export.layers.new_segmentation): the export's, where evaluation and the export read the
     segmentation, or the first pass's before agglomeration."""
-    from pipeline.export import SEGMENTATION_LAYER, full_resolution_key
+    from pipeline.export.layers import SEGMENTATION_LAYER, full_resolution_key
 
     return folder / SEGMENTATION_LAYER / full_resolution_key(_eval_voxel_size(config))
 
@@ -163,7 +106,7 @@ class InferencePass:
 def inference_passes(config: RunConfig, paths: RunPaths) -> list[InferencePass]:
     """The first pass, stitched into the export's folder unless a second pass follows; with
     `[agglomeration] consensus`, a second pass in the other seed order."""
-    from pipeline.inference import SEED_ORDERS
+    from pipeline.inference.flood_fill import SEED_ORDERS
 
     second = config.agglomeration
     first = InferencePass(
@@ -187,8 +130,8 @@ def _consensus_into(config: RunConfig, paths: RunPaths) -> Path:
 def _segmenting_fov(config: RunConfig) -> tuple[int, int, int]:
     """The FOV of the model that segments: the given pretrained one, else the one trained."""
     if config.pretrained_model:
-        from pipeline.inference import checkpoint_model_config
-        from pipeline.pretrained import converted_checkpoint
+        from pipeline.inference.flood_fill import checkpoint_model_config
+        from pipeline.network.released_weights import converted_checkpoint
 
         return checkpoint_model_config(converted_checkpoint(config.pretrained_model)).fov_shape_zyx
     return config.train.model.fov_shape_zyx
@@ -248,7 +191,7 @@ def check_stage_inputs(stages: frozenset[str], steps: list[Step]) -> None:
 
 @dataclass(frozen=True)
 class Step:
-    """A task of the DAG (pipeline.stamps.Task) and how to submit it: its app and the app's
+    """A task of the DAG (pipeline.core.stamps.Task) and how to submit it: its app and the app's
     other arguments."""
 
     task: Task
@@ -313,7 +256,7 @@ def _train_step(
 
 def _labelled_parts(config: RunConfig, paths: RunPaths) -> list[Step]:
     """Stage the selection part (where it has a volume of its own) and the training part."""
-    from pipeline.staging import role_settings, source_files
+    from pipeline.data.staging import role_settings, source_files
 
     select_part = [
         task_step("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
@@ -323,7 +266,7 @@ def _labelled_parts(config: RunConfig, paths: RunPaths) -> list[Step]:
 
 
 def _train_part(config: RunConfig, paths: RunPaths) -> Step:
-    from pipeline.staging import role_settings, source_files
+    from pipeline.data.staging import role_settings, source_files
 
     return task_step("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
                      [paths.train_volume], "stage.stage_volume")  # fmt: skip
@@ -335,7 +278,7 @@ def _selection_volume(config: RunConfig, paths: RunPaths) -> Path:
     return paths.select_volume if config.data.has_select_part else paths.train_volume
 
 
-# -- a study (`workflow.py study`): the paper's grid of trainings (pipeline.study) --
+# -- a study (`workflow.py study`): the paper's grid of trainings (pipeline.study.study_grid) --
 def study_capacity(site: SiteSpec) -> int | None:
     """Most real ranks a study's cell may have: one node's on this machine (more are virtual
     ranks), any number on a batch site (its queues say how many nodes a job may have)."""
@@ -361,7 +304,7 @@ def study_site(site: SiteSpec, config: RunConfig, allocation: dict[str, str]) ->
     in one allocation. Where the queue takes no job that small (Theta's default: 128 nodes or
     more) the job has the queue's smallest size. ConfigError where no job of the queue holds the
     largest cell."""
-    from pipeline.study import study_cells
+    from pipeline.study.study_grid import study_cells
     from site_configs.base import describe_queues, walltime_seconds
 
     cells = study_cells(config.study, config.train, study_capacity(site))
@@ -392,7 +335,7 @@ def study_site(site: SiteSpec, config: RunConfig, allocation: dict[str, str]) ->
 
 def study_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Stage the training volume, preprocess once, train every cell, write the study's report."""
-    from pipeline.study import study_cells
+    from pipeline.study.study_grid import study_cells
 
     cells = study_cells(config.study, config.train, study_capacity(site))
     steps = [_train_part(config, paths), _preprocess_step(config, paths)]
@@ -413,7 +356,7 @@ def study_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step
 
 def describe_study(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
     """The cells per rank count, the jobs asked for and their node-hours."""
-    from pipeline.study import rates_for, study_cells
+    from pipeline.study.study_grid import rates_for, study_cells
     from site_configs import describe
     from site_configs.base import walltime_seconds
 
@@ -455,8 +398,8 @@ def describe_study(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
 def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     """Every task of the run in dependency order. With a pretrained model there is no training:
     run() writes its checkpoint as the selection."""
-    from pipeline.blocks import block_path, infer_regions, plan_blocks
-    from pipeline.staging import role_settings, source_files
+    from pipeline.data.staging import role_settings, source_files
+    from pipeline.inference.blocks import block_path, infer_regions, plan_blocks
 
     steps = [
         task_step("stage[eval]", role_settings(config.data, "eval", _eval_context(config)), source_files(config.data, "eval"),
@@ -470,7 +413,7 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
     elif learns_forest:
         steps += _labelled_parts(config, paths)
     if learns_forest:  # one forest for both: the baseline's map and the fill's
-        # Its settings are pipeline.boundary_watershed's defaults.
+        # Its settings are pipeline.evaluation.learned_watershed's defaults.
         steps.append(task_step("evaluate[boundary forest]", {"boundary": "learned forest"}, [paths.train_volume],
                                [paths.boundary_forest], "evaluate.boundary_forest"))  # fmt: skip
     elif config.boundary_forest:  # another run's, checked and copied: the run keeps what it used
@@ -503,7 +446,7 @@ def dag_steps(config: RunConfig, paths: RunPaths, site: SiteSpec) -> list[Step]:
 def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     """The FFN segmentation and the watershed baseline scored against the labels: a task per
     region counts overlaps, the last sums and scores (apps/evaluate.py)."""
-    from pipeline.evaluation import count_regions
+    from pipeline.evaluation.evaluate import count_regions
 
     regions = count_regions(_eval_shape(config), config.evaluation)
     scored = _scored_segmentations(config, paths)
@@ -525,7 +468,7 @@ def evaluate_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     if _learns_baseline(config):
         parts = [paths.boundary_forest, _selection_volume(config, paths), paths.eval_volume]
         learned = [paths.learned_baseline, paths.learned_baseline_record]
-        # The tuning grid's settings are pipeline.boundary_watershed's defaults.
+        # The tuning grid's settings are pipeline.evaluation.learned_watershed's defaults.
         steps.append(task_step("evaluate[learned watershed]", {"baseline": "learned watershed"}, parts,
                                learned, "evaluate.learned_baseline"))  # fmt: skip
         settings, counts = settings | {"learned_watershed": True}, counts + learned[:1]
@@ -557,7 +500,7 @@ def _scored_segmentations(config: RunConfig, paths: RunPaths) -> dict[str, Path]
 def _layout(config: RunConfig) -> dict:
     """How the full resolution of every segmentation layer the run writes is stored (as the
     export's settings say), a setting of every task that writes one."""
-    from pipeline.export import segmentation_layout
+    from pipeline.export.layers import segmentation_layout
 
     layout = segmentation_layout(
         _eval_shape(config), _eval_voxel_size(config), config.export, config.blocks.chunks
@@ -567,9 +510,9 @@ def _layout(config: RunConfig) -> dict:
 
 def _layer_parts(config: RunConfig, blocks: BlockGrid) -> list[tuple[slice, ...]]:
     """The parts its writers write a segmentation layer in, a task each
-    (pipeline.stitching.layer_part)."""
-    from pipeline.export import SegmentationLayout
-    from pipeline.stitching import layer_parts
+    (pipeline.inference.stitching.layer_part)."""
+    from pipeline.export.layers import SegmentationLayout
+    from pipeline.inference.stitching import layer_parts
 
     return layer_parts(blocks, config_io.from_dict(SegmentationLayout, _layout(config)))
 
@@ -580,8 +523,8 @@ def stitch_steps(
     """A pairs task per block, one join, a relabel task per part of the layer (a block's core,
     or a shard) writing it, then the check that writes stitch.json (apps/stitch.py), for pass
     `one`."""
-    from pipeline.blocks import block_path
-    from pipeline.stitching import later_neighbours, part_name, part_neighbours
+    from pipeline.inference.blocks import block_path
+    from pipeline.inference.stitching import later_neighbours, part_name, part_neighbours
 
     results = [block_path(one.blocks_dir, b) for b in blocks]
     pairs = [one.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
@@ -622,7 +565,7 @@ def consensus_steps(
     """The split consensus of the two passes: a task per block core lists its pairs of ids, one
     joins them into a table, a relabel task per part of the layer (a block's core, or a shard)
     writes it, the last checks (apps/consensus.py)."""
-    from pipeline.stitching import part_name
+    from pipeline.inference.stitching import part_name
 
     first, second = (str(one.folder) for one in passes)  # arguments: a moved run stays up to date
     layers = [_full_resolution(config, one.folder) for one in passes]
@@ -657,8 +600,8 @@ def agglomerate_steps(config: RunConfig, paths: RunPaths, blocks: BlockGrid) -> 
     decision task per core (flood fills), one merge table, a relabel task per part of the layer
     (a block's core, or a shard) writing the export's segmentation layer, then the check that
     writes agglomerate.json (apps/agglomerate.py)."""
-    from pipeline.agglomeration import FILL_SETTINGS
-    from pipeline.stitching import part_name
+    from pipeline.inference.stitching import part_name
+    from pipeline.secondpass.agglomeration import FILL_SETTINGS
 
     folder = paths.agglomerate_dir
     # What it agglomerates: the consensus if one is made, else the first pass.
@@ -730,7 +673,7 @@ def export_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     then one plans the mesh shards and a task per shard merges it; unsharded: one per igneous
     meshing task meshes), the last checks and sums up (apps/export.py). Each task's record is
     in the export's folder."""
-    from pipeline.export import (
+    from pipeline.export.layers import (
         RECORDS_DIR,
         export_regions,
         export_tasks,
@@ -856,7 +799,7 @@ def _eval_has_labels(config: RunConfig) -> bool:
 
 def describe_training(config: RunConfig, ranks: int) -> str:
     """The model and what a step costs, so a wrong model is seen before the first step."""
-    from pipeline.model import forward_flops_per_fov, weight_count
+    from pipeline.network.model import forward_flops_per_fov, weight_count
 
     model, batch = config.train.model, config.train.batch_size
     fov = "x".join(map(str, model.fov_shape_zyx))
@@ -872,7 +815,7 @@ def describe_training(config: RunConfig, ranks: int) -> str:
 
 
 def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
-    from pipeline.blocks import plan_blocks
+    from pipeline.inference.blocks import plan_blocks
     from site_configs import describe
     from site_configs.base import expanded_launch_line
 
@@ -931,7 +874,7 @@ def describe_dag(config: RunConfig, paths: RunPaths, site: SiteSpec) -> str:
 
 
 def describe_progress(name: str, record: dict) -> str:
-    """One line on a running block (its progress file, pipeline.blocks.block_progress_path)."""
+    """One line on a running block (its progress file, pipeline.inference.blocks.block_progress_path)."""
     eta = record.get("eta_s")
     left = (
         f", about {eta / 60:.0f} min left in this seed pass"
@@ -1047,7 +990,7 @@ def execute(
     """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
     import parsl
 
-    from pipeline.watchdog import start as start_watchdog
+    from pipeline.run.watchdog import start as start_watchdog
     from site_configs.base import child_pids, only_executors, shutdown, stop_failed_start
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -1055,7 +998,9 @@ def execute(
     try:
         try:
             config = site.make_config(paths.root, spec)
-            start_watchdog(paths.root)  # ends the run if this process is killed (pipeline.watchdog)
+            start_watchdog(
+                paths.root
+            )  # ends the run if this process is killed (pipeline.run.watchdog)
             with _sigint_held():
                 dfk = parsl.load(only_executors(config, executor_labels(steps, reasons)))
         except Exception:
@@ -1063,7 +1008,7 @@ def execute(
             if dfk is None:
                 stop_failed_start(ours)
             raise
-        from pipeline.blocks import block_progress_path
+        from pipeline.inference.blocks import block_progress_path
 
         futures = build_dag(steps, reasons)
         progress = {
@@ -1088,7 +1033,7 @@ def execute(
     for name, exc in failed.items():
         print(f"[workflow] {name} failed: {exc}", file=sys.stderr)
     if failed:
-        print(f"[workflow] Parsl's logs: {paths.root / 'runinfo'}", file=sys.stderr)
+        print(f"[workflow] Parsl's logs: {paths.runinfo}", file=sys.stderr)
         return 1
     return 0
 
@@ -1106,7 +1051,7 @@ def _site_source(name_or_path: str) -> str:
 def save_site_record(path: Path, source: str, spec: SiteSpec) -> None:
     """site.json: the site module the run uses and its resolved settings (account, queue, job
     sizes): what `--resume` and `status` go on with."""
-    from pipeline.atomic import atomic_path
+    from pipeline.core.atomic import atomic_path
 
     with atomic_path(path) as tmp:
         tmp.write_text(
@@ -1208,8 +1153,8 @@ class ResolvedRun:
 
 def resolve_run(args: argparse.Namespace) -> ResolvedRun:
     """The run's settings, paths and site, the same for a run, its dry run and its resume."""
-    from pipeline.run_config import load_run_config
-    from pipeline.staging import reads_in_place
+    from pipeline.data.staging import reads_in_place
+    from pipeline.run.run_config import load_run_config
     from site_configs import load_site
     from site_configs.base import for_run
 
@@ -1275,7 +1220,7 @@ def check_command(command: str, config: RunConfig) -> None:
 
 
 def describe_code(run_dir: Path) -> str:
-    """Which code the run dir's last run imported (pipeline.code_copy), against the checkout's."""
+    """Which code the run dir's last run imported (pipeline.run.code_copy), against the checkout's."""
     copy = last_copy(run_dir)
     if copy is None:
         return f"no copy in {run_dir / CODE_DIR} (where a run keeps the code its workers import)"
@@ -1290,11 +1235,11 @@ def describe_code(run_dir: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # Imported before the run starts, as the rest this process uses: the checkout may change
-    # while it runs (its workers import a copy, pipeline.code_copy).
-    from pipeline.report import write_report
-    from pipeline.run_lock import hold
-    from pipeline.staging import check_sources
-    from pipeline.train_config import TrainConfig
+    # while it runs (its workers import a copy, pipeline.run.code_copy).
+    from pipeline.data.staging import check_sources
+    from pipeline.run.run_lock import hold
+    from pipeline.run.run_report import write_report
+    from pipeline.training.train_config import TrainConfig
     from site_configs.base import venv_path
     from site_configs.environment import check_environment, describe_environment, read_environment
 
@@ -1327,7 +1272,7 @@ def run(args: argparse.Namespace) -> int:
     # A GPU site with a CPU-only TensorFlow is refused here, before a job is asked for.
     environment_warning = check_environment(spec, environment)
     spec.require_submittable()  # a placeholder account: refused before the run dir is touched
-    if (paths.root / "runinfo").exists() and not args.resume:
+    if paths.runinfo.exists() and not args.resume:
         print(
             f"error: {paths.root} holds an earlier run; add --resume, or choose another --run-dir",
             file=sys.stderr,
@@ -1337,7 +1282,7 @@ def run(args: argparse.Namespace) -> int:
         _check_given_forest(Path(config.boundary_forest), paths)
     lock = hold(paths.root)  # noqa: F841  (held until this process ends)
     if config.pretrained_model:  # inference only: the model's checkpoint is the selection
-        from pipeline.pretrained import stage_pretrained_selection
+        from pipeline.selection.released_models import stage_pretrained_selection
 
         stage_pretrained_selection(config.pretrained_model, paths.selection)
         stages = stages - {"preprocess", "train", "select"}
@@ -1391,12 +1336,12 @@ def _check_given_forest(given: Path, paths: RunPaths) -> None:
 
 def status(args: argparse.Namespace) -> int:
     """What a run has done, from its stamps, monitoring.db and files; starts nothing."""
-    from pipeline.blocks import block_progress_path
-    from pipeline.report import failed_tasks, task_states
-    from pipeline.run_config import load_run_config
-    from pipeline.run_lock import holder
-    from pipeline.staging import reads_in_place
-    from pipeline.train_metrics import last_metrics
+    from pipeline.data.staging import reads_in_place
+    from pipeline.inference.blocks import block_progress_path
+    from pipeline.run.run_config import load_run_config
+    from pipeline.run.run_lock import holder
+    from pipeline.run.run_report import failed_tasks, task_states
+    from pipeline.training.train_metrics import last_metrics
 
     paths = RunPaths(Path(args.run_dir).resolve())
     if not paths.config.is_file() or not paths.site.is_file():
@@ -1415,7 +1360,7 @@ def status(args: argparse.Namespace) -> int:
         if record := _progress_of(progress, {}):  # a block begun and not finished
             when = time.strftime("%H:%M:%S", time.localtime(progress.stat().st_mtime))
             print(f"  at {when}: {describe_progress(step.task.name, record)}")
-    db = paths.root / "monitoring.db"
+    db = paths.monitoring_db
     if states := task_states(db):
         counts = {stage: {s: v.count(s) for s in set(v)} for stage, v in states.items()}
         print(
@@ -1430,8 +1375,8 @@ def status(args: argparse.Namespace) -> int:
             f"training: step {metrics['step']:.0f}/{config.train.max_steps}, loss {metrics['loss']:.4f}, "
             f"{metrics['fov_per_s']:.1f} FOV/s"
         )
-    runs = sorted((paths.root / "runinfo").glob("[0-9][0-9][0-9]"))
-    latest = runs[-1] if runs else paths.root / "runinfo"
+    runs = sorted(paths.runinfo.glob("[0-9][0-9][0-9]"))
+    latest = runs[-1] if runs else paths.runinfo
     train_logs = (
         paths.study_cells / "*" / "train.log" if config.study.rank_counts else paths.train_log
     )
@@ -1440,9 +1385,9 @@ def status(args: argparse.Namespace) -> int:
 
 
 def view(args: argparse.Namespace) -> int:
-    from pipeline.viewer import serve_forever
+    from pipeline.export.viewer import serve_forever
 
-    folder = Path(args.run_dir) / _LAYOUT["precomputed"]
+    folder = Path(args.run_dir) / LAYOUT["precomputed"]
     serve_forever(folder, args.port, args.segments, args.viewer_port)
     return 0
 
@@ -1466,7 +1411,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         help="TOML of run settings (see configs/) over each section's own defaults "
-        "(pipeline/run_config.py); relative paths in it are relative to the file; default: the "
+        "(pipeline/run/run_config.py); relative paths in it are relative to the file; default: the "
         "demo, or with --resume the run's own config.json",
     )
     parser.add_argument("--run-dir", help="default: data/runs/<name from the config>")

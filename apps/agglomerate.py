@@ -1,4 +1,4 @@
-"""FFN's second pass after stitching (pipeline.agglomeration): the stitched first pass's touching
+"""FFN's second pass after stitching (pipeline.secondpass.agglomeration): the stitched first pass's touching
 pairs found per block core, one table of them, a decision task per core (two flood fills per
 pair around its contact), one table of merges, a relabel task per part of the export's
 segmentation layer writing it (with the fill, its 0s filled over the boundary map that the
@@ -7,8 +7,8 @@ learned watershed's forest, apps/evaluate.py's `boundary_forest`, predicts part 
 small in all filled alike), then a check that every file is what its task wrote.
 
 Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
-written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k
-(per-part relabel tasks, pipeline.stitching.layer_part), "parts": how many (the last task),
+written is stored (pipeline.export.layers.SegmentationLayout), "block": k (per-core tasks), "part": k
+(per-part relabel tasks, pipeline.inference.stitching.layer_part), "parts": how many (the last task),
 "agglomeration": AgglomerationConfig (the tasks up to the decisions: only the settings the
 fills depend on)}; `first_pass` is the folder holding the stitched first pass's layer, `folder`
 the export's."""
@@ -23,8 +23,8 @@ from site_configs import CPU_LABEL
 @python_app(executors=[CPU_LABEL])
 def pair_core(settings: dict, first_pass: str, inputs=(), outputs=()):
     """inputs: the first pass's full resolution; outputs[0]: core k's contacts (.npz)."""
-    from pipeline.agglomeration import core_contacts, save_contact_table
-    from pipeline.stamps import digest_files, run_once
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.secondpass.agglomeration import core_contacts, save_contact_table
 
     output = outputs[0].filepath
     blocks, config = grid_of(settings)
@@ -49,8 +49,12 @@ def pair_core(settings: dict, first_pass: str, inputs=(), outputs=()):
 def join_pairs(settings: dict, inputs=(), outputs=()):
     """inputs: every core's contacts; outputs[0]: the pairs to decide (.npz), those touching
     over at least `min_contact` in all."""
-    from pipeline.agglomeration import load_contact_table, merge_contact_tables, save_contact_table
-    from pipeline.stamps import digest_files, run_once
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.secondpass.agglomeration import (
+        load_contact_table,
+        merge_contact_tables,
+        save_contact_table,
+    )
 
     output = outputs[0].filepath
     _, config = grid_of(settings)
@@ -66,12 +70,12 @@ def join_pairs(settings: dict, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def count_part(settings: dict, first_pass: str, inputs=(), outputs=()):
     """inputs: the first pass's full resolution; outputs[0]: the voxels of each object in part k
-    of the layer (pipeline.stitching.layer_part) (.npz)."""
-    from pipeline.agglomeration import save_sizes, segment_sizes
-    from pipeline.config import from_dict
-    from pipeline.export import SegmentationLayout
-    from pipeline.stamps import digest_files, run_once
-    from pipeline.stitching import layer_part
+    of the layer (pipeline.inference.stitching.layer_part) (.npz)."""
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.export.layers import SegmentationLayout
+    from pipeline.inference.stitching import layer_part
+    from pipeline.secondpass.agglomeration import save_sizes, segment_sizes
 
     output = outputs[0].filepath
     blocks, _ = grid_of(settings)
@@ -89,8 +93,8 @@ def count_part(settings: dict, first_pass: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def sum_sizes(settings: dict, inputs=(), outputs=()):
     """inputs: every part's counts; outputs[0]: the whole volume's (.npz)."""
-    from pipeline.agglomeration import load_sizes, save_sizes, total_sizes
-    from pipeline.stamps import digest_files, run_once
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.secondpass.agglomeration import load_sizes, save_sizes, total_sizes
 
     output = outputs[0].filepath
 
@@ -106,18 +110,23 @@ def decide_core(settings: dict, first_pass: str, inputs=(), outputs=()):
     """settings also: {"inference": InferenceConfig}; inputs: the staged volume, the first
     pass's full resolution, the pairs, selection.json; outputs[0]: the decisions of the pairs
     whose contact point lies in core k (.npz)."""
-    from pipeline.agglomeration import decide_pairs, load_contact_table, pairs_in, save_decisions
-    from pipeline.config import from_dict
-    from pipeline.inference import (
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.data.staging import read_staged
+    from pipeline.data.volumes import open_volume
+    from pipeline.inference.flood_fill import (
         InferenceConfig,
         checkpoint_model_config,
         predictor_from_checkpoint,
     )
-    from pipeline.selection import chosen_checkpoint
-    from pipeline.staging import read_staged
-    from pipeline.stamps import digest_files, run_once
-    from pipeline.stitching import block_core
-    from pipeline.volumes import open_volume
+    from pipeline.inference.stitching import block_core
+    from pipeline.secondpass.agglomeration import (
+        decide_pairs,
+        load_contact_table,
+        pairs_in,
+        save_decisions,
+    )
+    from pipeline.selection.checkpoints import chosen_checkpoint
 
     volume, _, pairs, selection = (f.filepath for f in inputs)
     output = outputs[0].filepath
@@ -146,8 +155,13 @@ def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
     (.npz: each merged id and the id it becomes). Also makes the new, empty segmentation layer
     in the export `folder` that the relabel tasks write into."""
     from apps.stitch import new_layer
-    from pipeline.agglomeration import load_decisions, merge_lookup, merged_pairs, save_merges
-    from pipeline.stamps import run_once
+    from pipeline.core.stamps import run_once
+    from pipeline.secondpass.agglomeration import (
+        load_decisions,
+        merge_lookup,
+        merged_pairs,
+        save_merges,
+    )
 
     output = outputs[0].filepath
     _, config = grid_of(settings)
@@ -166,11 +180,11 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(),
     """inputs: the merge table, the first pass's full resolution, with the fill the boundary forest
     and the staged volume (and with `fill_min_size` the objects' sizes);
     outputs[0]: part k's record (.json). Writes part k of the layer
-    (pipeline.stitching.layer_part), merged (and filled), into the export's segmentation layer."""
+    (pipeline.inference.stitching.layer_part), merged (and filled), into the export's segmentation layer."""
     from apps.stitch import writer_of
-    from pipeline.agglomeration import load_merges
-    from pipeline.stamps import digest, run_once
-    from pipeline.stitching import save_core_record
+    from pipeline.core.stamps import digest, run_once
+    from pipeline.inference.stitching import save_core_record
+    from pipeline.secondpass.agglomeration import load_merges
 
     merges = inputs[0].filepath
     output = outputs[0].filepath
@@ -201,11 +215,11 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
     from pathlib import Path
 
     from apps.stitch import new_layer, writer_of
-    from pipeline.agglomeration import load_decisions, load_merges
-    from pipeline.atomic import atomic_path
-    from pipeline.export import SEGMENTATION_LAYER
-    from pipeline.stamps import run_once
-    from pipeline.stitching import check_written_parts, load_core_record
+    from pipeline.core.atomic import atomic_path
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import SEGMENTATION_LAYER
+    from pipeline.inference.stitching import check_written_parts, load_core_record
+    from pipeline.secondpass.agglomeration import load_decisions, load_merges
 
     paths = [f.filepath for f in inputs]
     summary, full_resolution = (f.filepath for f in outputs)
@@ -248,13 +262,13 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=()
 
 
 def _write_merged(k: int, blocks, layer, read, merges, boundary, config, dropped) -> dict:
-    """Part k of `layer` (pipeline.stitching.layer_part) written from the first pass (`read`)
+    """Part k of `layer` (pipeline.inference.stitching.layer_part) written from the first pass (`read`)
     with `merges` applied, if `boundary` is given the `dropped` objects' voxels and the
     unsegmented ones filled over it; its record."""
     import fastremap
 
-    from pipeline.agglomeration import filled_part, relabel
-    from pipeline.stitching import layer_part, write_part_labels
+    from pipeline.inference.stitching import layer_part, write_part_labels
+    from pipeline.secondpass.agglomeration import filled_part, relabel
 
     def merged(box):
         return relabel(read(box), *merges)
@@ -272,9 +286,9 @@ def _write_merged(k: int, blocks, layer, read, merges, boundary, config, dropped
 
 def grid_of(settings: dict):
     """The block grid and the agglomeration's settings."""
-    from pipeline.agglomeration import AgglomerationConfig
-    from pipeline.blocks import BlockConfig, plan_blocks
-    from pipeline.config import from_dict
+    from pipeline.core.config_io import from_dict
+    from pipeline.inference.blocks import BlockConfig, plan_blocks
+    from pipeline.secondpass.agglomeration import AgglomerationConfig
 
     blocks = plan_blocks(settings["shape"], from_dict(BlockConfig, settings["blocks"]))
     return blocks, from_dict(AgglomerationConfig, settings.get("agglomeration", {}))
@@ -282,8 +296,8 @@ def grid_of(settings: dict):
 
 def chunks_of(settings: dict) -> tuple[int, int, int]:
     """The layers' chunks, on which the cores are cut (as the stitching cuts them)."""
-    from pipeline.blocks import BlockConfig
-    from pipeline.config import from_dict
+    from pipeline.core.config_io import from_dict
+    from pipeline.inference.blocks import BlockConfig
 
     return from_dict(BlockConfig, settings["blocks"]).chunks
 
@@ -297,7 +311,7 @@ def small_objects_of(config, inputs, merges):
     """The ids, after `merges`, of the objects the fill gives away (inputs[2]: their sizes)."""
     import numpy as np
 
-    from pipeline.agglomeration import load_sizes, small_objects
+    from pipeline.secondpass.agglomeration import load_sizes, small_objects
 
     if not config.fill_min_size:
         return np.zeros(0, np.uint64)
@@ -311,10 +325,10 @@ def boundary_reader(config, settings: dict, inputs):
     loaded at the first box: the last task reads none when no part needs rewriting."""
     from functools import cache
 
-    from pipeline.boundary_watershed import BoundaryForestConfig, box_boundary_probability
-    from pipeline.evaluation import load_boundary_forest
-    from pipeline.staging import read_staged
-    from pipeline.volumes import open_volume
+    from pipeline.data.staging import read_staged
+    from pipeline.data.volumes import open_volume
+    from pipeline.evaluation.evaluate import load_boundary_forest
+    from pipeline.evaluation.learned_watershed import BoundaryForestConfig, box_boundary_probability
 
     if not config.fill_unsegmented:
         yield None
@@ -329,8 +343,8 @@ def boundary_reader(config, settings: dict, inputs):
 @contextmanager
 def layer_reader(folder: str):
     """A reader of the segmentation layer in `folder`: box -> voxels."""
-    from pipeline.export import segmentation_spec
-    from pipeline.volumes import open_volume
+    from pipeline.data.volumes import open_volume
+    from pipeline.export.layers import segmentation_spec
 
     with open_volume(segmentation_spec(folder)) as array:
         yield array.__getitem__

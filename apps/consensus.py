@@ -1,11 +1,11 @@
-"""The split consensus of two stitched inference passes (pipeline.agglomeration): per block core
+"""The split consensus of two stitched inference passes (pipeline.secondpass.agglomeration): per block core
 the pairs of ids the two passes give its voxels, one table of them over the volume, a relabel
 task per part of the layer writing each voxel's pair's row as its label, then a check that
 every file is what its task wrote.
 
 Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer
-written is stored (pipeline.export.SegmentationLayout), "block": k (per-core tasks), "part": k
-(per-part relabel tasks, pipeline.stitching.layer_part)}; `first`, `second` are the folders
+written is stored (pipeline.export.layers.SegmentationLayout), "block": k (per-core tasks), "part": k
+(per-part relabel tasks, pipeline.inference.stitching.layer_part)}; `first`, `second` are the folders
 holding the two passes' layers, `folder` the one written."""
 
 from parsl import python_app
@@ -20,10 +20,10 @@ def consensus_pairs(settings: dict, first: str, second: str, inputs=(), outputs=
     import numpy as np
 
     from apps.agglomerate import chunks_of, grid_of, layer_reader
-    from pipeline.agglomeration import id_pairs
-    from pipeline.atomic import atomic_path
-    from pipeline.stamps import digest_files, run_once
-    from pipeline.stitching import block_core
+    from pipeline.core.atomic import atomic_path
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.inference.stitching import block_core
+    from pipeline.secondpass.agglomeration import id_pairs
 
     output = outputs[0].filepath
 
@@ -46,9 +46,9 @@ def join_consensus_pairs(settings: dict, folder: str, inputs=(), outputs=()):
     import numpy as np
 
     from apps.stitch import new_layer
-    from pipeline.agglomeration import join_id_pairs
-    from pipeline.atomic import atomic_path
-    from pipeline.stamps import run_once
+    from pipeline.core.atomic import atomic_path
+    from pipeline.core.stamps import run_once
+    from pipeline.secondpass.agglomeration import join_id_pairs
 
     output = outputs[0].filepath
 
@@ -74,8 +74,8 @@ def relabel_consensus_part(
     Writes part k's consensus labels into the layer in `folder`."""
     import numpy as np
 
-    from pipeline.stamps import digest, run_once
-    from pipeline.stitching import save_core_record
+    from pipeline.core.stamps import digest, run_once
+    from pipeline.inference.stitching import save_core_record
 
     table = inputs[0].filepath
     output = outputs[0].filepath
@@ -100,10 +100,10 @@ def finish_consensus(settings: dict, first: str, second: str, folder: str, input
     import numpy as np
 
     from apps.stitch import new_layer, writer_of
-    from pipeline.atomic import atomic_path
-    from pipeline.export import SEGMENTATION_LAYER
-    from pipeline.stamps import run_once
-    from pipeline.stitching import check_written_parts, load_core_record
+    from pipeline.core.atomic import atomic_path
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import SEGMENTATION_LAYER
+    from pipeline.inference.stitching import check_written_parts, load_core_record
 
     paths = [f.filepath for f in inputs]
     summary, full_resolution = (f.filepath for f in outputs)
@@ -129,8 +129,8 @@ def _write(k: int, settings: dict, table, first: str, second: str, folder: str) 
     """Part k's consensus labels written into the layer in `folder`; its record."""
     from apps.agglomerate import grid_of, layer_reader
     from apps.stitch import writer_of
-    from pipeline.agglomeration import consensus_labels
-    from pipeline.stitching import layer_part, write_part_labels
+    from pipeline.inference.stitching import layer_part, write_part_labels
+    from pipeline.secondpass.agglomeration import consensus_labels
 
     blocks, _ = grid_of(settings)
     layer = writer_of(settings, folder)

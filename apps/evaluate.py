@@ -1,5 +1,5 @@
 """Score the FFN segmentation and the watershed baseline against the ground truth: a task per
-region counts the overlaps of its part (pipeline.evaluation), the last sums and scores; the
+region counts the overlaps of its part (pipeline.evaluation.evaluate), the last sums and scores; the
 learned baseline, where the run has a labelled training part, is a task of its own, over the map
 of a boundary forest learned there by another (which the second pass's fill also takes), or
 given: another run's, copied."""
@@ -14,11 +14,11 @@ def count_region(settings: dict, folder: str, inputs=(), outputs=()):
     """settings: {"region": "z0:z1, y0:y1, x0:x1"}; inputs: staged labeled volume, the
     segmentation's full resolution (in the export `folder`); outputs[0]: the region's overlap
     counts within the scored part (.npz)."""
-    from pipeline.evaluation import count_region
-    from pipeline.export import segmentation_spec
-    from pipeline.roi import Roi
-    from pipeline.staging import read_staged
-    from pipeline.stamps import run_once
+    from pipeline.core.roi import Roi
+    from pipeline.core.stamps import run_once
+    from pipeline.data.staging import read_staged
+    from pipeline.evaluation.evaluate import count_region
+    from pipeline.export.layers import segmentation_spec
 
     volume = inputs[0].filepath
     output = outputs[0].filepath
@@ -35,9 +35,9 @@ def count_region(settings: dict, folder: str, inputs=(), outputs=()):
 def boundary_forest(settings: dict, inputs=(), outputs=()):
     """inputs[0]: the staged training part; outputs[0]: the boundary forest learned there
     (joblib): the learned watershed's map, and the one the second pass's fill floods."""
-    from pipeline.evaluation import learn_boundary_forest
-    from pipeline.staging import read_staged
-    from pipeline.stamps import run_once
+    from pipeline.core.stamps import run_once
+    from pipeline.data.staging import read_staged
+    from pipeline.evaluation.evaluate import learn_boundary_forest
 
     train, output = read_staged(inputs[0].filepath), outputs[0].filepath
     return run_once(settings, [inputs[0].filepath], [output],
@@ -48,8 +48,8 @@ def boundary_forest(settings: dict, inputs=(), outputs=()):
 def given_boundary_forest(settings: dict, inputs=(), outputs=()):
     """inputs[0]: a boundary forest another run learned (`boundary_forest`); outputs[0]: its
     copy in this run, once checked to be one."""
-    from pipeline.evaluation import copy_boundary_forest
-    from pipeline.stamps import digest_files, run_once
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.evaluation.evaluate import copy_boundary_forest
 
     source, output = inputs[0].filepath, outputs[0].filepath
 
@@ -65,9 +65,9 @@ def learned_baseline(settings: dict, inputs=(), outputs=()):
     """settings: {"baseline": "learned watershed"}; inputs: the boundary forest (`boundary_forest`),
     the staged selection and evaluated volumes; outputs: the segmentation (HDF5) and its record
     (.json)."""
-    from pipeline.evaluation import learned_baseline
-    from pipeline.staging import read_staged
-    from pipeline.stamps import run_once
+    from pipeline.core.stamps import run_once
+    from pipeline.data.staging import read_staged
+    from pipeline.evaluation.evaluate import learned_baseline
 
     paths = [f.filepath for f in inputs]
     segmentation, record = (f.filepath for f in outputs)
@@ -86,11 +86,12 @@ def evaluate(settings: dict, inputs=(), outputs=()):
     staged labeled volume, then every region's counts, then every region's counts of each of
     `also` in turn, then the learned baseline's segmentation if any; outputs[0]:
     evaluation.json."""
-    from pipeline.config import from_dict
-    from pipeline.evaluation import score_volume
-    from pipeline.metrics import OverlapCounts, WatershedConfig
-    from pipeline.staging import read_staged
-    from pipeline.stamps import run_once
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.data.staging import read_staged
+    from pipeline.evaluation.evaluate import score_volume
+    from pipeline.evaluation.scores import OverlapCounts
+    from pipeline.evaluation.watershed import WatershedConfig
 
     paths = [f.filepath for f in inputs]
     output = outputs[0].filepath

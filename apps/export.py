@@ -1,5 +1,5 @@
 """Neuroglancer precomputed layers (image, segmentation with meshes) of the segmented volume, as
-small tasks (pipeline.export): one begins the export, one per region writes every scale of both
+small tasks (pipeline.export.layers): one begins the export, one per region writes every scale of both
 layers (sharded: and meshes the region, then one plans the mesh shards and a task per shard
 merges it; unsharded: one per igneous meshing task meshes), and the last one checks what they
 wrote, adds the segment properties and writes the summary. Each task records what it wrote in
@@ -23,10 +23,10 @@ def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
     and writes both layers' info."""
     import json
 
-    from pipeline.atomic import atomic_path
-    from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, begin_export
-    from pipeline.stamps import run_once
+    from pipeline.core.atomic import atomic_path
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import ExportConfig, begin_export
 
     volume = inputs[0].filepath
     output = outputs[0].filepath
@@ -47,10 +47,10 @@ def export_region(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the begun export's record, staged volume, the segmentation's full resolution;
     outputs[0]: the record of region task `settings["index"]` (its segments' voxel counts, the
     files it wrote: every scale, and sharded, its meshes' fragments)."""
-    from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, region_step, save_region_record
-    from pipeline.roi import Roi
-    from pipeline.stamps import run_once
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.roi import Roi
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import ExportConfig, region_step, save_region_record
 
     volume = inputs[1].filepath
     output = outputs[0].filepath
@@ -71,9 +71,9 @@ def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     """Unsharded exports' meshing. inputs: the begun export's record, then the segmentation's
     full resolution (all it meshes); outputs[0]: the record of the legacy fragments igneous's
     meshing task `settings["mesh"]` wrote."""
-    from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, mesh_part, save_files_record
-    from pipeline.stamps import run_once
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import ExportConfig, mesh_part, save_files_record
 
     output = outputs[0].filepath
 
@@ -89,8 +89,8 @@ def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: every region task's record (its fragments); outputs[0]: the sharded meshes'
     plan's record: which segments each of about `settings["shards"]` mesh shards holds,
     and where their fragments are."""
-    from pipeline.export import plan_meshes, recorded_files, save_files_record
-    from pipeline.stamps import run_once
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import plan_meshes, recorded_files, save_files_record
 
     paths = [f.filepath for f in inputs]
     output = outputs[0].filepath
@@ -107,9 +107,9 @@ def merge_meshes(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the plan's record (the regions' fragments it reads are the plan's); outputs[0]:
     the record of the mesh shards merge task `settings["merge"]` (of `settings["merges"]`)
     wrote."""
-    from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, merge_part, save_files_record
-    from pipeline.stamps import run_once
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import ExportConfig, merge_part, save_files_record
 
     output = outputs[0].filepath
 
@@ -127,9 +127,9 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
     outputs[0]: the export's folder. Rewrites what was lost or damaged since its task wrote it
     (records in `folder`, `settings["tasks"]` of each kind), then the manifests, the segment
     properties and the summary `export.json`."""
-    from pipeline.config import from_dict
-    from pipeline.export import ExportConfig, finish_export, repair_export
-    from pipeline.stamps import run_once
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import ExportConfig, finish_export, repair_export
 
     paths = [f.filepath for f in inputs]
     volume = paths[0]
@@ -147,7 +147,7 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
 
 
 def _voxel_size(volume: str) -> tuple[float, float, float]:
-    from pipeline.staging import read_staged
+    from pipeline.data.staging import read_staged
 
     return read_staged(volume).voxel_size_nm
 
@@ -155,9 +155,9 @@ def _voxel_size(volume: str) -> tuple[float, float, float]:
 def _read_region(volume: str, folder: str, region):
     """The staged image and the stitched segmentation (in the export `folder`) within `region`
     (a Roi)."""
-    from pipeline.export import segmentation_spec
-    from pipeline.staging import read_staged
-    from pipeline.volumes import label_ids, open_volume, read_raw
+    from pipeline.data.staging import read_staged
+    from pipeline.data.volumes import label_ids, open_volume, read_raw
+    from pipeline.export.layers import segmentation_spec
 
     staged = read_staged(volume)
     raw, _ = read_raw(staged.raw, staged.voxel_size_nm, region.slices)

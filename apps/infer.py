@@ -12,7 +12,11 @@ def infer_block(settings: dict, inputs=(), outputs=()):
     result file."""
     from pathlib import Path
 
-    from pipeline.blocks import (
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import digest_arrays, input_token, run_once
+    from pipeline.data.staging import read_staged
+    from pipeline.data.volumes import open_volume
+    from pipeline.inference.blocks import (
         Block,
         block_progress_path,
         block_state_path,
@@ -20,16 +24,12 @@ def infer_block(settings: dict, inputs=(), outputs=()):
         segment_block,
         write_block_result,
     )
-    from pipeline.config import from_dict
-    from pipeline.inference import (
+    from pipeline.inference.flood_fill import (
         InferenceConfig,
         checkpoint_model_config,
         predictor_from_checkpoint,
     )
-    from pipeline.selection import chosen_checkpoint, recorded_checkpoint
-    from pipeline.staging import read_staged
-    from pipeline.stamps import digest_arrays, input_token, run_once
-    from pipeline.volumes import open_volume
+    from pipeline.selection.checkpoints import chosen_checkpoint, recorded_checkpoint
 
     volume, selection = (f.filepath for f in inputs)
     output = outputs[0].filepath
@@ -65,10 +65,10 @@ def ground_truth_block(settings: dict, inputs=(), outputs=()):
     """A stand-in for infer_block that benchmarks of the data path use (bench/scale.py): the
     block's ground truth as its result. settings: {"start": zyx, "stop": zyx}; inputs: the
     staged labeled volume; outputs[0]: the block's result file."""
-    from pipeline.blocks import Block, ground_truth_block, write_block_result
-    from pipeline.staging import read_staged
-    from pipeline.stamps import digest_arrays, run_once
-    from pipeline.volumes import open_volume
+    from pipeline.core.stamps import digest_arrays, run_once
+    from pipeline.data.staging import read_staged
+    from pipeline.data.volumes import open_volume
+    from pipeline.inference.blocks import Block, ground_truth_block, write_block_result
 
     volume, output = inputs[0].filepath, outputs[0].filepath
 

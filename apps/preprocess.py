@@ -9,9 +9,9 @@ from site_configs import CPU_LABEL
 def preprocess(settings: dict, inputs=(), outputs=()):
     """settings: {"partitions": PartitionConfig}; inputs[0]: staged training volume;
     outputs: partitions.h5, coordinates.npz."""
-    from pipeline.config import from_dict
-    from pipeline.partitions import PartitionConfig, preprocess
-    from pipeline.stamps import run_once
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.preprocess.partitions import PartitionConfig, preprocess
 
     partitions_out, coordinates_out = (f.filepath for f in outputs)
     config = from_dict(PartitionConfig, settings["partitions"])

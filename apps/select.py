@@ -11,10 +11,10 @@ def select_checkpoint(settings: dict, inputs=(), outputs=()):
     to score on; outputs[0]: selection.json."""
     from pathlib import Path
 
-    from pipeline.config import from_dict
-    from pipeline.selection import SelectionConfig, select_checkpoint, selection_token
-    from pipeline.stamps import run_once
-    from pipeline.volumes import read_volume_pair
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.data.volumes import read_volume_pair
+    from pipeline.selection.checkpoints import SelectionConfig, select_checkpoint, selection_token
 
     summary, volume_path = (f.filepath for f in inputs)
     output = outputs[0].filepath

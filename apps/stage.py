@@ -7,10 +7,10 @@ from site_configs import CPU_LABEL
 
 @python_app(executors=[CPU_LABEL])
 def stage_volume(settings: dict, inputs=(), outputs=()):
-    """settings: pipeline.staging.role_settings; inputs: the user's files; outputs[0]: the
+    """settings: pipeline.data.staging.role_settings; inputs: the user's files; outputs[0]: the
     staged .h5 (raw and, if known, labels)."""
-    from pipeline.staging import stage_role
-    from pipeline.stamps import run_once
+    from pipeline.core.stamps import run_once
+    from pipeline.data.staging import stage_role
 
     path = outputs[0].filepath
     return run_once(

@@ -1,12 +1,12 @@
 """Join the block segmentations into one chunked volume with global ids, as small tasks
-(pipeline.stitching): pairs per block, one id table, a relabel task per part of the layer
+(pipeline.inference.stitching): pairs per block, one id table, a relabel task per part of the layer
 writing its own files (a block's core, or a shard), then a check that every file is what its
 task wrote. No task holds more than a block's neighbourhood or a shard, whatever the volume's
 size. The volume is the full resolution of the export's segmentation layer
-(pipeline.export.new_segmentation), which the export then completes.
+(pipeline.export.layers.new_segmentation), which the export then completes.
 
 Each task's settings: {"blocks": BlockConfig, "shape": volume zyx, "layout": how the layer is
-stored (pipeline.export.SegmentationLayout), "block": k (per-block tasks), "part": k (per-part
+stored (pipeline.export.layers.SegmentationLayout), "block": k (per-block tasks), "part": k (per-part
 tasks), "reads": the indices of the block results among its inputs, in order}; `folder` is the
 export's folder."""
 
@@ -19,8 +19,8 @@ from site_configs import CPU_LABEL
 def pair_block(settings: dict, inputs=(), outputs=()):
     """inputs: block k's result, then those of the later blocks that overlap it; outputs[0]:
     its pairs (.npz)."""
-    from pipeline.stamps import digest_files, run_once
-    from pipeline.stitching import block_pairs, save_block_pairs
+    from pipeline.core.stamps import digest_files, run_once
+    from pipeline.inference.stitching import block_pairs, save_block_pairs
 
     blocks, config, read = _grid(settings, [f.filepath for f in inputs])
     output = outputs[0].filepath
@@ -37,8 +37,8 @@ def join_blocks(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the staged volume, then every block's pairs in plan order; outputs[0]: the id
     table (.npz). Also makes the new, empty segmentation layer in `folder` that the relabel
     tasks write into."""
-    from pipeline.stamps import run_once
-    from pipeline.stitching import join_ids, load_block_pairs, save_id_table
+    from pipeline.core.stamps import run_once
+    from pipeline.inference.stitching import join_ids, load_block_pairs, save_id_table
 
     output = outputs[0].filepath
 
@@ -53,11 +53,11 @@ def join_blocks(settings: dict, folder: str, inputs=(), outputs=()):
 @python_app(executors=[CPU_LABEL])
 def relabel_part(settings: dict, folder: str, inputs=(), outputs=()):
     """inputs: the id table, then the results of the blocks that overlap part k of the layer
-    (pipeline.stitching.layer_part); outputs[0]: the part's record (.json), with the inference
+    (pipeline.inference.stitching.layer_part); outputs[0]: the part's record (.json), with the inference
     stats of the blocks it owns (`owned_blocks`). Writes part k into the segmentation layer."""
-    from pipeline.inference import InferenceStats
-    from pipeline.stamps import digest, run_once
-    from pipeline.stitching import (
+    from pipeline.core.stamps import digest, run_once
+    from pipeline.inference.flood_fill import InferenceStats
+    from pipeline.inference.stitching import (
         layer_part,
         load_id_table,
         owned_blocks,
@@ -92,10 +92,10 @@ def finish_stitch(settings: dict, folder: str, inputs=(), outputs=()):
     import json
     from pathlib import Path
 
-    from pipeline.atomic import atomic_path
-    from pipeline.export import SEGMENTATION_LAYER
-    from pipeline.stamps import run_once
-    from pipeline.stitching import check_cores, load_core_record, load_id_table
+    from pipeline.core.atomic import atomic_path
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import SEGMENTATION_LAYER
+    from pipeline.inference.stitching import check_cores, load_core_record, load_id_table
 
     paths = [f.filepath for f in inputs]
     count = len(paths) - 2 - len(settings["reads"])
@@ -123,9 +123,9 @@ def finish_stitch(settings: dict, folder: str, inputs=(), outputs=()):
 def _grid(settings: dict, results: list[str]):
     """The block grid, the stitching settings and a reader of the task's block results by block
     index (`settings["reads"]` says which result each input path is)."""
-    from pipeline.blocks import BlockConfig, plan_blocks
-    from pipeline.config import from_dict
-    from pipeline.stitching import BlockReader
+    from pipeline.core.config_io import from_dict
+    from pipeline.inference.blocks import BlockConfig, plan_blocks
+    from pipeline.inference.stitching import BlockReader
 
     config = from_dict(BlockConfig, settings["blocks"])
     blocks = plan_blocks(settings["shape"], config)
@@ -135,9 +135,9 @@ def _grid(settings: dict, results: list[str]):
 def new_layer(settings: dict, folder: str, staged: str) -> None:
     """The empty segmentation layer in `folder`: the staged volume's shape and voxel size,
     stored as `settings["layout"]` says."""
-    from pipeline.config import from_dict
-    from pipeline.export import SegmentationLayout, new_segmentation
-    from pipeline.staging import read_staged
+    from pipeline.core.config_io import from_dict
+    from pipeline.data.staging import read_staged
+    from pipeline.export.layers import SegmentationLayout, new_segmentation
 
     layout = from_dict(SegmentationLayout, settings["layout"])
     new_segmentation(folder, settings["shape"], read_staged(staged).voxel_size_nm, layout)
@@ -145,6 +145,6 @@ def new_layer(settings: dict, folder: str, staged: str) -> None:
 
 def writer_of(settings: dict, folder: str):
     """The writer of the segmentation layer in `folder` (`new_layer`'s)."""
-    from pipeline.export import SegmentationWriter
+    from pipeline.export.layers import SegmentationWriter
 
     return SegmentationWriter(folder, settings["layout"]["gzip"])

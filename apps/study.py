@@ -1,4 +1,4 @@
-"""The study's report from its cells' metrics (pipeline.study_report)."""
+"""The study's report from its cells' metrics (pipeline.study.study_report)."""
 
 from parsl import python_app
 
@@ -11,10 +11,10 @@ def report_study(settings: dict, inputs=(), outputs=()):
     train_summary.json; outputs[0]: study/report.md (figures and results.json beside it)."""
     from pathlib import Path
 
-    from pipeline.config import from_dict
-    from pipeline.stamps import run_once
-    from pipeline.study import StudyCell, StudyConfig
-    from pipeline.study_report import write_study_report
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.study.study_grid import StudyCell, StudyConfig
+    from pipeline.study.study_report import write_study_report
 
     report = Path(outputs[0].filepath)
 

@@ -14,8 +14,8 @@ def train(
     lineage); its output is appended to `log`. outputs[0]: train_summary.json."""
     import subprocess
 
-    from pipeline.errors import StageFailed
-    from pipeline.stamps import run_once
+    from pipeline.core.errors import StageFailed
+    from pipeline.core.stamps import run_once
 
     def work() -> None:
         with open(log, "ab") as out:

@@ -1,5 +1,5 @@
 """Does agglomeration help? A first pass, then agglomeration of its touching pairs
-(pipeline.agglomeration), scored before and after against the ground truth.
+(pipeline.secondpass.agglomeration), scored before and after against the ground truth.
 
 Run by hand (not a test), from the repository root, on one of:
 
@@ -7,7 +7,7 @@ Run by hand (not a test), from the repository root, on one of:
     PATH=.venv/bin:$PATH python bench/agglomerate.py --run-dir data/runs/flyem-fib25-selection
 
 --synthetic-seed: the demo model (`models/demo-synthetic`) segments a synthetic volume with the
-demo's inference settings (`pipeline.inference.segment`, whole volume; kept in --workdir, so a
+demo's inference settings (`pipeline.inference.flood_fill.segment`, whole volume; kept in --workdir, so a
 second run only agglomerates). Seed 1 is the demo's scored volume, seed 2 its selection volume.
 
 --run-dir: a finished workflow run with labels: its staged volume (the scored part and its
@@ -20,11 +20,11 @@ Every pair's measures are written to --output (JSON), so that thresholds can be 
 them without filling again: --sweep prints the scores a grid of thresholds would give (on the
 tuning volume), --decisions FILE reuses the fills of an earlier --output instead of filling.
 --budgets 1 2 4 8 measures every pair as fills of at most that many FOV evaluations would, from
-one fill per side with the largest (`pipeline.agglomeration.pair_measures`), so the sweep also
+one fill per side with the largest (`pipeline.secondpass.agglomeration.pair_measures`), so the sweep also
 tells what a smaller budget costs and scores, and what larger minimum contacts would (a subset
 of the same pairs).
 --fill STAGED_TRAIN_H5 needs no fills of pairs either: it scores the fill of the voxels the first
-pass left unsegmented (`pipeline.agglomeration.fill_unsegmented`, the boundary map learned on
+pass left unsegmented (`pipeline.secondpass.agglomeration.fill_unsegmented`, the boundary map learned on
 that staged training part, e.g. data/runs/flyem-fib25/staged/train.h5), the same after dropping
 the objects under each of FILL_MIN_SIZES voxels (`fill_min_size`), and perfect decisions on the
 filled segmentation's touching pairs.
@@ -46,15 +46,24 @@ from pathlib import Path
 
 import fastremap
 import numpy as np
+from machine import cpu_name  # bench/machine.py
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from machine import cpu_name  # noqa: E402  (bench/machine.py)
-
-import pipeline  # noqa: E402, F401  (sets TensorFlow's oneDNN flag before TF loads)
-from pipeline.agglomeration import (  # noqa: E402
+import pipeline  # noqa: F401  (sets TensorFlow's oneDNN flag before TF loads)
+from pipeline.data.staging import StagedVolume, read_staged
+from pipeline.data.synthetic import SyntheticConfig, generate
+from pipeline.data.volumes import open_volume
+from pipeline.evaluation.learned_watershed import learned_boundary_map
+from pipeline.evaluation.scores import score_segmentation
+from pipeline.export.layers import segmentation_spec
+from pipeline.inference.flood_fill import (
+    InferenceConfig,
+    checkpoint_model_config,
+    predictor_from_checkpoint,
+    segment,
+)
+from pipeline.run.run_config import load_run_config
+from pipeline.secondpass.agglomeration import (
     AgglomerationConfig,
     PairDecision,
     candidate_pairs,
@@ -66,20 +75,9 @@ from pipeline.agglomeration import (  # noqa: E402
     segment_sizes,
     small_objects,
 )
-from pipeline.boundary_watershed import learned_boundary_map  # noqa: E402
-from pipeline.export import segmentation_spec  # noqa: E402
-from pipeline.inference import (  # noqa: E402
-    InferenceConfig,
-    checkpoint_model_config,
-    predictor_from_checkpoint,
-    segment,
-)
-from pipeline.metrics import score_segmentation  # noqa: E402
-from pipeline.run_config import load_run_config  # noqa: E402
-from pipeline.selection import chosen_checkpoint  # noqa: E402
-from pipeline.staging import StagedVolume, read_staged  # noqa: E402
-from pipeline.synthetic import SyntheticConfig, generate  # noqa: E402
-from pipeline.volumes import open_volume  # noqa: E402
+from pipeline.selection.checkpoints import chosen_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DEMO_CHECKPOINT = ROOT / "models/demo-synthetic/checkpoints/ckpt-0"
 SWEEP_RECOVERED = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
@@ -130,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def read_array(spec: str) -> np.ndarray:
-    """A whole volume (`pipeline.volumes` spec) in memory."""
+    """A whole volume (`pipeline.data.volumes` spec) in memory."""
     with open_volume(spec) as array:
         return array[...]
 

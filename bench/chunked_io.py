@@ -3,13 +3,14 @@ stages read (a block at a time) on this machine.
 
 Run by hand (not a test), from the repository root:
 
-    PATH=.venv/bin:$PATH python bench/chunked_io.py [--shape 256 256 256] [--tensorstore DIR]
+    PATH=.venv/bin:$PATH python bench/chunked_io.py [--shape 256 256 256]
+    (tensorstore: PYTHONPATH=DIR, a folder it was `pip install --target`-ed into)
 
 Writes one synthetic uint64 segmentation (the stitched volume's dtype) and its uint8 image as
 zarr (64^3 chunks, zstd) and as Neuroglancer precomputed (64^3 chunks; raw image, and
 compressed_segmentation as the export writes), then times reading every 128^3 block of each,
 per library: zarr (zarr-python 2), cloud-volume (precomputed only) and tensorstore (both
-formats; `--tensorstore DIR` is a folder it was `pip install --target`-ed into, as it is not a
+formats; from PYTHONPATH: a folder it was `pip install --target`-ed into, as it is not a
 dependency). Reports MB/s of decoded voxels and the installed size of each library's own
 packages. Results go to --json.
 """
@@ -26,11 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pipeline.core.atomic import atomic_path
+from pipeline.data.synthetic import SyntheticConfig, generate
 
-from pipeline.atomic import atomic_path  # noqa: E402
-from pipeline.synthetic import SyntheticConfig, generate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CHUNK = 64
 BLOCK = 128
@@ -74,7 +74,7 @@ def _time_reads(read, shape, itemsize, repeats: int = 3) -> float:
 
 
 def _write_zarr(folder: Path, raw: np.ndarray, seg: np.ndarray) -> None:
-    from pipeline.volumes import new_chunked_volume, open_volume
+    from pipeline.data.volumes import new_chunked_volume, open_volume
 
     for name, array in (("raw", raw), ("seg", seg)):
         path = folder / f"{name}.zarr"
@@ -102,12 +102,9 @@ def _write_precomputed(folder: Path, raw: np.ndarray, seg: np.ndarray) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", type=int, nargs=3, default=[256, 256, 256])
-    parser.add_argument("--tensorstore", type=Path, help="folder tensorstore is installed in")
     parser.add_argument("--json", type=Path, default=ROOT / "bench/results/chunked_io.json")
     args = parser.parse_args()
     shape = tuple(args.shape)
-    if args.tensorstore:
-        sys.path.insert(0, str(args.tensorstore))
     raw, labels = generate(SyntheticConfig(shape_zyx=shape, voxel_size_nm=(10, 10, 10)))
     seg = labels.astype(np.uint64)
     results: dict[str, dict] = {}
@@ -134,7 +131,7 @@ def main() -> int:
         try:
             import tensorstore as ts
         except ImportError:
-            print("tensorstore: not installed (--tensorstore DIR), left out", file=sys.stderr)
+            print("tensorstore: not importable (PYTHONPATH=DIR), left out", file=sys.stderr)
         else:
             for name, dtype in (("raw", raw.dtype), ("seg", seg.dtype)):
                 for driver, path in (("zarr", folder / f"{name}.zarr" / name),

@@ -21,16 +21,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from skimage.segmentation import find_boundaries  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from agglomerate import read_array, staged_eval  # bench/agglomerate.py
+from skimage.segmentation import find_boundaries
+
+from pipeline.export.layers import segmentation_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from agglomerate import read_array, staged_eval  # noqa: E402  (bench/agglomerate.py)
-
-from pipeline.export import segmentation_spec  # noqa: E402
 
 SECTIONS = 6
 

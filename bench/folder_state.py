@@ -18,7 +18,7 @@ from pathlib import Path
 
 from machine import cpu_name  # bench/machine.py
 
-from pipeline.stamps import folder_state
+from pipeline.core.stamps import folder_state
 
 
 def make_files(folder: Path, count: int) -> None:

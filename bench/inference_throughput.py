@@ -11,7 +11,7 @@ model (depth 12, FOV 33^3, deltas 8, 8, 8) and its authors' inference settings (
 0.05, move threshold 0.9), and measures in the same process:
   (a) the bare forward rate of the model: random tensors through the same compiled predictor at
       the same batch size, before and after the segmentation (the CPU may be shared);
-  (b) the end-to-end rate of `pipeline.inference.segment`: voxels/s, FOV evaluations/s, seconds,
+  (b) the end-to-end rate of `pipeline.inference.flood_fill.segment`: voxels/s, FOV evaluations/s, seconds,
       the share of the time spent inside the network and the mean number of FOVs per call;
   (c) (b) / (a), the issue's criterion (>= 0.8), and a 250^3 extrapolation where a smaller volume
       was run, labelled as such.
@@ -32,10 +32,9 @@ from pathlib import Path
 import numpy as np
 from machine import cpu_name  # bench/machine.py
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import pipeline  # noqa: F401  (sets oneDNN on before TensorFlow loads)
 
-import pipeline  # noqa: E402,F401  (sets oneDNN on before TensorFlow loads)
+ROOT = Path(__file__).resolve().parents[1]
 
 FIB25 = ROOT.parent / "shared" / "models" / "google-ffn-fib25" / "model.ckpt-27465036"
 TARGET_SHAPE = (250, 250, 250)
@@ -47,14 +46,14 @@ def load_volume(args: argparse.Namespace) -> tuple[np.ndarray, str]:
     if args.raw:
         import h5py
 
-        from pipeline.volumes import VolumeSpec
+        from pipeline.data.volumes import VolumeSpec
 
         spec = VolumeSpec.parse(args.raw)
         with h5py.File(spec.path, "r") as f:
             data = f[spec.dataset]
             crop = tuple(slice(0, min(s, t)) for s, t in zip(data.shape, shape, strict=True))
             return np.ascontiguousarray(data[crop]), f"{args.raw}, crop {crop}"
-    from pipeline.synthetic import PRESETS, generate
+    from pipeline.data.synthetic import PRESETS, generate
 
     config = PRESETS["default"].with_geometry(shape, (10.0, 10.0, 10.0))
     raw, _ = generate(config)
@@ -65,9 +64,9 @@ def load_model(checkpoint: str, precision: str):
     """A TF1 checkpoint of the reference code (imported), or one of ours (TRAIN_DIR/checkpoints/ckpt-N)."""
     import dataclasses
 
-    from pipeline.inference import checkpoint_model_config
-    from pipeline.model import build_model, load_weights
-    from pipeline.pretrained import import_checkpoint
+    from pipeline.inference.flood_fill import checkpoint_model_config
+    from pipeline.network.model import build_model, load_weights
+    from pipeline.network.released_weights import import_checkpoint
 
     if (Path(checkpoint).parent.parent / "config.json").is_file():
         config = dataclasses.replace(checkpoint_model_config(checkpoint), precision=precision)
@@ -143,9 +142,14 @@ def main() -> int:
 
     import tensorflow as tf
 
-    from pipeline.atomic import atomic_path
-    from pipeline.inference import InferenceConfig, InferenceStats, make_model_predictor, segment
-    from pipeline.model import forward_flops_per_fov
+    from pipeline.core.atomic import atomic_path
+    from pipeline.inference.flood_fill import (
+        InferenceConfig,
+        InferenceStats,
+        make_model_predictor,
+        segment,
+    )
+    from pipeline.network.model import forward_flops_per_fov
 
     if args.precision == "mixed_bfloat16":
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")

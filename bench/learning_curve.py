@@ -29,24 +29,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agglomerate import FirstPass, agglomerated, fill_pairs, read_array, scores, sweep
+from machine import cpu_name, write_result  # bench/machine.py
 
-from agglomerate import FirstPass, agglomerated, fill_pairs, read_array, scores, sweep  # noqa: E402
-from machine import cpu_name, write_result  # noqa: E402  (bench/machine.py)
-
-import pipeline  # noqa: E402, F401  (sets TensorFlow's oneDNN flag before TF loads)
-from pipeline.agglomeration import AgglomerationConfig, merged_pairs  # noqa: E402
-from pipeline.config import save_json  # noqa: E402
-from pipeline.errors import InferenceError  # noqa: E402
-from pipeline.inference import (  # noqa: E402
+import pipeline  # noqa: F401  (sets TensorFlow's oneDNN flag before TF loads)
+from pipeline.core.config_io import save_json
+from pipeline.core.errors import InferenceError
+from pipeline.data.staging import read_staged
+from pipeline.inference.flood_fill import (
     checkpoint_model_config,
     predictor_from_checkpoint,
     segment,
 )
-from pipeline.run_config import RunConfig, load_run_config  # noqa: E402
-from pipeline.selection import list_checkpoints  # noqa: E402
-from pipeline.staging import read_staged  # noqa: E402
+from pipeline.run.run_config import RunConfig, load_run_config
+from pipeline.secondpass.agglomeration import AgglomerationConfig, merged_pairs
+from pipeline.selection.checkpoints import list_checkpoints
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RECIPE = ROOT / "configs/flyem.toml"
 CALIBRATION_STEPS = 1000

@@ -5,7 +5,7 @@ import json
 import platform
 from pathlib import Path
 
-from pipeline.atomic import atomic_path
+from pipeline.core.atomic import atomic_path
 
 
 def cpu_name() -> str:

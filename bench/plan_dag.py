@@ -17,7 +17,6 @@ import argparse
 import collections
 import concurrent.futures
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,15 +24,14 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import workflow
+from pipeline.core.memory import peak_memory_mib, resident_memory_mib
+from pipeline.data.staging import DataConfig, reads_in_place
+from pipeline.inference.blocks import BlockConfig
+from pipeline.run.run_config import RunConfig
+from site_configs import local
 
-import workflow  # noqa: E402
-from pipeline.blocks import BlockConfig  # noqa: E402
-from pipeline.run_config import RunConfig  # noqa: E402
-from pipeline.staging import DataConfig, reads_in_place  # noqa: E402
-from pipeline.stamps import peak_memory_mib, resident_memory_mib  # noqa: E402
-from site_configs import local  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def metadata_only_volume(folder: Path, edge: int) -> Path:

@@ -16,12 +16,12 @@ join, relabel straight into the export's precomputed segmentation layer, check),
 by slab; no watershed) and the export as tasks (regions: the image and the segmentation's coarser scales; igneous
 meshing; record). Every task's
 stamp records its wall time and the peak resident memory of its worker process while it ran
-(`pipeline.stamps.run_once`); the script reports, per kind of task, the largest of them.
+(`pipeline.core.stamps.run_once`); the script reports, per kind of task, the largest of them.
 
 Then, at `--speedup-edge`, the same run with 1 worker, for the speed-up of 2 workers
 (`--repeats` pairs of runs, 2 workers then 1, then 1 then 2, and so on; the median of their
 ratios), and, at the smallest edge, the stitched volume against the in-memory stitching of the
-same block results (`pipeline.stitching.stitch`): the same partition of the voxels or not.
+same block results (`pipeline.inference.stitching.stitch`): the same partition of the voxels or not.
 Every run's folder is kept (`data/bench/scale/runs/`, emptied when the script starts).
 
 Prints Markdown tables and writes everything to --output (JSON).
@@ -42,19 +42,18 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import workflow
+from pipeline.core.atomic import atomic_path
+from pipeline.core.stamps import files_under, read_stamp
+from pipeline.data.staging import DataConfig, reads_in_place, role_settings, source_files
+from pipeline.data.zarr_volumes import COMPRESSOR, open_zarr
+from pipeline.evaluation.watershed import WatershedConfig
+from pipeline.export.layers import ExportConfig, export_complete
+from pipeline.inference.blocks import BlockConfig, block_path, plan_blocks
+from pipeline.run.run_config import RunConfig
+from site_configs import local
 
-import workflow  # noqa: E402
-from pipeline.atomic import atomic_path  # noqa: E402
-from pipeline.blocks import BlockConfig, block_path, plan_blocks  # noqa: E402
-from pipeline.export import ExportConfig, export_complete  # noqa: E402
-from pipeline.metrics import WatershedConfig  # noqa: E402
-from pipeline.run_config import RunConfig  # noqa: E402
-from pipeline.staging import DataConfig, reads_in_place, role_settings, source_files  # noqa: E402
-from pipeline.stamps import files_under, read_stamp  # noqa: E402
-from pipeline.zarr_volumes import COMPRESSOR, open_zarr  # noqa: E402
-from site_configs import local  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 VOXEL_NM = (10.0, 10.0, 10.0)
 CELL = 64  # voxels: the synthetic cells' edge
@@ -224,10 +223,10 @@ def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
 
 def check_stitching(result: dict) -> bool:
     """The tasks' stitched volume against the in-memory stitching of the same block results."""
-    from pipeline.blocks import read_block_result
-    from pipeline.export import segmentation_spec
-    from pipeline.stitching import stitch
-    from pipeline.volumes import read_labels
+    from pipeline.data.volumes import read_labels
+    from pipeline.export.layers import segmentation_spec
+    from pipeline.inference.blocks import read_block_result
+    from pipeline.inference.stitching import stitch
 
     paths = workflow.RunPaths(Path(result["run_dir"]))
     blocks = plan_blocks((result["edge"],) * 3, BLOCKS)

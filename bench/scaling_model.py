@@ -9,7 +9,7 @@ Run by hand (not a test), from the repository root with the venv on PATH, on a q
         [--batch-size 4] [--steps 30] [--sizes 4096 16384 ...] [--repeats 50] [--quick]
 
 Measures, each in its own process (thread settings and the MPI launch take effect there):
-  (a) the training step (`pipeline.train.make_train_step`, the runtime of `_init_runtime`, random
+  (a) the training step (`pipeline.training.trainer.make_train_step`, the runtime of `_init_runtime`, random
       tensors as bench/train_throughput.py's bare step) on 1 rank x `--threads` threads: every
       step's time, mean mu and sd sigma; again as two independent 1-rank processes side by side,
       which load this machine's cores as the 2-rank run does;
@@ -56,13 +56,12 @@ from pathlib import Path
 import numpy as np
 from machine import cpu_name  # bench/machine.py
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import pipeline  # noqa: F401  (sets oneDNN on before TensorFlow loads)
+from pipeline.core.atomic import atomic_path
+from pipeline.network.model import ModelConfig, weight_count
+from pipeline.training.train_config import TrainConfig
 
-import pipeline  # noqa: E402,F401  (sets oneDNN on before TensorFlow loads)
-from pipeline.atomic import atomic_path  # noqa: E402
-from pipeline.model import ModelConfig, weight_count  # noqa: E402
-from pipeline.train_config import TrainConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 MARK = "SCALING_MODEL_RESULT "  # the child's result line (horovodrun prefixes "[0]<stdout>:")
@@ -129,8 +128,8 @@ SITES = {
 
 
 def _runtime(threads: int, cycle_ms: float, model: ModelConfig, batch_size: int = PAPER_BATCH):
-    """TensorFlow and Horovod set up as a training rank is (`pipeline.train._init_runtime`)."""
-    from pipeline.train import _init_runtime
+    """TensorFlow and Horovod set up as a training rank is (`pipeline.training.trainer._init_runtime`)."""
+    from pipeline.training.trainer import _init_runtime
 
     config = TrainConfig(
         model=model,
@@ -145,8 +144,8 @@ def _runtime(threads: int, cycle_ms: float, model: ModelConfig, batch_size: int 
 
 def step_times(args: argparse.Namespace) -> dict:
     """Every step's seconds of the training's own step on random tensors, on every rank."""
-    from pipeline.model import build_model
-    from pipeline.train import make_optimizer, make_train_step
+    from pipeline.network.model import build_model
+    from pipeline.training.trainer import make_optimizer, make_train_step
 
     hvd, tf, config = _runtime(args.threads, args.cycle_ms, MODELS[args.model], args.batch_size)
     model = build_model(config.model)
@@ -192,7 +191,7 @@ def _timed_allreduce(fn, tensors, repeats: int, phase_s: float, rng) -> list[flo
 def allreduce_times(args: argparse.Namespace) -> dict:
     """hvd.allreduce (op Average, in a tf.function as the step's) of one float32 tensor per size,
     and of tensors shaped as the model's gradients (Horovod fuses them into one buffer)."""
-    from pipeline.model import build_model
+    from pipeline.network.model import build_model
 
     hvd, tf, config = _runtime(args.threads, args.cycle_ms, MODELS[args.model])
     rng = np.random.default_rng(0)  # same seed on every rank: same sleeps

@@ -30,31 +30,32 @@ import time
 from pathlib import Path
 
 import pipeline  # noqa: F401  (sets TensorFlow's oneDNN flag before TF loads)
-from pipeline import config as config_io
-from pipeline.atomic import atomic_path
-from pipeline.blocks import BlockConfig
-from pipeline.inference import InferenceConfig, predictor_from_checkpoint
-from pipeline.metrics import format_scores, score_segmentation, watershed_baseline
-from pipeline.model import ModelConfig
-from pipeline.partitions import (
+from pipeline.core import config_io
+from pipeline.core.atomic import atomic_path
+from pipeline.data.synthetic import PRESETS, generate
+from pipeline.data.volumes import read_volume_pair, write_volumes
+from pipeline.evaluation.scores import format_scores, score_segmentation
+from pipeline.evaluation.watershed import watershed_baseline
+from pipeline.inference.blocks import BlockConfig
+from pipeline.inference.flood_fill import InferenceConfig, predictor_from_checkpoint
+from pipeline.inference.stitching import segment_blockwise
+from pipeline.network.model import ModelConfig
+from pipeline.preprocess.partitions import (
     DEFAULT_THRESHOLDS,
     build_coordinates,
     compute_partitions,
     save_coordinates,
 )
-from pipeline.selection import (
+from pipeline.selection.checkpoints import (
     CRITERIA,
     SelectionConfig,
     chosen_checkpoint,
     select_checkpoint,
     selection_done,
 )
-from pipeline.stitching import segment_blockwise
-from pipeline.synthetic import PRESETS, generate
-from pipeline.train import TrainInputs, run_training, training_complete
-from pipeline.train_config import TrainConfig
-from pipeline.training import ExampleConfig, canvas_radius
-from pipeline.volumes import read_volume_pair, write_volumes
+from pipeline.training.examples import ExampleConfig, canvas_radius
+from pipeline.training.train_config import TrainConfig
+from pipeline.training.trainer import TrainInputs, run_training, training_complete
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ its first pass and the pass's result (with `fill_unsegmented`, also the merges a
 the fill). For the bf16 run, a copy of it is resumed with consensus
 on too (its first pass reused): rows for FFN + consensus and + consensus + agglomeration.
 Then the baselines:
-  * a seeded watershed over a random-forest boundary map (pipeline.boundary_watershed) learned
+  * a seeded watershed over a random-forest boundary map (pipeline.evaluation.learned_watershed) learned
     on the training part, its parameters tuned by VI on the selection part: the one the runs'
     own evaluation made (`baseline/learned_watershed.h5`);
   * the workflow's own watershed (distance transform of FFN's edge map, defaults untuned), as the
@@ -47,23 +47,21 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+from agglomerate import read_array, staged_eval  # bench/agglomerate.py
+from machine import write_result  # bench/machine.py
+
+from pipeline.core.config_io import save_json
+from pipeline.core.roi import Roi
+from pipeline.core.stamps import read_stamp
+from pipeline.evaluation.evaluate import load_boundary_forest
+from pipeline.evaluation.learned_watershed import learned_watershed
+from pipeline.evaluation.scores import score_segmentation
+from pipeline.export.layers import segmentation_spec
+from pipeline.run.run_config import load_run_config
+from pipeline.run.run_report import stage_wall_times
+from pipeline.secondpass.agglomeration import relabel
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from agglomerate import read_array, staged_eval  # noqa: E402  (bench/agglomerate.py)
-from machine import write_result  # noqa: E402  (bench/machine.py)
-
-from pipeline.agglomeration import relabel  # noqa: E402
-from pipeline.boundary_watershed import learned_watershed  # noqa: E402
-from pipeline.config import save_json  # noqa: E402
-from pipeline.evaluation import load_boundary_forest  # noqa: E402
-from pipeline.export import segmentation_spec  # noqa: E402
-from pipeline.metrics import score_segmentation  # noqa: E402
-from pipeline.report import stage_wall_times  # noqa: E402
-from pipeline.roi import Roi  # noqa: E402
-from pipeline.run_config import load_run_config  # noqa: E402
-from pipeline.stamps import read_stamp  # noqa: E402
 
 CONFIGS = {
     "FFN trained here": "configs/flyem.toml",

@@ -7,7 +7,7 @@ Run by hand (not a test), from the repo root with the venv on PATH:
 Prints, in one run:
   (a) measured fp32 and bf16 matmul FLOP/s;
   (b) the bare model step rate (random tensors, no input pipeline), FOV/s, per precision;
-  (c) the end-to-end rate of the real training loop (`pipeline.train.run_training`: coordinate
+  (c) the end-to-end rate of the real training loop (`pipeline.training.trainer.run_training`: coordinate
       sampling, FOV cutting, augmentation, the movement policy, the Horovod allreduce) for
       1 rank x 2 threads and 2 ranks x 1 thread (mpiexec);
   (d) the ratios (c)/(b) and model FLOP/s / matmul FLOP/s.
@@ -27,10 +27,9 @@ from pathlib import Path
 
 from machine import cpu_name  # bench/machine.py
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import pipeline  # noqa: F401  (sets oneDNN on before TensorFlow loads)
 
-import pipeline  # noqa: E402,F401  (sets oneDNN on before TensorFlow loads)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tf(threads: int):
@@ -61,8 +60,8 @@ def bare_step_rate(precision: str, threads: int, batch_size: int, steps: int) ->
 
     tf = _tf(threads)
     hvd.init()
-    from pipeline.model import ModelConfig, build_model
-    from pipeline.train import make_train_step
+    from pipeline.network.model import ModelConfig, build_model
+    from pipeline.training.trainer import make_train_step
 
     if precision == "mixed_bfloat16":
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -82,14 +81,14 @@ def bare_step_rate(precision: str, threads: int, batch_size: int, steps: int) ->
 
 
 def make_data(folder: Path) -> dict:
-    from pipeline.partitions import (
+    from pipeline.data.synthetic import PRESETS, generate
+    from pipeline.data.volumes import write_volumes
+    from pipeline.preprocess.partitions import (
         PartitionConfig,
         build_coordinates,
         compute_partitions,
         save_coordinates,
     )
-    from pipeline.synthetic import PRESETS, generate
-    from pipeline.volumes import write_volumes
 
     config = PRESETS["default"]
     raw, labels = generate(config)
@@ -126,7 +125,7 @@ def end_to_end_rate(
         command = ["mpiexec", "-n", str(ranks), *command]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     subprocess.run(command, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    from pipeline.train_metrics import read_metrics
+    from pipeline.training.train_metrics import read_metrics
 
     rates = read_metrics(out / "metrics.csv")["fov_per_s"]
     return float(rates[1:].mean()) if len(rates) > 1 else float(rates[0])
@@ -177,7 +176,7 @@ def main() -> None:
         _child(args)
         return
 
-    from pipeline.model import ModelConfig, forward_flops_per_fov
+    from pipeline.network.model import ModelConfig, forward_flops_per_fov
 
     threads = os.cpu_count() or 1
     precisions = ["float32"] + ([] if args.skip_bf16 else ["mixed_bfloat16"])

@@ -30,12 +30,11 @@ from pathlib import Path
 
 from machine import cpu_name  # bench/machine.py
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pipeline.core.atomic import atomic_path
+from pipeline.training.train_metrics import last_metrics
+from pipeline.training.trainer import local_ranks
 
-from pipeline.atomic import atomic_path  # noqa: E402
-from pipeline.train import local_ranks  # noqa: E402
-from pipeline.train_metrics import last_metrics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STEPS, INTERVAL = 300, 50
 STAGES = ["--stages", "stage", "preprocess", "train", "select"]

@@ -21,7 +21,7 @@ Every Config has the same two executors, so apps can name them on any site:
 
 and the same shared parts (base.build_config): Parsl's run dir `<run_dir>/runinfo`, retries with
 `retry_cost` (a pipeline error is not retried), and monitoring into
-`sqlite:///<run_dir>/monitoring.db`. What is done is decided by stamps (pipeline.stamps), not by
+`sqlite:///<run_dir>/monitoring.db`. What is done is decided by stamps (pipeline.core.stamps), not by
 Parsl's app cache; `base.shutdown(dfk)` cancels the blocks so no worker outlives the workflow.
 The workflow loads only the executors its tasks to run use (`base.only_executors`): a run that
 does not train starts no "mpi" interchange.
@@ -39,7 +39,7 @@ The launcher contract for the training app, the same code on every site:
     train(args, parsl_resource_specification=launch.resource_specification)
 
 `launch.command(program)` exports OMP_NUM_THREADS and FFN_GPU_ORDER (`SiteSpec.gpu_order`, which
-GPU each rank of a node takes: pipeline.devices) and puts `launch.prefix` in front of the program:
+GPU each rank of a node takes: pipeline.network.devices) and puts `launch.prefix` in front of the program:
 `$PARSL_MPI_PREFIX` on local, polaris and slurm (Parsl's MPI mode composes it from the resource
 specification `{num_nodes, ranks_per_node, num_ranks[, launcher_options]}` and the block's nodes:
 `mpiexec -n 2 -ppn 2 -hosts localhost` locally, `srun --ntasks ...` on Slurm), and on theta a
@@ -57,7 +57,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 from site_configs.base import CPU_LABEL, MPI_LABEL, MPILaunch, QueueLimit, SiteSpec, describe
 
 __all__ = [

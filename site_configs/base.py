@@ -30,10 +30,10 @@ from parsl.executors.base import ParslExecutor
 from parsl.executors.high_throughput.mpi_prefix_composer import compose_all
 from parsl.logconfigs.file import FileLogging
 
-from pipeline import watchdog
-from pipeline.code_copy import copy_code, worker_exports
-from pipeline.devices import GPU_ORDER_ENV, GPU_ORDERS, GpuOrder
-from pipeline.errors import ConfigError, FFNError
+from pipeline.core.errors import ConfigError, FFNError
+from pipeline.network.devices import GPU_ORDER_ENV, GPU_ORDERS, GpuOrder
+from pipeline.run import watchdog
+from pipeline.run.code_copy import copy_code, worker_exports
 
 # The two executor labels every site provides; apps pick one with `executors=[...]`.
 MPI_LABEL = "mpi"  # multi-rank tasks (Horovod training), one batch job per block
@@ -64,7 +64,7 @@ def _interchange_cmd() -> str:
 INTERCHANGE_CMD = _interchange_cmd()
 
 # Given to every pool's executor. A worker pool whose interchange is gone (its workflow killed:
-# the watchdog, pipeline.watchdog, ends the interchange at once) stops its workers after
+# the watchdog, pipeline.run.watchdog, ends the interchange at once) stops its workers after
 # `heartbeat_threshold` seconds without a word from it; Parsl's default, 120 s (heartbeats every
 # 30 s), let a pool on a node the watchdog cannot reach compute on for 2 minutes. Heartbeats
 # every 10 s, three missed: the interchange likewise gives up on a silent pool after 30 s.
@@ -182,7 +182,7 @@ class SiteSpec:
     cores_per_node: int = 1  # physical cores of a compute node
     hyperthreads_per_core: int = 1  # hardware threads per core a rank may use (aprun -j, srun -c)
     gpus_per_node: int = 0  # requested from the scheduler (PBS ngpus, sbatch --gpus-per-node)
-    # Which GPU each rank of a node takes (pipeline.devices): "local_rank" (GPU r) or "reverse"
+    # Which GPU each rank of a node takes (pipeline.network.devices): "local_rank" (GPU r) or "reverse"
     # (GPU n-1-r, ALCF's advice for Polaris' NUMA layout). Exported to the ranks as $FFN_GPU_ORDER.
     gpu_order: GpuOrder = "local_rank"
     mpi_tasks_per_block: int = 1  # multi-rank tasks one block runs at once (each on its own nodes)
@@ -599,7 +599,7 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
     for executor in executors:
         _record_submissions(run_dir, executor)
         _import_code_from(code, executor)
-    # No app cache: the workflow submits only the tasks whose stamps (pipeline.stamps) say they
+    # No app cache: the workflow submits only the tasks whose stamps (pipeline.core.stamps) say they
     # must run, and each task checks its stamp again on the worker.
     return Config(
         executors=executors,
@@ -620,7 +620,7 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
 
 
 def _import_code_from(code: Path, executor: ParslExecutor) -> None:
-    """Every block of `executor` imports the run's copy of the code (pipeline.code_copy), not
+    """Every block of `executor` imports the run's copy of the code (pipeline.run.code_copy), not
     the checkout as it is when the block starts: its provider's script runs these lines last."""
     provider = getattr(executor, "provider", None)
     if provider is None:  # a thread pool: its tasks run in the workflow process
@@ -710,7 +710,7 @@ def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
     blocks are cancelled first (LocalProvider kills the block's process group; a batch provider
     deletes the job), and any process this one started that outlives the cleanup is killed,
     except those in `spare` (`child_pids()` before `parsl.load`). Last, the run's watchdog
-    (`pipeline.watchdog`) exits, killing nothing."""
+    (`pipeline.run.watchdog`) exits, killing nothing."""
     started = _started_processes(spare)
     for executor in dfk.executors.values():
         jobs = list(getattr(executor, "blocks_to_job_id", {}).values())

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.atomic import atomic_path
-from pipeline.errors import ConfigError, first_line
+from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import ConfigError, first_line
 from site_configs.base import SiteSpec
 
 RECORD_NAME = "ffn-environment.json"

@@ -8,7 +8,7 @@
 Before submitting: set `account` (and `queue` for runs bigger than debug allows: `QUEUES`), and
 create the venv on a file system the compute nodes mount (home, eagle) with the site's MPI and the
 GPU build, after the same module loads as `worker_init`:  `make env MPI=system GPU=1` (README, "On
-an HPC machine"). Local rank r of a node takes A100 3-r (`gpu_order="reverse"`, pipeline.devices);
+an HPC machine"). Local rank r of a node takes A100 3-r (`gpu_order="reverse"`, pipeline.network.devices);
 each worker of the "cpu" pool gets one A100 of its own (CUDA_VISIBLE_DEVICES), for inference.
 """
 

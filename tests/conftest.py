@@ -83,9 +83,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def training_data(tmp_path_factory):
     """A small synthetic volume with coordinates for the small test model (FOV 9, 17, 17 and
     deltas 2, 4, 4, so the training canvas has radius 6, 12, 12)."""
-    from pipeline.partitions import build_coordinates, compute_partitions, save_coordinates
-    from pipeline.synthetic import SyntheticConfig, generate
-    from pipeline.volumes import write_volumes
+    from pipeline.data.synthetic import SyntheticConfig, generate
+    from pipeline.data.volumes import write_volumes
+    from pipeline.preprocess.partitions import (
+        build_coordinates,
+        compute_partitions,
+        save_coordinates,
+    )
 
     folder = tmp_path_factory.mktemp("training_data")
     config = SyntheticConfig(seed=3).with_geometry(shape_zyx=(32, 64, 64))

@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under `mpiexec -n N`: real Horovod ranks doing real training
+"""Run by tests/training/test_distributed.py under `mpiexec -n N`: real Horovod ranks doing real training
 steps. Each rank writes what it saw to `<out>/rank<r>.json`; the test compares the files."""
 
 import argparse
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.model import ModelConfig, build_model
-from pipeline.partitions import load_coordinates
-from pipeline.train import TrainInputs, run_training
-from pipeline.train_config import TrainConfig
+from pipeline.network.model import ModelConfig, build_model
+from pipeline.preprocess.partitions import load_coordinates
+from pipeline.training.train_config import TrainConfig
+from pipeline.training.trainer import TrainInputs, run_training
 
 SMALL_MODEL = ModelConfig(fov_shape_zyx=(9, 17, 17), deltas_zyx=(2, 4, 4), depth=3, features=8)
 

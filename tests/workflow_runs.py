@@ -12,8 +12,8 @@ import numpy as np
 import processes
 from filelock import FileLock
 
-from pipeline.export import segmentation_spec
-from pipeline.volumes import open_volume
+from pipeline.data.volumes import open_volume
+from pipeline.export.layers import segmentation_spec
 
 ROOT = Path(__file__).parents[1]
 TINY = ROOT / "configs" / "tiny.toml"

@@ -27,8 +27,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from pipeline import config as config_io
-from pipeline.errors import FFNError, first_line
+from pipeline.core import config_io
+from pipeline.core.errors import FFNError, first_line
 
 T = TypeVar("T")
 Main = Callable[[Sequence[str] | None], int]

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.cli import one_line_errors
-from pipeline.export import ExportConfig, export_precomputed
-from pipeline.volumes import read_labels, read_raw
+from pipeline.data.volumes import read_labels, read_raw
+from pipeline.export.layers import ExportConfig, export_precomputed
 
 
 def _parser() -> argparse.ArgumentParser:

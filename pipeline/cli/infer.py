@@ -3,7 +3,7 @@
     python -m pipeline.cli.infer --raw vol.h5:raw --checkpoint CKPT --output seg.h5 \\
         [--block-shape-zyx Z Y X --overlap-zyx Z Y X --blocks-dir DIR]
 
-CKPT is `TRAIN_DIR/checkpoints/ckpt-N` or a `selection.json` (pipeline.selection).
+CKPT is `TRAIN_DIR/checkpoints/ckpt-N` or a `selection.json` (pipeline.selection.checkpoints).
 """
 
 import argparse
@@ -13,19 +13,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline import config as config_io
-from pipeline.blocks import BlockConfig
 from pipeline.cli import add_arguments, from_arguments, one_line_errors
-from pipeline.inference import (
+from pipeline.core import config_io
+from pipeline.data.volumes import read_raw, write_volumes
+from pipeline.inference.blocks import BlockConfig
+from pipeline.inference.flood_fill import (
     SEGMENTATION_DATASET,
     InferenceConfig,
     checkpoint_model_config,
     predictor_from_checkpoint,
     segment,
 )
-from pipeline.selection import chosen_checkpoint
-from pipeline.stitching import segment_blockwise
-from pipeline.volumes import read_raw, write_volumes
+from pipeline.inference.stitching import segment_blockwise
+from pipeline.selection.checkpoints import chosen_checkpoint
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     add(
         "--checkpoint",
         required=True,
-        help="TRAIN_DIR/checkpoints/ckpt-N, or a selection.json from pipeline.selection",
+        help="TRAIN_DIR/checkpoints/ckpt-N, or a selection.json from pipeline.selection.checkpoints",
     )
     add(
         "--output",

@@ -10,10 +10,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.atomic import atomic_path
-from pipeline.errors import FFNError
-from pipeline.metrics import format_scores, score_segmentation, watershed_baseline
-from pipeline.volumes import read_labels, read_raw
+from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import FFNError
+from pipeline.data.volumes import read_labels, read_raw
+from pipeline.evaluation.scores import format_scores, score_segmentation
+from pipeline.evaluation.watershed import watershed_baseline
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.cli import one_line_errors
-from pipeline.partitions import PARTITIONS_DATASET, PartitionConfig, preprocess
+from pipeline.preprocess.partitions import PARTITIONS_DATASET, PartitionConfig, preprocess
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -14,15 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.cli import one_line_errors
-from pipeline.pretrained import (
+from pipeline.network.released_weights import (
     FIB25_DELTAS_ZYX,
     FIB25_FOV_ZYX,
     FIB25_IMAGE_MEAN,
     FIB25_IMAGE_STDDEV,
-    convert_checkpoint,
     is_convstack_checkpoint,
-    ship_checkpoint,
 )
+from pipeline.selection.released_models import convert_checkpoint, ship_checkpoint
 
 
 def _parser() -> argparse.ArgumentParser:

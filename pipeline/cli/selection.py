@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline import config as config_io
 from pipeline.cli import add_arguments, from_arguments, one_line_errors
-from pipeline.selection import SELECTION_FILE, SelectionConfig, select_checkpoint
-from pipeline.volumes import read_volume_pair
+from pipeline.core import config_io
+from pipeline.data.volumes import read_volume_pair
+from pipeline.selection.checkpoints import SELECTION_FILE, SelectionConfig, select_checkpoint
 
 
 def _parser() -> argparse.ArgumentParser:

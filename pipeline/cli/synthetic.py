@@ -11,9 +11,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from pipeline.errors import ConfigError
-from pipeline.synthetic import PRESETS, generate
-from pipeline.volumes import write_volumes
+from pipeline.core.errors import ConfigError
+from pipeline.data.synthetic import PRESETS, generate
+from pipeline.data.volumes import write_volumes
 
 
 def _parser() -> argparse.ArgumentParser:

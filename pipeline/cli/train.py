@@ -1,5 +1,5 @@
 """Train an FFN with synchronous data-parallel SGD on Horovod, one rank per process
-(pipeline.train); alone, under `mpiexec -n N` / `horovodrun -np N`, or a site's launcher:
+(pipeline.training.trainer); alone, under `mpiexec -n N` / `horovodrun -np N`, or a site's launcher:
 
     python -m pipeline.cli.train --raw vol.h5:raw --labels vol.h5:labels \\
         --coordinates coords.npz --train-dir data/runs/demo/train [--max-steps 2000 ...]
@@ -10,20 +10,22 @@ import os
 import sys
 
 from pipeline.cli import add_arguments, from_arguments, one_line_errors
-from pipeline.train import TrainInputs, run_training
-from pipeline.train_config import TrainConfig, load_train_config
+from pipeline.training.train_config import TrainConfig, load_train_config
+from pipeline.training.trainer import TrainInputs, run_training
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.cli.train",
         description="Train an FFN with synchronous data-parallel SGD on Horovod (one rank per "
-        "process). The defaults are TrainConfig's (pipeline/train_config.py): the paper's FFN.",
+        "process). The defaults are TrainConfig's (pipeline/training/train_config.py): the paper's FFN.",
     )
     parser.add_argument("--raw", required=True, help="image volume, path.h5:dataset")
     parser.add_argument("--labels", required=True, help="ground-truth labels, path.h5:dataset")
     parser.add_argument(
-        "--coordinates", required=True, help="training coordinates .npz (pipeline.partitions)"
+        "--coordinates",
+        required=True,
+        help="training coordinates .npz (pipeline.preprocess.partitions)",
     )
     parser.add_argument(
         "--train-dir", required=True, help="checkpoints, metrics and config go here"

@@ -2,7 +2,7 @@
 
     python -m pipeline.cli.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]
 
-To view from another machine, fix both ports and tunnel them (pipeline.viewer says how).
+To view from another machine, fix both ports and tunnel them (pipeline.export.viewer says how).
 """
 
 import argparse
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.cli import one_line_errors
-from pipeline.viewer import DEFAULT_SEGMENT_COUNT, serve_forever
+from pipeline.export.viewer import DEFAULT_SEGMENT_COUNT, serve_forever
 
 
 def _parser() -> argparse.ArgumentParser:

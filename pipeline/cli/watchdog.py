@@ -1,4 +1,4 @@
-"""The run's watchdog process, started by the workflow (pipeline.watchdog.start), not by hand:
+"""The run's watchdog process, started by the workflow (pipeline.run.watchdog.start), not by hand:
 
     python -m pipeline.cli.watchdog --run-dir RUN --pid P --started T [--spare PIDS]
 
@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.watchdog import PERIOD, serve
+from pipeline.run.watchdog import PERIOD, serve
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Stand-in batch schedulers and launchers for tests/test_site_configs.py (never for real use).
+"""Stand-in batch schedulers and launchers for tests/site_configs/test_site_configs.py (never for real use).
 
 The scripts beside this file (`pbspro/qsub`, `cobalt/qstat`, `slurm/srun`, ...) call
 `fakesched.py <flavour> <tool> ARGS...`. Put one flavour's folder first on PATH and these tools

@@ -1,0 +1,1 @@
+"""Scores against ground truth, the watershed baselines, and the evaluation stage."""

@@ -1,0 +1,1 @@
+"""Neuroglancer precomputed layers: the export stage, its folder layout, shards, meshes, the viewer."""

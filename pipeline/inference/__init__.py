@@ -1,0 +1,1 @@
+"""Flood-filling inference: the seed loop, blockwise segmentation and stitching of the blocks."""

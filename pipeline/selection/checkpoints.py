@@ -1,0 +1,326 @@
+"""Checkpoint selection: score the last checkpoints of a training run on a held-out volume.
+
+The score is the voxel F1 of the network's first prediction in one FOV around each of a set of
+held-out coordinates (sampled as training samples them, balanced over `pipeline.preprocess.partitions`
+classes), averaged over the FOVs: the same task training optimises, on data it never saw.
+Optionally each checkpoint also segments a central crop of the held-out volume and is scored by
+its variation of information, which sees what F1 cannot (movement, merges), at far higher cost;
+`criterion` picks which of the two decides.
+
+The choice is written atomically to `selection.json` (`selection_done` is the stage's check) with
+every candidate's scores; `pipeline.inference.flood_fill` accepts that file in place of a checkpoint. A
+checkpoint inside the folder of the selection file (the run dir) is named relative to it, and read
+back against the folder the file is in now (`chosen_checkpoint`): a run dir moved or copied uses its
+own weights. A checkpoint outside it (a pretrained model) is named by its absolute path.
+
+CLI: `python -m pipeline.cli.selection --train-dir RUN --raw held.h5:raw --labels held.h5:labels`.
+"""
+
+import glob
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core import config_io
+from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import CheckpointError, ConfigError, first_line
+from pipeline.core.stamps import digest, digest_files
+from pipeline.data.volumes import LabeledVolume
+from pipeline.evaluation.scores import score_segmentation
+from pipeline.inference.flood_fill import (
+    InferenceConfig,
+    Predictor,
+    checkpoint_model_config,
+    make_model_predictor,
+    segment,
+)
+from pipeline.network.model import ModelConfig, build_model, load_weights, logit, normalize_image
+from pipeline.preprocess.partitions import DEFAULT_THRESHOLDS, build_coordinates, compute_partitions
+
+SELECTION_FILE = "selection.json"
+CRITERIA = ("fov_f1", "vi")
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    last_checkpoints: int = 3  # the candidates: this many of the newest checkpoints ...
+    # ... and a fine-tune's starting weights (ckpt-0), so that a fine-tune worse than its start
+    # on the held-out part is not taken.
+    start_as_candidate: bool = False
+    held_out_fovs: int = 128
+    seed: int = 0  # sampling of the held-out coordinates
+    batch_size: int = 8
+    criterion: str = "fov_f1"  # or "vi" (needs vi_crop_zyx)
+    # Also segment this central crop with each checkpoint and score its VI; (0, 0, 0): don't.
+    vi_crop_zyx: tuple[int, int, int] = (0, 0, 0)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("last_checkpoints", "held_out_fovs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.criterion not in CRITERIA:
+            raise ConfigError(f"criterion must be one of {CRITERIA}, got {self.criterion!r}")
+        crop = tuple(self.vi_crop_zyx)
+        if len(crop) != 3 or not (min(crop) >= 1 or crop == (0, 0, 0)):
+            raise ConfigError(f"vi_crop_zyx must be 3 sizes >= 1, or 0 0 0 (off), got {crop}")
+        if self.criterion == "vi" and crop == (0, 0, 0):
+            raise ConfigError("criterion 'vi' needs vi_crop_zyx (the crop to segment)")
+
+
+def list_checkpoints(train_dir: str | Path) -> list[Path]:
+    """The checkpoints `TRAIN_DIR/checkpoints/ckpt-N` (paths without suffix), oldest first."""
+    found = []
+    for index in (Path(train_dir) / "checkpoints").glob("ckpt-*.index"):
+        if match := re.fullmatch(r"ckpt-(\d+)\.index", index.name):
+            found.append((int(match[1]), index.with_suffix("")))
+    return [path for _, path in sorted(found)]
+
+
+def candidate_checkpoints(train_dir: str | Path, config: SelectionConfig) -> list[Path]:
+    """The newest `config.last_checkpoints` checkpoints, and with `config.start_as_candidate`
+    a fine-tune's starting weights (step 0) where it wrote them."""
+    found = list_checkpoints(train_dir)
+    last = config.last_checkpoints
+    start = [c for c in found[:-last] if checkpoint_step(c) == 0 and config.start_as_candidate]
+    return start + found[-last:]
+
+
+def recorded_path(path: str | Path, folder: str | Path) -> str:
+    """How a record in `folder` (a run dir) names `path`: relative to `folder` with "/" when it
+    lies inside it, so a moved or copied folder names its own file; else absolute."""
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    for inside, root in ((path, folder), (path.resolve(), folder.resolve())):
+        if inside.is_relative_to(root):
+            return inside.relative_to(root).as_posix()
+    return str(path)
+
+
+def _has_files(checkpoint: Path) -> bool:
+    return any(checkpoint.parent.glob(glob.escape(checkpoint.name) + ".*"))
+
+
+def resolve_recorded(recorded: str, folder: str | Path) -> Path:
+    """The path a record in `folder` names (`recorded_path`): a relative one against `folder`,
+    where the record is now. An absolute one (a file outside the folder, or a record written
+    before paths were relative) as it is while it exists; when it is gone (a run dir moved
+    since), the same path's longest tail found under `folder`, else as it is (its reader names
+    it missing)."""
+    path = Path(recorded)
+    if not path.is_absolute():
+        return Path(folder) / path
+    if _has_files(path) or path.exists():
+        return path
+    for start in range(1, len(path.parts) - 1):
+        local = Path(folder).joinpath(*path.parts[start:])
+        if _has_files(local):
+            return local
+    return path
+
+
+def checkpoint_step(checkpoint: str | Path) -> int:
+    return int(Path(checkpoint).name.rpartition("-")[2])
+
+
+def held_out_coordinates(
+    labels: np.ndarray, model: ModelConfig, count: int, seed: int
+) -> np.ndarray:
+    """`count` FOV centres (N, 3) zyx, balanced over FFN's partition classes as in training (local
+    object mask radius: the FOV's), all at least a FOV radius from the border."""
+    radius = tuple(int(f) // 2 for f in model.fov_shape_zyx)
+    partitions = compute_partitions(labels, DEFAULT_THRESHOLDS, radius, radius)
+    # Shuffled and balanced: any prefix is a balanced sample in expectation.
+    return build_coordinates(partitions, count, seed)[:count]
+
+
+def fov_f1(
+    predict: Predictor,
+    volume: LabeledVolume,
+    coords: np.ndarray,
+    model: ModelConfig,
+    *,
+    batch_size: int = 8,
+    seed_probability: float = 0.95,
+    pad_probability: float = 0.05,
+) -> float:
+    """Mean over FOVs of the voxel F1 of one prediction (object: p >= 0.5) against the object
+    under the FOV's centre; the seed is set as at the start of inference."""
+    radius = np.array(model.fov_shape_zyx) // 2
+    seed = np.full(model.fov_shape_zyx, logit(pad_probability), np.float32)
+    seed[tuple(radius)] = logit(seed_probability)
+    scores = []
+    for first in range(0, len(coords), batch_size):
+        batch = coords[first : first + batch_size]
+        boxes = [
+            tuple(slice(c - r, c + r + 1) for c, r in zip(p, radius, strict=True)) for p in batch
+        ]
+        images = np.stack([normalize_image(volume.raw[b], model) for b in boxes])[..., None]
+        seeds = np.broadcast_to(seed[..., None], images.shape).copy()
+        predicted = np.asarray(predict(images, seeds))[..., 0] >= 0
+        for box, centre, guess in zip(boxes, batch, predicted, strict=True):
+            truth = volume.labels[box] == volume.labels[tuple(centre)]
+            tp = np.count_nonzero(guess & truth)
+            scores.append(2 * tp / (np.count_nonzero(guess) + np.count_nonzero(truth)))
+    return float(np.mean(scores))
+
+
+def _recorded_losses(metrics_csv: Path) -> dict[int, float]:
+    """The training loss logged at each step (metrics.csv), where there is one."""
+    from pipeline.training.train_metrics import read_metrics
+
+    if not metrics_csv.is_file():
+        return {}
+    metrics = read_metrics(metrics_csv)
+    return {
+        int(step): float(loss) for step, loss in zip(metrics["step"], metrics["loss"], strict=True)
+    }
+
+
+def _unusable(model, checkpoint: Path, losses: dict[int, float]) -> str | None:
+    """Why a checkpoint must not be selected (loaded into `model` otherwise), or None."""
+    loss = losses.get(checkpoint_step(checkpoint))
+    if loss is not None and not np.isfinite(loss):
+        return f"its recorded training loss is {loss}"
+    try:
+        load_weights(model, str(checkpoint))
+    except (CheckpointError, IndexError, OSError) as exc:  # IndexError: a truncated data file
+        return first_line(exc)
+    if not all(np.all(np.isfinite(w)) for w in model.get_weights()):
+        return "its weights are not all finite"
+    return None
+
+
+def _central_crop(shape: Sequence[int], crop: Sequence[int]) -> tuple[slice, ...]:
+    size = [min(c, s) for c, s in zip(crop, shape, strict=True)]
+    return tuple(slice((s - c) // 2, (s - c) // 2 + c) for s, c in zip(shape, size, strict=True))
+
+
+def select_checkpoint(
+    train_dir: str | Path,
+    volume: LabeledVolume,
+    config: SelectionConfig | None = None,
+    output: str | Path | None = None,
+) -> dict:
+    """Score the candidates of `train_dir` (`candidate_checkpoints`) on the held-out `volume`,
+    write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
+    config = config or SelectionConfig()
+    output = Path(output) if output is not None else Path(train_dir) / SELECTION_FILE
+    candidates = candidate_checkpoints(train_dir, config)
+    if not candidates:
+        raise CheckpointError(f"{train_dir}: no checkpoints (checkpoints/ckpt-N.index)")
+    model_config = checkpoint_model_config(candidates[-1])
+    coords = held_out_coordinates(volume.labels, model_config, config.held_out_fovs, config.seed)
+    model = build_model(model_config)
+    predict = make_model_predictor(model)  # reads the model's variables: reloading updates it
+    losses = _recorded_losses(Path(train_dir) / "metrics.csv")
+    rows, skipped = [], []
+    for checkpoint in candidates:
+        if reason := _unusable(model, checkpoint, losses):
+            print(f"[select] skipping {checkpoint}: {reason}", flush=True)
+            skipped.append(
+                {"checkpoint": recorded_path(checkpoint, output.parent), "reason": reason}
+            )
+            continue
+        row = {
+            "checkpoint": recorded_path(checkpoint, output.parent),
+            "step": checkpoint_step(checkpoint),
+            "fov_f1": fov_f1(
+                predict,
+                volume,
+                coords,
+                model_config,
+                batch_size=config.batch_size,
+                seed_probability=config.inference.seed_probability,
+                pad_probability=config.inference.pad_probability,
+            ),
+        }
+        if min(config.vi_crop_zyx) > 0:
+            crop = _central_crop(volume.shape, config.vi_crop_zyx)
+            segmentation, _ = segment(volume.raw[crop], predict, model_config, config.inference)
+            row |= score_segmentation(segmentation, volume.labels[crop]).to_dict()
+        rows.append(row)
+    if not rows:
+        raise CheckpointError(
+            f"{train_dir}: none of the last {len(candidates)} checkpoints can be used ("
+            + "; ".join(f"{Path(s['checkpoint']).name}: {s['reason']}" for s in skipped)
+            + ")"
+        )
+    # Ties go to the later checkpoint.
+    if config.criterion == "vi":
+        best = min(rows, key=lambda r: (r["vi"], -r["step"]))
+    else:
+        best = max(rows, key=lambda r: (r["fov_f1"], r["step"]))
+    record = {
+        "checkpoint": best["checkpoint"],
+        "step": best["step"],
+        "criterion": config.criterion,
+        "score": best[config.criterion],
+        "train_dir": recorded_path(train_dir, output.parent),
+        "held_out_volume": volume.name,
+        "held_out_fovs": len(coords),
+        "candidates": rows,
+        "skipped": skipped,
+        "config": config_io.to_dict(config),
+    }
+    with atomic_path(output) as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def selection_done(
+    path: str | Path, train_dir: str | Path | None = None, config: SelectionConfig | None = None
+) -> bool:
+    """True when `path` is a complete selection (written atomically, so present means whole) and,
+    given the training run, one made from its current last checkpoints with `config`: a selection
+    made before training went on, or by other settings, is stale."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+    if "checkpoint" not in record:
+        return False
+    if train_dir is None:
+        return True
+    config = config or SelectionConfig()
+    current = [checkpoint_step(c) for c in candidate_checkpoints(train_dir, config)]
+    seen = [row.get("step") for row in record.get("candidates", [])]
+    seen += [checkpoint_step(row["checkpoint"]) for row in record.get("skipped", [])]
+    return sorted(seen) == current and record.get("config") == config_io.to_dict(config)
+
+
+def chosen_checkpoint(path: str | Path) -> Path:
+    """A checkpoint path as given, or the one a selection.json chose (`resolve_recorded`
+    against the folder the file is in)."""
+    path = Path(path)
+    if path.suffix != ".json":
+        return path
+    return resolve_recorded(recorded_checkpoint(path), path.parent)
+
+
+def recorded_checkpoint(path: str | Path) -> str:
+    """The checkpoint as selection.json `path` names it: relative to its folder (or absolute,
+    outside it or in a file from before): what does not change when the run dir is moved."""
+    path = Path(path)
+    if not selection_done(path):
+        raise CheckpointError(f"{path}: not a complete selection file")
+    return str(json.loads(path.read_text())["checkpoint"])
+
+
+def selection_token(path: str | Path) -> str:
+    """Digest of the weights a selection chose and of their model settings (the stage's
+    pipeline.core.stamps token): a selection made again that chose the same weights re-segments
+    nothing downstream."""
+    checkpoint = chosen_checkpoint(path)
+    files = sorted(checkpoint.parent.glob(checkpoint.name + ".*"))
+    if not files:
+        raise CheckpointError(f"{path}: the chosen checkpoint {checkpoint} has no files")
+    model = config_io.to_dict(checkpoint_model_config(checkpoint))
+    return digest([digest_files(files), model])

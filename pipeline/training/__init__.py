@@ -1,0 +1,2 @@
+"""Synchronous data-parallel training on Horovod: examples, settings, learning-rate scaling,
+metrics and the training loop."""

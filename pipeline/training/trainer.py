@@ -1,0 +1,664 @@
+"""Synchronous data-parallel FFN training on Horovod (Dong et al., SC'19).
+
+The same command runs as one process, under `mpiexec -n N` / `horovodrun -np N`, or under a site's
+launcher (`aprun`, `srun`, `mpiexec`):
+
+    python -m pipeline.cli.train --raw vol.h5:raw --labels vol.h5:labels \\
+        --coordinates coords.npz --train-dir data/runs/demo/train [--max-steps 2000 ...]
+
+Every rank reads only its shard of the coordinates, computes gradients on its own batch, and
+Horovod averages them (ring-allreduce) before the optimizer's update
+(`optimizer`: Adam, or SGD with momentum), so all ranks hold identical weights
+after every step. With `virtual_ranks` V each process stands for V ranks of a world of
+(processes x V): it computes the gradients of each of its ranks' batches in turn and averages them
+before Horovod averages over the processes, the update as many real ranks make. Rank 0 writes
+checkpoints, metrics and the config; a restart with the same `--train-dir` resumes from the latest
+checkpoint (step, weights, optimizer state and each rank's position in its data), also at another
+world size: the weights and the optimizer's state do not depend on it; the learning rate follows
+the rule for the new size (ramping up again where it rises), the coordinates are sharded anew, and
+the step where the size changed is kept (`worlds.json` per checkpoint, metrics.csv, the curves).
+"""
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core import config_io
+from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import CheckpointError, ConfigError, TrainingDiverged
+from pipeline.training.examples import BatchStream
+from pipeline.training.lr_scaling import target_learning_rate, world_learning_rate
+from pipeline.training.train_config import TrainConfig
+from pipeline.training.train_metrics import (
+    COUNT_NAMES,
+    MetricsLog,
+    confusion_counts,
+    last_metrics,
+    plot_curves,
+    summarize,
+)
+
+SUMMARY_FILE = "train_summary.json"
+
+
+@dataclass(frozen=True)
+class TrainInputs:
+    raw: str  # path.h5:dataset
+    labels: str
+    coordinates: str  # .npz from pipeline.preprocess.partitions
+    train_dir: str
+    init_from: str = (
+        ""  # start from these weights (pipeline.network.released_weights folder, ckpt-N, or TF1)
+    )
+
+
+def local_ranks(train_dir: str | Path) -> list:
+    """The processes on this machine that train into `train_dir`: its ranks, not the launcher
+    whose command line names them too (what a fault test or benchmark kills)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = process.info["cmdline"] or []
+        if line[1:3] == ["-m", "pipeline.cli.train"] and str(train_dir) in line:
+            found.append(process)
+    return found
+
+
+def training_complete(train_dir: str | Path, max_steps: int) -> bool:
+    """True when a finished run left its summary at `max_steps` or beyond (the stage's check)."""
+    path = Path(train_dir) / SUMMARY_FILE
+    return path.is_file() and json.loads(path.read_text()).get("step", -1) >= max_steps
+
+
+def _init_runtime(config: TrainConfig, expected_ranks: int | None = None):
+    """Thread pools and the rank's GPU must be set before TensorFlow runs its first op; Horovod
+    before the model. Ranks that are not one world stop here."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from pipeline.network.devices import bind_to_gpu, check_world_size, gpu_order
+
+    tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+    os.environ["HOROVOD_CYCLE_TIME"] = str(config.horovod_cycle_time_ms)  # read by hvd.init
+    hvd.init()
+    check_world_size(hvd.size(), expected_ranks)
+    device = bind_to_gpu(tf, hvd.local_rank(), gpu_order(os.environ))  # the site's order
+    if hvd.rank() == 0:
+        virtual = config.virtual_ranks
+        world = f" x {virtual} virtual = {hvd.size() * virtual}" if virtual > 1 else ""
+        print(f"[train] {hvd.size()} rank(s){world}; rank 0 on {device}", flush=True)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    tf.keras.utils.set_random_seed(config.seed)
+    if config.model.precision == "mixed_bfloat16":
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    return hvd, tf
+
+
+def virtual_rank_indices(rank: int, virtual_ranks: int) -> range:
+    """The ranks of the world that real rank `rank` stands for: consecutive, so the world's ranks
+    in order are its processes' in order (as an allgather returns them)."""
+    return range(rank * virtual_ranks, (rank + 1) * virtual_ranks)
+
+
+def make_train_step(model, optimizer, grad_clip: float, virtual_ranks: int = 1):
+    """One synchronous step over this process's `virtual_ranks` batches, a list of (images,
+    seeds, labels), one per rank it stands for: each batch's forward, loss and gradients on their
+    own (as that rank computes them), their mean, Horovod's average over the processes (op
+    Average, as DistributedGradientTape's; a copy in a world of one), clip, one Adam update: the
+    mean over every rank of the world, as as many real ranks average. Returns (logits per batch,
+    loss per batch, applied): the update is applied only when every averaged gradient is finite,
+    a verdict every rank reaches alike, since a rank whose own loss is not finite makes its
+    gradients NaN and so everyone's average."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    @tf.function
+    def rank_gradients(images, seeds, labels):
+        with tf.GradientTape() as tape:
+            logits = model([images, seeds], training=True)
+            loss = tf.reduce_mean(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+            )
+            # 1 when the loss is finite, NaN when not (an infinite loss can have finite gradients).
+            poison = tf.stop_gradient(tf.where(tf.math.is_finite(loss), 1.0, float("nan")))
+            checked = loss * tf.cast(poison, loss.dtype)
+        return logits, loss, tape.gradient(checked, model.trainable_variables)
+
+    @tf.function
+    def apply_mean(summed):
+        grads = [g / virtual_ranks for g in summed]
+        if hvd.size() > 1:
+            grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+        def update():
+            clipped = [tf.clip_by_value(g, -grad_clip, grad_clip) for g in grads]
+            optimizer.apply_gradients(zip(clipped, model.trainable_variables, strict=True))
+            return tf.constant(True)
+
+        return tf.cond(finite, update, lambda: tf.constant(False))
+
+    def train_step(batches):
+        # One batch at a time: memory stays one rank's, however many ranks a process stands for.
+        logits, losses, summed = [], [], None
+        for images, seeds, labels in batches:
+            rank_logits, loss, grads = rank_gradients(images, seeds, labels)
+            logits.append(rank_logits)
+            losses.append(loss)
+            summed = (
+                grads if summed is None else [a + b for a, b in zip(summed, grads, strict=True)]
+            )
+        return logits, losses, apply_mean(summed)
+
+    return train_step
+
+
+START_CHECKPOINT = "ckpt-0"  # a fine-tune's starting weights
+# Settings that change how long or how verbosely a run goes, not what it computes: a run that
+# changes only these goes on from the checkpoints of the earlier one.
+BOOKKEEPING = (
+    "max_steps",
+    "log_every_steps",
+    "checkpoint_every_steps",
+    "checkpoint_every_seconds",
+    "keep_checkpoints",
+    "intra_op_threads",
+    "inter_op_threads",
+    "horovod_cycle_time_ms",
+    # How the world splits into processes and virtual ranks changes no update
+    # (tests/test_virtual_ranks.py); the world size itself is not a setting (see `run_training`).
+    "virtual_ranks",
+)
+# What an earlier run wrote into the train dir; set aside together when a run cannot go on from it.
+RUN_OUTPUTS = (
+    "checkpoints",
+    "metrics.csv",
+    "curves.png",
+    SUMMARY_FILE,
+    "tensorboard",
+    "config.json",
+)
+
+
+def _lineage_settings(config: TrainConfig, init_from: str) -> dict:
+    settings = {k: v for k, v in config_io.to_dict(config).items() if k not in BOOKKEEPING}
+    if config.optimizer == "adam":  # as runs made before the setting: their checkpoints go on
+        del settings["optimizer"], settings["momentum"]
+    return settings | {"init_from": init_from}
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What the checkpoints of a run depend on: the settings that are not bookkeeping, the
+    training voxels and coordinates, the starting weights. Not the world size: a run goes on at
+    another one."""
+
+    settings: dict
+    data: list  # digests of the training voxels and the coordinates file
+
+    @classmethod
+    def of(cls, config: TrainConfig, volume, coordinates: str | Path, init_from: str = ""):
+        from pipeline.core.stamps import digest_arrays, digest_files
+
+        data = [
+            digest_arrays({"raw": volume.raw, "labels": volume.labels}),
+            digest_files([coordinates]),
+        ]
+        return cls(_lineage_settings(config, init_from), data)
+
+    def digest(self, world_size: int | None = None) -> str:
+        """The lineage's digest; with `world_size`, as versions that kept the world size in it
+        made it (their runs go on too)."""
+        from pipeline.core.stamps import digest
+
+        extra = {} if world_size is None else {"world_size": world_size}
+        return digest([self.settings | extra, self.data])
+
+
+def _checkpoint_steps(train_dir: Path) -> list[int]:
+    return sorted(
+        int(p.name[5:-6])
+        for p in (train_dir / "checkpoints").glob("ckpt-*.index")
+        if p.name[5:-6].isdigit()
+    )
+
+
+def _why_not_go_on(train_dir: Path, lineage: Lineage, max_steps: int) -> str | None:
+    """None when the train dir's checkpoints (if any) can be gone on from, else why not."""
+    steps = _checkpoint_steps(train_dir)
+    if not steps:
+        return None
+    try:
+        earlier = json.loads((train_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        earlier = {}
+    made_as = {lineage.digest(), lineage.digest(earlier.get("world_size"))}
+    if earlier.get("lineage") not in made_as:
+        before = {k: v for k, v in earlier.get("lineage_settings", {}).items() if k != "world_size"}
+        settings = lineage.settings
+        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        what = f"settings changed: {', '.join(changed)}" if changed else "training data changed"
+        return (
+            what if earlier.get("lineage") else "made by an earlier version (no lineage recorded)"
+        )
+    if steps[-1] > max_steps:
+        return f"its latest checkpoint (step {steps[-1]}) is beyond max_steps {max_steps}"
+    return None
+
+
+def set_aside_earlier_run(train_dir: Path, reason: str) -> Path:
+    """Move an earlier run's outputs to train_dir/set_aside/<UTC time>/ (nothing is deleted)."""
+    folder = train_dir / "set_aside" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        if (train_dir / name).exists():
+            os.replace(train_dir / name, folder / name)
+    print(
+        f"[train] starting again: the earlier run cannot be gone on from ({reason}); its outputs are in {folder}",
+        flush=True,
+    )
+    return folder
+
+
+def _save_run_config(
+    train_dir: Path, inputs: TrainInputs, config: TrainConfig, world_size: int, lineage: Lineage
+) -> None:
+    record = {
+        "inputs": config_io.to_dict(inputs),
+        "config": config_io.to_dict(config),
+        "world_size": world_size,
+        "lineage": lineage.digest(),
+        "lineage_settings": lineage.settings,
+    }
+    with atomic_path(train_dir / "config.json") as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+
+
+# Per checkpoint, each rank's data stream (`BatchStream.state`: the examples in flight, whose
+# next views depend on the network's outputs so far), in a file of its own: written by every rank
+# side by side, nothing gathered, whatever the number of ranks.
+STREAMS_DIR = "streams"
+
+
+def _stream_state_path(checkpoint_dir: Path, name: str, rank: int, size: int) -> Path:
+    return checkpoint_dir / STREAMS_DIR / name / f"rank-{rank}-of-{size}.npz"
+
+
+def write_stream_state(checkpoint_dir: Path, name: str, rank: int, size: int, state: bytes) -> None:
+    path = _stream_state_path(checkpoint_dir, name, rank, size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(state)
+
+
+def read_stream_state(checkpoint_dir: Path, restored: str | None, rank: int, size: int) -> bytes:
+    """This rank's stream at checkpoint `restored`; empty (the stream starts its next example
+    anew) without one: no checkpoint, one written before streams were kept, or another world
+    size."""
+    if not restored:
+        return b""
+    path = _stream_state_path(checkpoint_dir, Path(restored).name, rank, size)
+    return path.read_bytes() if path.is_file() else b""
+
+
+def prune_stream_states(checkpoint_dir: Path, kept: list[str]) -> None:
+    """Remove the streams of checkpoints the manager no longer keeps."""
+    names = {Path(c).name for c in kept}
+    folder = checkpoint_dir / STREAMS_DIR
+    for streams in folder.iterdir() if folder.is_dir() else ():
+        if streams.name not in names:
+            shutil.rmtree(streams, ignore_errors=True)
+
+
+# Per checkpoint, rank 0 also writes the world sizes that led to it: (first step, size) of each
+# stretch, from which every rank computes the learning rate after a change (`world_learning_rate`).
+WORLDS_FILE = "worlds.json"
+
+
+def write_worlds(checkpoint_dir: Path, name: str, worlds: list[tuple[int, int]]) -> None:
+    path = checkpoint_dir / STREAMS_DIR / name / WORLDS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps([list(w) for w in worlds]) + "\n")
+
+
+def read_worlds(
+    checkpoint_dir: Path, restored: str | None, saved_size: int
+) -> list[tuple[int, int]]:
+    """The stretches that led to checkpoint `restored` ([] without one); a checkpoint made before
+    they were kept ran at one size throughout, `saved_size` (the number of its ranks' cursors)."""
+    if not restored:
+        return []
+    path = checkpoint_dir / STREAMS_DIR / Path(restored).name / WORLDS_FILE
+    if not path.is_file():
+        return [(0, saved_size)]
+    return [(int(start), int(size)) for start, size in json.loads(path.read_text())]
+
+
+def worlds_going_on(recorded: list[tuple[int, int]], step: int, size: int) -> list[tuple[int, int]]:
+    """The stretches of a run that goes on from `step` at world size `size`."""
+    kept = [w for w in recorded if w[0] < step]
+    if not kept or kept[-1][1] != size:
+        kept.append((step, size))
+    return kept
+
+
+def starting_cursors(saved: np.ndarray, size: int) -> list[int]:
+    """Examples each rank has started: the saved ones at the same world size; at another, the
+    examples per rank so far, where every rank begins in its new shard (so the epochs go on)."""
+    if len(saved) == size:
+        return [int(c) for c in saved]
+    return [int(saved.sum()) // size] * size
+
+
+def check_world(config: TrainConfig, size: int) -> None:
+    """A world the run's rule gives no usable rate for stops before anything is written."""
+    rate = target_learning_rate(config.learning_rate, size, config.lr_policy)
+    if not math.isfinite(rate) or rate <= 0:
+        raise ConfigError(
+            f"lr_policy {config.lr_policy!r} gives a learning rate of {rate} at {size} ranks "
+            f"(learning_rate {config.learning_rate:g}); lower learning_rate or use fewer ranks "
+            "(nothing written, the checkpoints untouched)"
+        )
+
+
+def _restore_newest_readable(
+    checkpoint, manager, checkpoint_dir: Path
+) -> tuple[str | None, list[str]]:
+    """Restore the newest checkpoint that can be read; returns it (None: there are none) and the
+    newer ones that could not be read, each named in one line. Every rank tries the same files
+    in the same order, so all reach the same one."""
+    import tensorflow as tf
+
+    from pipeline.core.errors import first_line
+
+    unreadable = []
+    for path in reversed(manager.checkpoints):
+        try:
+            checkpoint.restore(path).assert_existing_objects_matched()
+        except (AssertionError, ValueError) as exc:
+            raise CheckpointError(
+                f"{path}: does not match this model ({first_line(exc)})"
+            ) from None
+        except (IndexError, OSError, tf.errors.OpError) as exc:
+            print(
+                f"[train] {path}: cannot be read ({first_line(exc)}); trying the one before",
+                flush=True,
+            )
+            unreadable.append(path)
+            continue
+        return path, unreadable
+    if unreadable:
+        raise CheckpointError(
+            f"no readable checkpoint in {checkpoint_dir} ({', '.join(Path(p).name for p in unreadable)} "
+            "cannot be read); move them away to start the training again"
+        )
+    return None, []
+
+
+def _set_aside_unreadable(
+    manager, checkpoint_dir: Path, unreadable: list[str], restored: str
+) -> None:
+    """Move unreadable checkpoints to checkpoints/unreadable/ and drop them from the manager's
+    state file, so it neither lists nor later deletes them."""
+    import tensorflow as tf
+
+    folder = checkpoint_dir / "unreadable"
+    folder.mkdir(exist_ok=True)
+    for path in unreadable:
+        for file in Path(path).parent.glob(Path(path).name + ".*"):
+            os.replace(file, folder / file.name)
+    # Names, not paths: TensorFlow reads them relative to the folder (as CheckpointManager writes
+    # its own), so a run dir moved or copied later reads and deletes its own checkpoints.
+    kept = [Path(p).name for p in manager.checkpoints if p not in unreadable]
+    tf.compat.v1.train.update_checkpoint_state(
+        str(checkpoint_dir), Path(restored).name, all_model_checkpoint_paths=kept
+    )
+    print(
+        f"[train] set aside in {folder}: {', '.join(Path(p).name for p in unreadable)}", flush=True
+    )
+
+
+def _loss_to_report(losses: list, ranks: range) -> tuple[float, int]:
+    """The first loss of this process's ranks that is not finite (else its first rank's), and
+    whose it is: what a diverged step's error names."""
+    values = [float(loss) for loss in losses]
+    i = next((i for i, value in enumerate(values) if not np.isfinite(value)), 0)
+    return values[i], ranks[i]
+
+
+def make_optimizer(tf, config: TrainConfig):
+    """The update rule `config.optimizer` at the base rate (the loop sets each step's rate)."""
+    if config.optimizer == "sgd_momentum":
+        return tf.keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum)
+    return tf.keras.optimizers.Adam(learning_rate=config.learning_rate)
+
+
+def run_training(
+    inputs: TrainInputs,
+    config: TrainConfig,
+    on_step: Callable[[int, object], None] | None = None,
+    expected_ranks: int | None = None,
+) -> dict:
+    """Train until `config.max_steps` (resuming if checkpoints exist); returns the final summary.
+    `expected_ranks`: the world size the launch asked for (checked at start).
+
+    `on_step(step, model)` runs on every rank after every step (tests use it to compare weights).
+    """
+    from horovod.tensorflow.functions import broadcast_object
+
+    from pipeline.data.volumes import read_volume_pair
+    from pipeline.network.model import build_model
+    from pipeline.preprocess.partitions import load_coordinates
+
+    hvd, tf = _init_runtime(config, expected_ranks)
+    rank = hvd.rank()
+    # Everything that depends on the world size uses the world trained as: processes x virtual.
+    size = hvd.size() * config.virtual_ranks
+    ranks = virtual_rank_indices(rank, config.virtual_ranks)
+    train_dir = Path(inputs.train_dir)
+    lead = rank == 0
+
+    check_world(config, size)
+    volume = read_volume_pair(inputs.raw, inputs.labels, min_shape_zyx=config.model.fov_shape_zyx)
+    coordinates = load_coordinates(inputs.coordinates)
+    shards = [coordinates.shard(r, size, inputs.coordinates) for r in ranks]
+    lineage = Lineage.of(config, volume, inputs.coordinates, inputs.init_from)
+    if lead:
+        train_dir.mkdir(parents=True, exist_ok=True)
+        if reason := _why_not_go_on(train_dir, lineage, config.max_steps):
+            set_aside_earlier_run(train_dir, reason)
+        _save_run_config(train_dir, inputs, config, size, lineage)
+    broadcast_object(None, root_rank=0)  # the other ranks look at checkpoints only after this
+
+    model = build_model(config.model)
+    optimizer = make_optimizer(tf, config)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    examples_started = tf.Variable(
+        tf.zeros([size], tf.int64), trainable=False, shape=tf.TensorShape(None)
+    )
+    checkpoint = tf.train.Checkpoint(
+        model=model, optimizer=optimizer, step=step, examples_started=examples_started
+    )
+    manager = tf.train.CheckpointManager(
+        checkpoint, str(train_dir / "checkpoints"), config.keep_checkpoints
+    )
+    checkpoint_dir = train_dir / "checkpoints"
+    restored, unreadable = _restore_newest_readable(checkpoint, manager, checkpoint_dir)
+    fine_tuning_starts = not restored and bool(inputs.init_from)
+    if fine_tuning_starts:  # weights only; step 0, fresh Adam state, warm-up again
+        from pipeline.network.released_weights import load_pretrained_weights
+
+        used = load_pretrained_weights(model, inputs.init_from)
+        if lead:
+            print(f"[train] initialised weights from {used}", flush=True)
+    # Rank 0's state wins everywhere: identical start, even if ranks saw different files.
+    hvd.broadcast_variables(model.variables + optimizer.variables + [step], root_rank=0)
+    if lead and fine_tuning_starts:
+        # The starting weights as ckpt-0, outside the manager (which would delete it as it rotates):
+        # selection weighs them against the fine-tune's checkpoints, so a fine-tune that made them
+        # worse on held-out data is not taken.
+        checkpoint.save_counter  # noqa: B018 (created on first access; loaders expect it)
+        checkpoint.write(str(checkpoint_dir / START_CHECKPOINT))
+    if lead and unreadable:  # every rank has read what it needed
+        _set_aside_unreadable(manager, checkpoint_dir, unreadable, restored)
+        manager = tf.train.CheckpointManager(
+            checkpoint, str(checkpoint_dir), config.keep_checkpoints
+        )
+    resumed_from = int(step.numpy())
+    saved_cursors = examples_started.numpy()
+    worlds = worlds_going_on(
+        read_worlds(checkpoint_dir, restored, len(saved_cursors)), resumed_from, size
+    )
+    cursors = starting_cursors(saved_cursors, size)
+    if lead and resumed_from:
+        print(f"[train] resuming from {restored} at step {resumed_from}", flush=True)
+        if worlds[-1][0] == resumed_from and len(worlds) > 1:
+            print(
+                f"[train] going on at {size} rank(s) (was {worlds[-2][1]}): the coordinates "
+                f"sharded anew, the learning rate for {size} from step {resumed_from}",
+                flush=True,
+            )
+
+    streams = [
+        BatchStream(
+            volume,
+            shard.coords,
+            config.model,
+            config.examples,
+            config.batch_size,
+            config.seed,
+            r,
+            cursors[r],
+            read_stream_state(checkpoint_dir, restored, r, size),
+        )
+        for r, shard in zip(ranks, shards, strict=True)
+    ]
+    train_step = make_train_step(model, optimizer, config.grad_clip, config.virtual_ranks)
+    log = MetricsLog(train_dir, resumed_from) if lead else None
+    counts = np.zeros(len(COUNT_NAMES))
+    interval_start = last_save = time.monotonic()
+    run_start = time.monotonic()
+    # What the summary says when there is nothing left to train (resumed at max_steps).
+    summary: dict = {
+        "fov_per_s": 0.0,
+        **(last_metrics(train_dir / "metrics.csv") or {}),
+        "step": resumed_from,
+    }
+
+    def save_checkpoint() -> None:
+        # Identical weights on every rank, so every rank stops here alike.
+        if not all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables):
+            raise TrainingDiverged(
+                f"step {int(step.numpy())}: weights are not finite at learning rate "
+                f"{optimizer.learning_rate.numpy():.3g}; no checkpoint written (last: "
+                f"{manager.latest_checkpoint or 'none'}); lower learning_rate"
+            )
+        name = f"ckpt-{int(step.numpy())}"
+        for r, stream in zip(ranks, streams, strict=True):
+            write_stream_state(checkpoint_dir, name, r, size, stream.state())
+        # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
+        started = [stream.examples_started for stream in streams]
+        gathered = hvd.allgather(tf.constant(started, tf.int64)).numpy()
+        examples_started.assign(gathered)
+        if lead:
+            write_worlds(checkpoint_dir, name, worlds)
+            manager.save(checkpoint_number=int(step.numpy()))
+            prune_stream_states(checkpoint_dir, manager.checkpoints)
+
+    while int(step.numpy()) < config.max_steps:
+        current = int(step.numpy())
+        lr = world_learning_rate(
+            config.learning_rate,
+            worlds,
+            config.lr_policy,
+            current,
+            config.warmup_steps,
+            config.lr_decay_factor,
+            config.lr_decay_every_steps,
+        )
+        optimizer.learning_rate.assign(lr)
+        batches = [stream.next_batch() for stream in streams]
+        logits, losses, applied = train_step(batches)
+        if not bool(applied):
+            loss, loss_rank = _loss_to_report(losses, ranks)
+            raise TrainingDiverged(
+                f"step {current + 1}: the loss ({loss:.4g} on rank {loss_rank}) or a gradient is not "
+                f"finite at learning rate {lr:.3g}; the update was not applied and no checkpoint was "
+                f"written from it (last: {manager.latest_checkpoint or 'none'}); lower learning_rate"
+            )
+        # Each batch counts as a real rank's does: the ranks' sums make the logged means.
+        for stream, (images, _, labels), rank_logits, loss in zip(
+            streams, batches, logits, losses, strict=True
+        ):
+            rank_logits = rank_logits.numpy()
+            stream.write_back(rank_logits)
+            counts += [float(loss), 1, *confusion_counts(rank_logits, labels), len(images)]
+        step.assign_add(1)
+        current += 1
+        if on_step is not None:
+            on_step(current, model)
+
+        final = current >= config.max_steps
+        save_due = current % config.checkpoint_every_steps == 0 or final
+        if current % config.log_every_steps == 0 or final:
+            # One collective per log interval: sums of all ranks' counts, and rank 0's clock decides
+            # for everyone whether a time-based checkpoint is due (ranks must save together).
+            clock_due = float(
+                lead and time.monotonic() - last_save >= config.checkpoint_every_seconds
+            )
+            totals = hvd.allreduce(
+                tf.constant([*counts, clock_due], tf.float64), op=hvd.Sum
+            ).numpy()
+            save_due = save_due or totals[-1] > 0
+            elapsed = time.monotonic() - interval_start
+            summary = {
+                "step": current,
+                "wall_s": round(time.monotonic() - run_start, 3),
+                **summarize(totals[:-1]),
+            }
+            summary |= {
+                "learning_rate": lr,
+                "fov_per_s": totals[COUNT_NAMES.index("fovs")] / elapsed,
+                "world_size": size,
+            }
+            if lead:
+                log.write(summary)
+                print(
+                    f"[train] step {current}/{config.max_steps} loss {summary['loss']:.4f} "
+                    f"f1 {summary['f1']:.3f} acc {summary['accuracy']:.3f} lr {lr:.2e} "
+                    f"{summary['fov_per_s']:.1f} FOV/s",
+                    flush=True,
+                )
+            counts[:] = 0
+            interval_start = time.monotonic()
+        if save_due:
+            save_checkpoint()
+            last_save = time.monotonic()
+
+    if lead:
+        summary |= {
+            "resumed_from_step": resumed_from,
+            "optimizer_iterations": int(optimizer.iterations.numpy()),
+            "world_size": size,
+            "worlds": [list(w) for w in worlds],
+            "real_ranks": hvd.size(),
+            "virtual_ranks": config.virtual_ranks,
+            "checkpoint": manager.latest_checkpoint,
+        }
+        if (train_dir / "metrics.csv").exists():
+            plot_curves(train_dir / "metrics.csv", train_dir / "curves.png")
+        with atomic_path(train_dir / SUMMARY_FILE) as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary if lead else {}
