@@ -1,7 +1,6 @@
 """Shared fixtures and the capability markers: a test marked `mpi` or `browser` is skipped, with
-the reason, when this machine lacks the resource instead of failing. Time is such a resource too:
-past half the suite's budget (FFN_TEST_BUDGET_MIN) tests marked `slow` or `mpi` are not started,
-past the whole of it no test is; each is skipped with the reason."""
+the reason, when this machine lacks the resource instead of failing. No test is skipped for time:
+`make test` runs them all (`make test-quick` leaves out those marked `slow` or `mpi`)."""
 
 import importlib.util
 import os
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from processes import BUDGET_MINUTES, minutes_spent, seconds_left
 
 # Keep TensorFlow's start-up chatter out of test output; one thread pool per test process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -32,35 +30,6 @@ def _missing_browser() -> str | None:
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
         return "headless Chromium/chromedriver not installed (apt-get install chromium chromium-driver)"
     return None
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if not BUDGET_MINUTES:
-        return
-    spent = minutes_spent()
-    expensive = _expensive(item)
-    limit = BUDGET_MINUTES / 2 if expensive else BUDGET_MINUTES
-    if spent > limit:
-        kind = "slow/mpi test" if expensive else "test"
-        pytest.skip(
-            f"{kind} not started: the suite has run {spent:.1f} min, past {limit:g} of its "
-            f"FFN_TEST_BUDGET_MIN={BUDGET_MINUTES:g} (this machine is slow; 0 runs them all)"
-        )
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    # No test runs on past the budget (plus a minute to stop what it started): pytest-timeout's
-    # limit for it is cut to what is left.
-    if BUDGET_MINUTES:
-        marker = item.get_closest_marker("timeout")
-        own = (
-            float(marker.args[0])
-            if marker and marker.args
-            else float(item.config.getini("timeout"))
-        )
-        item.add_marker(pytest.mark.timeout(min(own, seconds_left() + 60)), append=False)
-    yield
 
 
 def _expensive(item: pytest.Item) -> bool:

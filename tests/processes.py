@@ -1,5 +1,5 @@
-"""The processes tests start (workflows, mpiexec and its ranks, training runs): bounded by the
-suite's time budget, and never left running. A timed-out `mpiexec` killed alone leaves its ranks
+"""The processes tests start (workflows, mpiexec and its ranks, training runs): bounded by each
+test's own time limit, and never left running. A timed-out `mpiexec` killed alone leaves its ranks
 busy-polling both cores, and every later test then crawls: that turned one slow CI test into a
 suite that did not finish in 90 minutes."""
 
@@ -7,33 +7,20 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 
 import psutil
 import pytest
 
-# Minutes after which the suite starts no further test: on a machine several times slower than
-# usual (CI has been: importing TensorFlow took minutes) it then still ends, set-up and a Horovod
-# build included, within the 20 minutes CI is meant to take, and the summary lists what was left
-# out. Tests that launch ranks or whole workflows stop at half of it (the longest runs about 5
-# minutes on a slow 2-core machine), and no process a test starts outlives the budget. 0: none.
-BUDGET_MINUTES = float(os.environ.get("FFN_TEST_BUDGET_MIN", "10"))
-SUITE_STARTED = time.monotonic()
 # How long a stopped process tree gets between SIGTERM (the workflow cancels its Parsl blocks on
 # it) and SIGKILL.
 GRACE_S = 20
 
 
-def minutes_spent() -> float:
-    return (time.monotonic() - SUITE_STARTED) / 60
-
-
 def seconds_left() -> float:
-    """Seconds until the suite's budget is spent (infinite without a budget)."""
-    if not BUDGET_MINUTES:
-        return float("inf")
-    return max(BUDGET_MINUTES * 60 - (time.monotonic() - SUITE_STARTED), 1.0)
+    """No bound: the suite has no time budget (every test runs). Kept for the tests that still
+    bound a wait by `min(limit, seconds_left())`: their own limit is what holds."""
+    return float("inf")
 
 
 def stop_tree(process: subprocess.Popen) -> None:
@@ -77,18 +64,17 @@ def started(command: Sequence[str], **popen_args: object) -> Iterator[subprocess
 def run(
     command: Sequence[str], *, timeout: float, **popen_args: object
 ) -> subprocess.CompletedProcess:
-    """`subprocess.run(command, capture_output=True, text=True)` that past `timeout` seconds, or
-    past the suite's budget, stops the whole process tree and fails the test with its output."""
-    limit = min(timeout, seconds_left())
+    """`subprocess.run(command, capture_output=True, text=True)` that past `timeout` seconds
+    stops the whole process tree and fails the test with its output."""
     with started(command, stderr=subprocess.PIPE, **popen_args) as process:
         try:
-            out, err = process.communicate(timeout=limit)
+            out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop_tree(process)
             out, err = process.communicate()
             pytest.fail(
-                f"{' '.join(map(str, command))[:300]} still running after {limit:.0f} s "
-                f"(suite at {minutes_spent():.1f} min): stopped it and all it started\n"
+                f"{' '.join(map(str, command))[:300]} still running after {timeout:.0f} s: "
+                f"stopped it and all it started\n"
                 f"stdout tail:\n{out[-2000:]}\nstderr tail:\n{err[-3000:]}"
             )
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Create or reuse the project's virtual environment (.venv) and make it match requirements.lock.
+# The lock pins the package's dependencies and its extras (pyproject.toml) in the default flavour
+# (cpu, mpi-wheel, test); each flavour takes its own from it: tensorflow-cpu or the CUDA build, the
+# mpich wheel or none. The package itself then goes in with --no-deps, its versions the lock's.
 # Fast when nothing changed: a stamp file holds the hash of the inputs that shaped the venv.
 # Horovod 0.28.1 is built from source against the pinned TensorFlow with MPI and Gloo; the wheel
 # is cached outside the repo under a name that says which MPI (and CUDA) it was built with, so a
@@ -204,11 +207,17 @@ if [[ $GPU == 1 ]]; then
   cache_name+="-cuda$cuda_release-$(hash8 "$cuda_home $cuda_release $nccl_home")"
 fi
 wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$cache_name"
+# The package's extras (pyproject.toml) this flavour installs, for people: the lines above chose them.
+extras=cpu
+[[ $GPU == 1 ]] && extras=gpu
+[[ $MPI == wheel ]] && extras+=,mpi-wheel
+extras+=,test
 want=$( (cat tools/setup_env.sh pyproject.toml; echo "$requirements"; echo "MPI=$MPI GPU=$GPU $wheel_dir") | sha256sum | cut -d' ' -f1)
 
 if [[ $DRY_RUN == 1 ]]; then
   echo "[setup] dry run: venv $VENV, Python $PYTHON"
   echo "[setup]   flavour MPI=$MPI GPU=$GPU (the venv's: ${had:-none yet, a new venv})"
+  echo "[setup]   install ffn-workflow[$extras] at requirements.lock's versions, among them:"
   grep -i -E '^(tensorflow|mpich)' <<<"$requirements" | sed 's/^/[setup]   install /'
   if [[ $MPI == wheel ]]; then
     echo "[setup]   MPI: $mpi_name (the wheel's $mpi_wrapper)"
@@ -250,7 +259,7 @@ pip() {
   "$VENV/bin/python" -m pip --disable-pip-version-check "$@" 2> >(grep -v 'neither a file nor a directory' >&2)
 }
 
-echo "[setup] installing pinned packages (requirements.lock, MPI=$MPI, GPU=$GPU)"
+echo "[setup] installing pinned packages (requirements.lock, MPI=$MPI, GPU=$GPU: extras $extras)"
 # setuptools<70: Horovod 0.28.1's setup.py still uses APIs removed later.
 pip install -q --upgrade 'pip==26.3' 'setuptools==69.5.1' 'wheel==0.48.0'
 pip install -q -r <(echo "$requirements")
@@ -275,6 +284,12 @@ if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
 fi
 pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
 pip install -q --no-deps --no-build-isolation -e .
+# The package went in without its dependencies: the lock must have brought them all, at its pins.
+if ! problems=$(pip check); then
+  echo "$problems" >&2
+  echo "[setup] the packages of requirements.lock do not satisfy pyproject.toml's (or each other's) requirements: update the lock (make lock)" >&2
+  exit 1
+fi
 
 build_info=$("$VENV/bin/horovodrun" --check-build)
 if ! grep -q '\[X\] MPI' <<<"$build_info" || ! grep -q '\[X\] Gloo' <<<"$build_info"; then
