@@ -12,9 +12,10 @@ The export folder (one atomic unit: built beside its destination, then renamed i
 
 Every scale of both layers is sharded (`neuroglancer_uint64_sharded_v1`, `pipeline.export.shards`:
 one shard per task region at every scale) unless `ExportConfig.sharded` is off, when a file
-holds a chunk. The segmentation's full resolution is the stitching's output itself:
-`new_segmentation` makes the layer, the stitching's relabel tasks write their regions into it
-(`SegmentationWriter`: a shard each, or whole chunks) and evaluation reads it there. The export
+holds a chunk. The segmentation's full resolution is the stitching's output itself
+(pipeline.export.segmentation_layer): `new_segmentation` makes the layer, the stitching's relabel
+tasks write their regions into it (`SegmentationWriter`: a shard each, or whole chunks) and
+evaluation reads it there. The export
 is then cut into tasks that the workflow spreads over its workers (apps/export.py), each holding
 no more than a region of `task_voxels` per axis: `begin_export` writes both layers' `info` with
 every scale and the mesh `info` (once: later tasks only read the files they share);
@@ -37,7 +38,6 @@ CLI: `python -m pipeline.cli.export --raw vol.h5:raw --segmentation seg.h5:segme
 """
 
 import contextlib
-import hashlib
 import itertools
 import json
 import math
@@ -90,13 +90,26 @@ from pipeline.export.meshes import (
     mesh_task_count,
     write_mesh_manifests,
 )
-from pipeline.export.shards import ShardPlan, plan_shards, shard_zyx
+from pipeline.export.segmentation_layer import (
+    MANIFEST,
+    RECORDS_DIR,
+    SegmentationLayout,
+    SegmentationWriter,
+    add_scales,
+    check_replaceable,
+    chunk_files,
+    info_resolution,
+    layer_info,
+    new_segmentation,
+    scale_factors,
+    stitched_files,
+    write_shard,
+)
+from pipeline.export.shards import ShardPlan, plan_shards
 
-MANIFEST = "export.json"  # the summary, written last
 # 1: it listed every file; 2: it counts the tasks' records; 3: records hold their stamps
 # (`*.record`, JSON). A format 2 export is not complete: made again.
 MANIFEST_FORMAT = 3
-RECORDS_DIR = "records"
 # Regions whose segments a mesh shard holds, about (murmurhash spreads them): its merge holds the
 # shard's encoded meshes (and one segment's fragments), so a shard of about as many segments as
 # a small export's one keeps that memory flat from 256^3 up.
@@ -114,19 +127,6 @@ BEGUN_FILES = (
 )
 # Files without which Neuroglancer cannot open the layers or find their meshes.
 REQUIRED_FILES = (*BEGUN_FILES, f"{SEGMENTATION_LAYER}/{PROPERTIES_DIR}/info")
-
-
-@dataclass(frozen=True)
-class SegmentationLayout:
-    """How the segmentation's full resolution is stored, which its writers (the stitching and
-    the second pass, before the export begins) must know: its chunks, and when sharded the
-    shard spec and the region (voxels from the origin) each shard file covers, which one task
-    writes whole. Unsharded, each writer's region is whole chunks of its own."""
-
-    chunk_zyx: ZYX
-    gzip: bool = False
-    sharding: dict | None = None
-    region_zyx: ZYX | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def shard_plan(shape_zyx: ZYX, voxel_size_nm: VoxelSize, config: ExportConfig) -
     return plan_shards(
         [s.shape_zyx for s in scales],
         [s.chunk_zyx for s in scales],
-        _scale_factors(scales),
+        scale_factors(scales),
         config.task_voxels,
     )
 
@@ -234,28 +234,6 @@ def _check_inputs(
     return segmentation.astype(np.uint64, copy=False), size
 
 
-def _check_replaceable(final: Path) -> None:
-    """Only an earlier export, finished or cut short (nothing but its layers), or nothing, or an
-    empty folder may be replaced."""
-    own = {IMAGE_LAYER, SEGMENTATION_LAYER, MANIFEST, RECORDS_DIR}
-    replaceable = (
-        not final.exists()
-        or (final / MANIFEST).is_file()
-        or (final.is_dir() and {p.name for p in final.iterdir()} <= own)
-    )
-    if not replaceable:
-        raise PrecomputedError(f"{final}: exists and is not an export; refusing to replace it")
-
-
-def _scale_factors(scales: Sequence[Scale]) -> list[ZYX]:
-    """Each scale's voxel size in full-resolution voxels (z, y, x)."""
-    first = scales[0].voxel_size_nm
-    return [
-        tuple(round(s / f) for s, f in zip(scale.voxel_size_nm, first, strict=True))
-        for scale in scales
-    ]
-
-
 def export_regions(
     shape_zyx: ZYX,
     voxel_size_nm: VoxelSize,
@@ -273,7 +251,7 @@ def export_regions(
     if segmentation_chunk_zyx is not None:
         full = Scale(scales[0].voxel_size_nm, shape_zyx, tuple(segmentation_chunk_zyx))
         scales += _segmentation_scales(scales, full)
-    factors = _scale_factors(scales)
+    factors = scale_factors(scales)
     align = [
         math.lcm(*(s.chunk_zyx[a] * f[a] for s, f in zip(scales, factors, strict=True)))
         for a in range(3)
@@ -303,67 +281,9 @@ def mesh_shards(regions: int) -> int:
     return -(-regions // REGIONS_PER_MESH_SHARD)
 
 
-def _resolution(voxel_size_nm: VoxelSize) -> list:
-    """A voxel size as an `info`'s resolution (x, y, z); whole numbers as ints, since a scale's
-    folder is named after them (10_10_20, not 10.0_10.0_20.0)."""
-    return [int(v) if float(v).is_integer() else float(v) for v in xyz(voxel_size_nm)]
-
-
 def full_resolution_key(voxel_size_nm: VoxelSize) -> str:
     """The folder of a layer's full-resolution chunks (cloud-volume's naming of a scale)."""
-    return "_".join(map(str, _resolution(voxel_size_nm)))
-
-
-def _layer_info(layer: str, scale: Scale) -> dict:
-    """A layer's `info` with its full-resolution scale only."""
-    from cloudvolume import CloudVolume
-
-    segmentation = layer == SEGMENTATION_LAYER
-    return CloudVolume.create_new_info(
-        num_channels=1,
-        layer_type="segmentation" if segmentation else "image",
-        data_type="uint64" if segmentation else "uint8",
-        encoding="compressed_segmentation" if segmentation else "raw",
-        resolution=_resolution(scale.voxel_size_nm),
-        voxel_offset=[0, 0, 0],
-        volume_size=xyz(scale.shape_zyx),
-        chunk_size=xyz(scale.chunk_zyx),
-    )
-
-
-def _add_scales(
-    folder: Path, layer: str, info: dict, scales: Sequence[Scale], shardings: Sequence = ()
-) -> None:
-    """Write `info` with `scales[1:]` added after its own full resolution, each scale sharded
-    as `shardings` says (a spec, or None: unsharded)."""
-    from cloudvolume import CloudVolume
-
-    volume = CloudVolume(layer_url(folder, layer), info=info, progress=False)
-    for scale, factor in zip(scales[1:], _scale_factors(scales)[1:], strict=True):
-        volume.add_scale(xyz(factor), chunk_size=xyz(scale.chunk_zyx))
-    for entry, spec in zip(volume.info["scales"], shardings, strict=False):
-        entry.pop("sharding", None)
-        if spec is not None:
-            entry["sharding"] = spec
-    volume.commit_info()
-
-
-def new_segmentation(
-    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, layout: SegmentationLayout
-) -> None:
-    """The export folder's segmentation layer, empty, with its full resolution only (stored as
-    `layout` says): what the stitching's relabel tasks write into, each its own chunks or
-    shards (`SegmentationWriter`), before the export begins. What was there before goes, and
-    the record `export.json` first: the export is complete again only once begun and finished
-    over the new segmentation."""
-    folder = Path(folder)
-    _check_replaceable(folder)
-    (folder / MANIFEST).unlink(missing_ok=True)
-    shutil.rmtree(folder / SEGMENTATION_LAYER, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
-    scale = Scale(tuple(map(float, voxel_size_nm)), tuple(shape_zyx), tuple(layout.chunk_zyx))
-    info = _layer_info(SEGMENTATION_LAYER, scale)
-    _add_scales(folder, SEGMENTATION_LAYER, info, [scale], [layout.sharding])
+    return "_".join(map(str, info_resolution(voxel_size_nm)))
 
 
 def _segmentation_scales(scales: Sequence[Scale], full: Scale) -> list[Scale]:
@@ -385,7 +305,7 @@ def begin_export(
     scale, what the region tasks write into. The record `export.json` goes first, so a folder
     being rewritten is never taken for a finished export."""
     folder = Path(folder)
-    _check_replaceable(folder)
+    check_replaceable(folder)
     (folder / MANIFEST).unlink(missing_ok=True)
     info = read_info(folder, SEGMENTATION_LAYER)
     scales = plan_scales(shape_zyx, voxel_size_nm, config)
@@ -411,105 +331,16 @@ def begin_export(
     # The segmentation's full resolution is the stitching's; everything after it the export's.
     for name in [MESH_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
         shutil.rmtree(folder / SEGMENTATION_LAYER / name, ignore_errors=True)
-    image = _layer_info(IMAGE_LAYER, scales[0])
-    _add_scales(folder, IMAGE_LAYER, image, scales, shardings)
+    image = layer_info(IMAGE_LAYER, scales[0])
+    add_scales(folder, IMAGE_LAYER, image, scales, shardings)
     info["scales"] = info["scales"][:1]
     # Named now: meshing and the properties then only add files.
     info["mesh"], info["segment_properties"] = MESH_DIR, PROPERTIES_DIR
     # Sharded, the segmentation's chunks are the image's (a shard's region is the same).
     segmentation = scales if shardings else _segmentation_scales(scales, full)
-    _add_scales(folder, SEGMENTATION_LAYER, info, segmentation, shardings)
+    add_scales(folder, SEGMENTATION_LAYER, info, segmentation, shardings)
     (begin_sharded_meshing if config.sharded else begin_legacy_meshing)(folder, config)
     return scales
-
-
-def _roi(region: tuple[slice, ...]) -> Roi:
-    return Roi(tuple(s.start for s in region), tuple(s.stop for s in region))
-
-
-def _chunk_files(box: Roi, scale: Scale, key: str, gzip: bool) -> list[str]:
-    """The chunk files (relative to the layer) that writing `box` (voxels of `scale`) makes."""
-    ranges = [
-        [(c, min(c + size, h)) for c in range(low, h, size)]
-        for low, h, size in zip(box.start, box.stop, scale.chunk_zyx, strict=True)
-    ]
-    return [
-        f"{key}/{x[0]}-{x[1]}_{y[0]}-{y[1]}_{z[0]}-{z[1]}" + (".gz" if gzip else "")
-        for z, y, x in itertools.product(*ranges)
-    ]
-
-
-def _stitched_files(volume, box: Roi, scale: Scale, key: str, gzip: bool) -> list[str]:
-    """The files of the full resolution of segmentation layer `volume` (a CloudVolume at it) that
-    hold `box`: its shard, or its chunks."""
-    if volume.image.is_sharded(0):
-        from cloudvolume import Bbox
-
-        return [f"{key}/{volume.image.shard_filename(Bbox(xyz(box.start), xyz(box.stop)), 0)}"]
-    return _chunk_files(box, scale, key, gzip)
-
-
-def _write_shard(layer_dir: Path, mip: int, box: Roi, data_xyz: np.ndarray) -> str:
-    """Write the shard of scale `mip` that covers `box` (its voxels, z, y, x; `data_xyz` them in
-    cloud-volume's order) whole, with cloud-volume's `make_shard`, atomically: a task killed
-    mid-write leaves no shard to be read as complete. Returns its name in the layer."""
-    from cloudvolume import Bbox, CloudVolume
-
-    volume = CloudVolume(f"file://{layer_dir.resolve()}", mip=mip, progress=False)
-    data = data_xyz if data_xyz.ndim == 4 else data_xyz[..., None]
-    name, content = volume.image.make_shard(data, Bbox(xyz(box.start), xyz(box.stop)), mip)
-    path = layer_dir / volume.key / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(content)
-    return f"{volume.key}/{name}"
-
-
-class SegmentationWriter:
-    """The full resolution of an export's segmentation layer (`new_segmentation`), written by
-    tasks side by side, each a region of its own: unsharded, whole chunks (or up to the
-    volume's end); sharded, a region of the shard plan (`region_zyx`, one shard file). No two
-    share a file; a region's files can be named and digested, so a later check finds one lost
-    or changed."""
-
-    def __init__(self, folder: str | Path, gzip: bool = False) -> None:
-        from cloudvolume import CloudVolume
-
-        folder = Path(folder)
-        self._layer = folder / SEGMENTATION_LAYER
-        info = read_info(folder, SEGMENTATION_LAYER)
-        self._scale, self._key, self._gzip = layer_scales(info)[0], info["scales"][0]["key"], gzip
-        self._volume = CloudVolume(
-            layer_url(folder, SEGMENTATION_LAYER),
-            mip=0,
-            compress="gzip" if gzip else False,
-            progress=False,
-        )
-        self.chunks, self.where = self._scale.chunk_zyx, str(self._layer)
-        spec = info["scales"][0].get("sharding")
-        # The box one shard covers: what a writer's region must be (None: unsharded).
-        self.region_zyx = spec and shard_zyx(spec, self._scale.shape_zyx, self.chunks)
-        self.layout = SegmentationLayout(self.chunks, gzip, spec, self.region_zyx)
-
-    def write(self, region: tuple[slice, ...], ids: np.ndarray) -> None:
-        """Store `ids` (uint64, the region's shape) as the region's voxels."""
-        # (z, y, x) in C order is (x, y, z) in Fortran order: a view, no copy.
-        data = np.asarray(ids, np.uint64).T
-        if self.region_zyx:
-            _write_shard(self._layer, 0, _roi(region), data)
-        else:
-            self._volume[tuple(region[::-1])] = data
-
-    def chunk_names(self, region: tuple[slice, ...]) -> list[str]:
-        """The files (relative to the layer) that writing `region` makes."""
-        return _stitched_files(self._volume, _roi(region), self._scale, self._key, self._gzip)
-
-    def digest(self, name: str) -> str | None:
-        """sha256 of chunk file `name` (`chunk_names`), None when it is missing."""
-        try:
-            return hashlib.sha256((self._layer / name).read_bytes()).hexdigest()
-        except FileNotFoundError:
-            return None
 
 
 def write_region(
@@ -540,7 +371,7 @@ def write_region(
             else tinybrain.downsample_with_averaging
         )
         # (z, y, x) in C order is (x, y, z) in Fortran order: a view, no copy.
-        data, factors = array.T, _scale_factors(scales)
+        data, factors = array.T, scale_factors(scales)
         for mip, (scale, factor) in enumerate(zip(scales, factors, strict=True)):
             if mip:
                 step = [a // b for a, b in zip(factor, factors[mip - 1], strict=True)]
@@ -548,15 +379,15 @@ def write_region(
             box = region.scaled_down(factor, scale.shape_zyx)
             key = volume.info["scales"][mip]["key"]
             if layer == SEGMENTATION_LAYER and not mip:
-                names = _stitched_files(volume, box, scale, key, config.gzip)
+                names = stitched_files(volume, box, scale, key, config.gzip)
             elif "sharding" in volume.info["scales"][mip]:
-                names = [_write_shard(folder / layer, mip, box, data)]
+                names = [write_shard(folder / layer, mip, box, data)]
             else:
                 cutout = tuple(
                     slice(a, b) for a, b in zip(xyz(box.start), xyz(box.stop), strict=True)
                 )
                 CloudVolume(url, mip=mip, compress=compress, progress=False)[cutout] = data
-                names = _chunk_files(box, scale, key, config.gzip)
+                names = chunk_files(box, scale, key, config.gzip)
             for name in names:
                 files[f"{layer}/{name}"] = file_record(folder / layer / name)
     ids, counts = fastremap.unique(segmentation, return_counts=True)
@@ -830,7 +661,7 @@ def export_precomputed(
     started = time.perf_counter()
     segmentation, voxel_size = _check_inputs(raw, segmentation, voxel_size_nm)
     out_dir = Path(out_dir)
-    _check_replaceable(out_dir)
+    check_replaceable(out_dir)
     shape = tuple(raw.shape)
     regions = export_regions(shape, voxel_size, config)
     tasks = export_tasks(shape, voxel_size, config)

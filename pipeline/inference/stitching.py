@@ -48,7 +48,7 @@ from pipeline.core import config_io
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import BlockResultError
 from pipeline.core.stamps import digest
-from pipeline.export.layers import SegmentationLayout, SegmentationWriter
+from pipeline.export.segmentation_layer import SegmentationLayout, SegmentationWriter
 from pipeline.inference.blocks import (
     Block,
     BlockConfig,

@@ -31,6 +31,7 @@ from pipeline.data.volumes import open_volume, write_volumes
 from pipeline.export import layers as export
 from pipeline.export import meshes as export_meshes
 from pipeline.export.layers import ExportConfig, export_complete, export_precomputed, plan_scales
+from pipeline.export.segmentation_layer import SegmentationWriter, new_segmentation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -321,10 +322,8 @@ def write_stitched(out, segmentation, config=CONFIG):
     """The segmentation's full resolution as the stitching writes it: the layer, then a region
     (a shard, sharded) at a time."""
     chunk = plan_scales(SHAPE, VOXEL, config)[0].chunk_zyx
-    export.new_segmentation(
-        out, SHAPE, VOXEL, export.segmentation_layout(SHAPE, VOXEL, config, chunk)
-    )
-    writer = export.SegmentationWriter(out)
+    new_segmentation(out, SHAPE, VOXEL, export.segmentation_layout(SHAPE, VOXEL, config, chunk))
+    writer = SegmentationWriter(out)
     for region in export.export_regions(SHAPE, VOXEL, config):
         writer.write(region.slices, segmentation[region.slices])
 

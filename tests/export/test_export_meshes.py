@@ -17,6 +17,7 @@ from pipeline.core.errors import PrecomputedError
 from pipeline.export import layers as export
 from pipeline.export import meshes as sharded
 from pipeline.export.layers import ExportConfig, damaged, file_record
+from pipeline.export.segmentation_layer import SegmentationWriter, new_segmentation
 
 SHAPE = (64, 96, 80)  # (z, y, x): every axis a different length
 VOXEL = (20.0, 10.0, 10.0)
@@ -72,8 +73,8 @@ def meshed(tmp_path_factory):
     # As the stitching writes it for an export: its layout, a region (a shard) at a time.
     chunk = export.plan_scales(SHAPE, VOXEL, CONFIG)[0].chunk_zyx
     layout = export.segmentation_layout(SHAPE, VOXEL, CONFIG, chunk)
-    export.new_segmentation(folder, SHAPE, VOXEL, layout)
-    writer = export.SegmentationWriter(folder)
+    new_segmentation(folder, SHAPE, VOXEL, layout)
+    writer = SegmentationWriter(folder)
     for region in REGIONS:
         writer.write(region.slices, seg[region.slices])
     sharded.begin_sharded_meshing(folder, CONFIG)

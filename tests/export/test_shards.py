@@ -7,13 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.export.layers import ExportConfig, _scale_factors, plan_scales
+from pipeline.export.layers import ExportConfig, plan_scales
+from pipeline.export.segmentation_layer import scale_factors
 from pipeline.export.shards import plan_shards
 
 
 def _plan(shape_zyx, voxel_size_nm, num_scales=3, task_voxels=256):
     scales = plan_scales(shape_zyx, voxel_size_nm, ExportConfig(num_scales=num_scales))
-    factors = _scale_factors(scales)
+    factors = scale_factors(scales)
     plan = plan_shards(
         [s.shape_zyx for s in scales], [s.chunk_zyx for s in scales], factors, task_voxels
     )

@@ -15,11 +15,11 @@ from test_parts import CUT
 
 from pipeline.core.errors import ConfigError
 from pipeline.data.volumes import open_volume
-from pipeline.export.layers import (
+from pipeline.export.layers import segmentation_spec
+from pipeline.export.segmentation_layer import (
     SegmentationLayout,
     SegmentationWriter,
     new_segmentation,
-    segmentation_spec,
 )
 from pipeline.export.shards import plan_shards
 from pipeline.inference.blocks import Block, BlockConfig, BlockResult, plan_blocks
