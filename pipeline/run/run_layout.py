@@ -35,6 +35,7 @@ LAYOUT = {
     "train_log": "train/train.log",
     "train_config": "train/config.json",
     "train_metrics": "train/metrics.csv",
+    "train_curves": "train/curves.png",
     "selection": "selection.json",
     "blocks_dir": "inference/blocks",
     "stitch_dir": "inference/stitch",
@@ -62,11 +63,14 @@ LAYOUT = {
     # A study (`workflow.py study`): one training folder per cell, the study's report beside.
     "study_cells": "study/cells",
     "study_report": "study/report.md",
+    "study_results": "study/results.json",
     "config": "config.json",
     "site": "site.json",
     # Parsl's run dir (parsl.log, one folder per run: 000/, 001/, ...), the blocks submitted and
     # the watchdog's log; Parsl's monitoring database beside it.
     "runinfo": "runinfo",
+    "jobs": "runinfo/jobs.jsonl",
+    "watchdog_log": "runinfo/watchdog.log",
     "monitoring_db": "monitoring.db",
 }
 

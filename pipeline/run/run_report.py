@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.stamps import read_stamp
+from pipeline.run.run_layout import LAYOUT, RunPaths
 
 # Parsl app function names -> the stage names the workflow prints.
 STAGE_OF_APP = {
@@ -70,9 +71,9 @@ def _truth_in_pieces_lines(pieces: dict | None) -> list[str]:
     ]  # fmt: skip
 
 
-def _forest_origin(run_dir: Path) -> str:
+def _forest_origin(paths: RunPaths) -> str:
     """Where the fill's forest came from: the run's training part, or the file it was given."""
-    given = (_read_json(run_dir / "config.json") or {}).get("boundary_forest")
+    given = (_read_json(paths.config) or {}).get("boundary_forest")
     return (
         f"of the forest another run learned (`{given}`)"
         if given
@@ -205,9 +206,9 @@ def _world(train: dict) -> str:
     return f"{train['world_size']} rank(s){split}{was}"
 
 
-def _study_lines(run_dir: Path) -> list[str]:
+def _study_lines(paths: RunPaths) -> list[str]:
     """A study's answers and the link to its report (pipeline.study.study_report)."""
-    results = _read_json(run_dir / "study" / "results.json")
+    results = _read_json(paths.study_results)
     if not results:
         return []
     answers = [f"- {s['setting']}: {s['answer']}" for s in results["settings"]]
@@ -217,18 +218,16 @@ def _study_lines(run_dir: Path) -> list[str]:
         "",
         *answers,
         "",
-        "Figures and tables: [study/report.md](study/report.md).",
+        f"Figures and tables: [{LAYOUT['study_report']}]({LAYOUT['study_report']}).",
     ]
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """report.md: stage times, training speed and quality, FFN against the watershed baseline."""
-    run_dir = Path(run_dir)
-    lines = [f"# FFN run report: {run_dir.name}", ""]
-    times = stage_wall_times(run_dir / "monitoring.db")
-    states = task_states(run_dir / "monitoring.db")
-    lines += [
-        "## Stages (from monitoring.db: the run that last executed each)",
+def _stage_lines(paths: RunPaths) -> list[str]:
+    """Each stage's tasks in the latest Parsl run and its wall time, from the monitoring database."""
+    times = stage_wall_times(paths.monitoring_db)
+    states = task_states(paths.monitoring_db)
+    lines = [
+        f"## Stages (from {LAYOUT['monitoring_db']}: the run that last executed each)",
         "",
         "| stage | tasks in the latest Parsl run | wall time |",
         "|---|---|---|",
@@ -238,111 +237,182 @@ def write_report(run_dir: str | Path) -> Path:
             tasks = len(states[stage]) if stage in states else "- (up to date)"
             wall = f"{times[stage]:.1f} s" if stage in times else "-"
             lines.append(f"| {stage} | {tasks} | {wall} |")
-    lines += _study_lines(run_dir)
-    train = _read_json(run_dir / "train" / "train_summary.json")
-    if train:
-        inputs = (_read_json(run_dir / "train" / "config.json") or {}).get("inputs", {})
-        start = (
-            f"from the weights of `{inputs['init_from']}`"
-            if inputs.get("init_from")
-            else "from scratch"
+    return lines
+
+
+def _training_lines(paths: RunPaths) -> list[str]:
+    """How long the training ran, on which world, from which weights, and how well it did."""
+    train = _read_json(paths.train_summary)
+    if not train:
+        return []
+    inputs = (_read_json(paths.train_config) or {}).get("inputs", {})
+    start = (
+        f"from the weights of `{inputs['init_from']}`"
+        if inputs.get("init_from")
+        else "from scratch"
+    )
+    return [
+        "", "## Training", "",
+        f"{train['step']} steps {start} on {_world(train)}, {train['fov_per_s']:.1f} FOV/s "
+        f"in the last interval; final loss {train['loss']:.3f}, voxel F1 {train['f1']:.3f}, "
+        f"accuracy {train['accuracy']:.3f}.",
+        "", f"![training curves]({LAYOUT['train_curves']})",
+    ]  # fmt: skip
+
+
+def _selection_lines(paths: RunPaths) -> list[str]:
+    selection = _read_json(paths.selection)
+    return ["", f"Selected checkpoint: `{selection.get('checkpoint')}`."] if selection else []
+
+
+def _inference_lines(stitched: dict) -> list[str]:
+    """The first pass's blocks, speed and objects (`stitched`: the stitching's summary)."""
+    if not (stitched and "inference" in stitched):  # older runs' stitch.json listed every block
+        return []
+    blocks, total = stitched["stitch"]["blocks"], stitched["inference"]
+    return [
+        "", "## Inference", "",
+        f"{blocks} block(s), {total['seconds'] / blocks:.1f} s per block, "
+        f"{total['voxels_per_second']:,.0f} voxels/s per task; {total['fov_evaluations']} FOV "
+        f"evaluations; {stitched['stitch']['objects']} objects after stitching.",
+    ]  # fmt: skip
+
+
+def _consensus_lines(paths: RunPaths) -> list[str]:
+    """The consensus's second inference pass and the segments both passes agree on."""
+    again = _read_json(paths.second_stitch_summary)
+    if not (again and paths.consensus_summary.is_file()):
+        return []
+    return [
+        "", "## Consensus (FFN's second pass)", "",
+        f"A second inference pass, seeds in the other order: {again['inference']['fov_evaluations']} "
+        f"FOV evaluations; the voxels both passes put together are kept together "
+        f"({_read_json(paths.consensus_summary)['segments']} segments).",
+    ]  # fmt: skip
+
+
+def _pairs_decided(agglomerated: dict) -> bool:
+    """Whether the agglomeration decided its pairs (older runs' summaries: always)."""
+    return agglomerated.get("pairs_decided", True)
+
+
+def _agglomeration_lines(agglomerated: dict, stitched: dict) -> list[str]:
+    """The pairs the agglomeration tested and merged, and its network calls against the first
+    pass's (`stitched`: the stitching's summary)."""
+    if not (agglomerated and _pairs_decided(agglomerated)):
+        return []
+    first = (stitched.get("inference") or {}).get("fov_evaluations")
+    share = f" ({agglomerated['fov_evaluations'] / first:.0%} of the first pass's)" if first else ""
+    return [
+        "", "## Agglomeration (FFN's second pass)", "",
+        f"{agglomerated['pairs']} touching pairs tested, {agglomerated['merged_pairs']} merged "
+        f"({agglomerated['merged_segments']} segments into {agglomerated['merged_objects']} objects); "
+        f"{agglomerated['fov_evaluations']} FOV evaluations{share}.",
+    ]  # fmt: skip
+
+
+def _fill_lines(agglomerated: dict, paths: RunPaths) -> list[str]:
+    """How the voxels the fills left unsegmented were filled, and what was dropped first."""
+    if not agglomerated.get("filled_unsegmented"):
+        return []
+    lines = [
+        "", "## Fill of the unsegmented voxels", "",
+        "Every voxel the fills left unsegmented joined the segment whose basin it lies in, "
+        f"flooding a boundary map {_forest_origin(paths)}.",
+    ]  # fmt: skip
+    if agglomerated.get("fill_min_size"):
+        lines[-1] += (
+            f" First, {agglomerated['dropped_objects']} objects under "
+            f"{agglomerated['fill_min_size']} voxels were dropped, their voxels filled alike."
         )
-        lines += [
-            "", "## Training", "",
-            f"{train['step']} steps {start} on {_world(train)}, {train['fov_per_s']:.1f} FOV/s "
-            f"in the last interval; final loss {train['loss']:.3f}, voxel F1 {train['f1']:.3f}, "
-            f"accuracy {train['accuracy']:.3f}.",
-            "", "![training curves](train/curves.png)",
-        ]  # fmt: skip
-    selection = _read_json(run_dir / "selection.json")
-    if selection:
-        lines += ["", f"Selected checkpoint: `{selection.get('checkpoint')}`."]
-    stitched = _read_json(run_dir / "inference" / "stitch.json")
-    if stitched and "inference" in stitched:  # older runs' stitch.json listed every block
-        blocks, total = stitched["stitch"]["blocks"], stitched["inference"]
-        lines += [
-            "", "## Inference", "",
-            f"{blocks} block(s), {total['seconds'] / blocks:.1f} s per block, "
-            f"{total['voxels_per_second']:,.0f} voxels/s per task; {total['fov_evaluations']} FOV "
-            f"evaluations; {stitched['stitch']['objects']} objects after stitching.",
-        ]  # fmt: skip
-    again = _read_json(run_dir / "inference" / "second" / "stitch.json")
-    if again and (run_dir / "agglomerate" / "consensus.json").is_file():
-        lines += [
-            "", "## Consensus (FFN's second pass)", "",
-            f"A second inference pass, seeds in the other order: {again['inference']['fov_evaluations']} "
-            f"FOV evaluations; the voxels both passes put together are kept together "
-            f"({_read_json(run_dir / 'agglomerate' / 'consensus.json')['segments']} segments).",
-        ]  # fmt: skip
-    agglomerated = _read_json(run_dir / "agglomerate" / "agglomerate.json")
-    decided = agglomerated.get("pairs_decided", True)  # older runs' summaries: always
-    if agglomerated and decided:
-        first = (stitched.get("inference") or {}).get("fov_evaluations")
-        share = (
-            f" ({agglomerated['fov_evaluations'] / first:.0%} of the first pass's)" if first else ""
-        )
-        lines += [
-            "", "## Agglomeration (FFN's second pass)", "",
-            f"{agglomerated['pairs']} touching pairs tested, {agglomerated['merged_pairs']} merged "
-            f"({agglomerated['merged_segments']} segments into {agglomerated['merged_objects']} objects); "
-            f"{agglomerated['fov_evaluations']} FOV evaluations{share}.",
-        ]  # fmt: skip
-    if agglomerated.get("filled_unsegmented"):
-        lines += [
-            "", "## Fill of the unsegmented voxels", "",
-            "Every voxel the fills left unsegmented joined the segment whose basin it lies in, "
-            f"flooding a boundary map {_forest_origin(run_dir)}.",
-        ]  # fmt: skip
-        if agglomerated.get("fill_min_size"):
-            lines[-1] += (
-                f" First, {agglomerated['dropped_objects']} objects under "
-                f"{agglomerated['fill_min_size']} voxels were dropped, their voxels filled alike."
+    return lines
+
+
+def _method_names(agglomerated: dict, paths: RunPaths) -> dict[str, str]:
+    """The quality table's row names: FFN's named after the steps its segmentation went through."""
+    second = {"consensus": paths.consensus_summary, "agglomeration": paths.agglomerate_summary}
+    steps = [step for step, summary in second.items() if summary.is_file()]
+    steps = [s for s in steps if s != "agglomeration" or _pairs_decided(agglomerated)]
+    steps += ["fill"] if agglomerated.get("filled_unsegmented") else []
+    return METHOD_NAMES | ({"ffn": " + ".join(["ffn", *steps])} if steps else {})
+
+
+def _quality_lines(evaluation: dict, agglomerated: dict, paths: RunPaths) -> list[str]:
+    """The scores of every method evaluated, a row each."""
+    if not evaluation:
+        return []
+    lines = [
+        "",
+        "## Segmentation quality (lower is better)",
+        "",
+        "| method | VI split | VI merge | VI | adapted Rand error | objects split | segments merged |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    names = _method_names(agglomerated, paths)
+    for method, scores in evaluation.items():
+        if isinstance(scores, dict) and "vi" in scores:
+            lines.append(
+                f"| {names.get(method, method)} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
+                f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} |"
             )
-    evaluation = _read_json(run_dir / "evaluation.json")
-    if evaluation:
-        lines += [
-            "",
-            "## Segmentation quality (lower is better)",
-            "",
-            "| method | VI split | VI merge | VI | adapted Rand error | objects split | segments merged |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        second = {"consensus": "consensus.json", "agglomeration": "agglomerate.json"}
-        steps = [step for step, f in second.items() if (run_dir / "agglomerate" / f).is_file()]
-        steps = [s for s in steps if s != "agglomeration" or decided]
-        steps += ["fill"] if agglomerated.get("filled_unsegmented") else []
-        names = METHOD_NAMES | ({"ffn": " + ".join(["ffn", *steps])} if steps else {})
-        for method, scores in evaluation.items():
-            if isinstance(scores, dict) and "vi" in scores:
-                lines.append(
-                    f"| {names.get(method, method)} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
-                    f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} |"
-                )
+    return lines
+
+
+def _learned_watershed_lines(paths: RunPaths, evaluation: dict) -> list[str]:
+    """The learned watershed's tuned parameters and the time it took to learn, tune, segment."""
+    learned = _read_json(paths.learned_baseline_record)
+    if not (learned and "learned_watershed" in evaluation):
+        return []
+    params = ", ".join(f"{k} {v}" for k, v in learned["params"].items())
+    seconds = learned["seconds"]
+    # The forest is a task of its own (the fill takes it too): its stamp holds its time.
+    forest = read_stamp(paths.boundary_forest) or {}
+    learn = forest.get("measured", {}).get("seconds")
+    learnt = f"{learn:.0f} s to learn the forest, " if learn is not None else ""
+    return [
+        "", f"The learned watershed: {params} (the best of {len(learned['tuning_trials'])} "
+        f"tried on the selection part); {learnt}{seconds['tune']:.0f} s to tune, "
+        f"{seconds['segment']:.0f} s to segment.",
+    ]  # fmt: skip
+
+
+def _viewer_lines(run_dir: Path, paths: RunPaths, errors: dict) -> list[str]:
+    """How to open the export in Neuroglancer, and the body split most among its segments."""
+    if not paths.precomputed.is_dir():
+        return []
+    lines = ["", f"Neuroglancer: `python workflow.py view --run-dir {run_dir}`"]
+    split = errors.get("split")
+    pieces = [str(i) for i, _ in split[0]["largest"] if i] if split else []
+    if pieces:
+        lines[-1] += (
+            f"; the body split most, its largest segments: `python workflow.py view --run-dir "
+            f"{run_dir} --segments {' '.join(pieces)}`"
+        )
+    return lines
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """report.md: stage times, training speed and quality, FFN against the watershed baseline."""
+    run_dir = Path(run_dir)
+    paths = RunPaths(run_dir)
+    lines = [f"# FFN run report: {run_dir.name}", ""]
+    lines += _stage_lines(paths)
+    lines += _study_lines(paths)
+    lines += _training_lines(paths)
+    lines += _selection_lines(paths)
+    stitched = _read_json(paths.stitch_summary)
+    lines += _inference_lines(stitched)
+    lines += _consensus_lines(paths)
+    agglomerated = _read_json(paths.agglomerate_summary)
+    lines += _agglomeration_lines(agglomerated, stitched)
+    lines += _fill_lines(agglomerated, paths)
+    evaluation = _read_json(paths.evaluation)
+    lines += _quality_lines(evaluation, agglomerated, paths)
     lines += _truth_in_pieces_lines(evaluation.get("truth_in_pieces") if evaluation else None)
-    learned = _read_json(run_dir / "baseline" / "learned_watershed.json")
-    if learned and "learned_watershed" in evaluation:
-        params = ", ".join(f"{k} {v}" for k, v in learned["params"].items())
-        seconds = learned["seconds"]
-        # The forest is a task of its own (the fill takes it too): its stamp holds its time.
-        forest = read_stamp(run_dir / "baseline" / "boundary_forest.joblib") or {}
-        learn = forest.get("measured", {}).get("seconds")
-        learnt = f"{learn:.0f} s to learn the forest, " if learn is not None else ""
-        lines += [
-            "", f"The learned watershed: {params} (the best of {len(learned['tuning_trials'])} "
-            f"tried on the selection part); {learnt}{seconds['tune']:.0f} s to tune, "
-            f"{seconds['segment']:.0f} s to segment.",
-        ]  # fmt: skip
+    lines += _learned_watershed_lines(paths, evaluation)
     errors = (evaluation or {}).get("largest_errors") or {}
     lines += _largest_errors_lines(errors)
-    if (run_dir / "precomputed").is_dir():
-        lines += ["", f"Neuroglancer: `python workflow.py view --run-dir {run_dir}`"]
-        split = errors.get("split")
-        pieces = [str(i) for i, _ in split[0]["largest"] if i] if split else []
-        if pieces:
-            lines[-1] += (
-                f"; the body split most, its largest segments: `python workflow.py view --run-dir "
-                f"{run_dir} --segments {' '.join(pieces)}`"
-            )
-    with atomic_path(run_dir / "report.md") as tmp:
+    lines += _viewer_lines(run_dir, paths, errors)
+    with atomic_path(paths.report) as tmp:
         tmp.write_text("\n".join(lines) + "\n")
-    return run_dir / "report.md"
+    return paths.report

@@ -35,17 +35,19 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.run.run_layout import LAYOUT, RunPaths
+
 PERIOD = 1.0  # seconds between two looks at the workflow and its processes
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL of the run's processes
 CANCEL_TIMEOUT = 30  # seconds a qdel/scancel may take
-JOBS_NAME = "jobs.jsonl"  # in the run's runinfo/: the blocks the workflow submitted
-LOG_NAME = "watchdog.log"  # in the run's runinfo/: what the watchdog did
+JOBS_NAME = Path(LAYOUT["jobs"]).name  # in the run's runinfo/: the blocks the workflow submitted
+LOG_NAME = Path(LAYOUT["watchdog_log"]).name  # in the run's runinfo/: what the watchdog did
 STOP = b"stop\n"
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def jobs_path(run_dir: str | Path) -> Path:
-    return Path(run_dir).resolve() / "runinfo" / JOBS_NAME
+    return RunPaths(Path(run_dir).resolve()).jobs
 
 
 def _started(pid: int) -> float:
@@ -121,8 +123,8 @@ def start(run_dir: str | Path) -> Watchdog:
     """Start the watchdog of the run in `run_dir` for this process; call before Parsl starts
     anything (it records only processes started after it)."""
     run_dir = Path(run_dir).resolve()
-    runinfo = run_dir / "runinfo"
-    runinfo.mkdir(parents=True, exist_ok=True)
+    paths = RunPaths(run_dir)
+    paths.runinfo.mkdir(parents=True, exist_ok=True)
     me = psutil.Process()
     # The processes this one has now are not the run's (a program may run the workflow beside
     # processes of its own); only what it starts from now on is.
@@ -142,7 +144,7 @@ def start(run_dir: str | Path) -> Watchdog:
     env = os.environ | {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
     }
-    with open(runinfo / LOG_NAME, "ab") as log:
+    with open(paths.watchdog_log, "ab") as log:
         process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
