@@ -24,11 +24,14 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-import workflow
+from apps.plan.dag import dag_steps
+from apps.plan.resolved import resolve_plan
+from apps.plan.step import plan_run
 from pipeline.core.memory import peak_memory_mib, resident_memory_mib
 from pipeline.data.staging import DataConfig, reads_in_place
 from pipeline.inference.blocks import BlockConfig
 from pipeline.run.run_config import RunConfig
+from pipeline.run.run_layout import RunPaths
 from site_configs import local
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,14 +56,14 @@ def plan(volume: Path, run_dir: Path, block: tuple, overlap: int) -> None:
         pretrained_model=str(ROOT / "models" / "demo-synthetic"),
         blocks=blocks,
     )
-    paths = workflow.RunPaths(run_dir, reads_in_place(config.data))
+    paths = RunPaths(run_dir, reads_in_place(config.data))
     before = resident_memory_mib()
     started = time.perf_counter()
-    steps = workflow.dag_steps(config, paths, local.SITE)
+    steps = dag_steps(resolve_plan(config, paths, local.SITE))
     planned = time.perf_counter()
-    workflow.plan_run(steps)
+    plan_run(steps)
     done = time.perf_counter()
-    kinds = collections.Counter(step.app for step in steps)
+    kinds = collections.Counter(step.app_name for step in steps)
     print(f"{len(steps):,} tasks:", ", ".join(f"{app} {n:,}" for app, n in kinds.items()))
     print(
         f"dag_steps {planned - started:.1f} s, plan_run {done - planned:.1f} s; resident "

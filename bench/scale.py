@@ -42,7 +42,14 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-import workflow
+import apps.infer
+import apps.stage
+from apps.execute import execute
+from apps.plan.evaluation import evaluate_steps
+from apps.plan.export import export_steps
+from apps.plan.resolved import resolve_plan
+from apps.plan.segmentation import stitch_steps
+from apps.plan.step import Step, plan_run, task_step
 from pipeline.core.atomic import atomic_path
 from pipeline.core.stamps import files_under, read_stamp
 from pipeline.data.staging import DataConfig, reads_in_place, role_settings, source_files
@@ -51,6 +58,7 @@ from pipeline.evaluation.watershed import WatershedConfig
 from pipeline.export.layers import ExportConfig, export_complete
 from pipeline.inference.blocks import BlockConfig, block_path, plan_blocks
 from pipeline.run.run_config import RunConfig
+from pipeline.run.run_layout import RunPaths
 from site_configs import local
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,21 +137,22 @@ def run_config(volume: Path, name: str, sharded: bool = True) -> RunConfig:
     )
 
 
-def bench_steps(config: RunConfig, paths: workflow.RunPaths) -> list[workflow.Step]:
+def bench_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     """The workflow's tasks from staging to export, inference replaced by its stand-in."""
+    plan = resolve_plan(config, paths, local.SITE)
     steps = [
-        workflow.task_step("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
-                       [paths.eval_volume], "stage.stage_volume"),
+        task_step("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
+                       [paths.eval_volume], apps.stage.stage_volume),
     ]  # fmt: skip
-    blocks = plan_blocks(workflow._eval_shape(config), config.blocks)
+    blocks = plan.blocks
     for i, block in enumerate(blocks):
         settings = {"start": list(block.start), "stop": list(block.stop)}
-        steps.append(workflow.task_step(f"infer[{i}]", settings, [paths.eval_volume],
-                                    [block_path(paths.blocks_dir, block)], "infer.ground_truth_block"))  # fmt: skip
-    (first,) = workflow.inference_passes(config, paths)
-    steps += workflow.stitch_steps(config, paths, blocks, first)
-    steps += workflow.export_steps(config, paths)
-    steps += workflow.evaluate_steps(config, paths)
+        steps.append(task_step(f"infer[{i}]", settings, [paths.eval_volume],
+                                    [block_path(paths.blocks_dir, block)], apps.infer.ground_truth_block))  # fmt: skip
+    (first,) = plan.inference_passes
+    steps += stitch_steps(plan, first)
+    steps += export_steps(plan)
+    steps += evaluate_steps(plan)
     return steps
 
 
@@ -154,7 +163,7 @@ def run(
     its own (`runs_dir/scale-<edge>-w<workers><tag>`, which must not exist)."""
     name = f"scale-{edge}-w{workers}{tag}{'' if sharded else '-unsharded'}"
     config = run_config(volume, name, sharded)
-    paths = workflow.RunPaths(runs_dir / name, reads_in_place(config.data))
+    paths = RunPaths(runs_dir / name, reads_in_place(config.data))
     if paths.root.exists():  # its tasks would be found up to date, not run
         raise SystemExit(f"{paths.root} exists: a run needs a folder of its own")
     spec = dataclasses.replace(local.SITE, cpu_workers_per_node=workers)
@@ -162,7 +171,7 @@ def run(
     # What earlier runs wrote goes to disk now, not during this run.
     os.sync()
     started = time.perf_counter()
-    status = workflow.execute(steps, workflow.plan_run(steps), local, spec, paths)
+    status = execute(steps, plan_run(steps), local, spec, paths)
     seconds = time.perf_counter() - started
     if status:
         raise SystemExit(f"{name}: the workflow failed (status {status}); see {paths.root}/runinfo")
@@ -170,7 +179,7 @@ def run(
     for step in steps:
         measured = (read_stamp(step.task.outputs[0]) or {}).get("measured", {})
         kind = tasks.setdefault(
-            step.app,
+            step.app_name,
             {
                 "tasks": 0,
                 "peak_rss_mib": 0.0,
@@ -190,7 +199,7 @@ def run(
     # What a finished run's resume and a check of its export cost: every task found up to date,
     # the export's completeness from its records.
     started = time.perf_counter()
-    stale = [name for name, why in workflow.plan_run(bench_steps(config, paths)).items() if why]
+    stale = [name for name, why in plan_run(bench_steps(config, paths)).items() if why]
     resume_seconds = time.perf_counter() - started
     started = time.perf_counter()
     complete = export_complete(paths.precomputed)
@@ -228,7 +237,7 @@ def check_stitching(result: dict) -> bool:
     from pipeline.inference.blocks import read_block_result
     from pipeline.inference.stitching import stitch
 
-    paths = workflow.RunPaths(Path(result["run_dir"]))
+    paths = RunPaths(Path(result["run_dir"]))
     blocks = plan_blocks((result["edge"],) * 3, BLOCKS)
     results = [read_block_result(block_path(paths.blocks_dir, b), b) for b in blocks]
     in_memory, _ = stitch(results, (result["edge"],) * 3, BLOCKS)

@@ -24,7 +24,7 @@ from pipeline.core.atomic import atomic_dir
 # The packages workers import (workflow.py runs in the workflow process only).
 PACKAGES = ("apps", "pipeline", "site_configs")
 CODE_DIR = "code"
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def code_files(root: Path = _ROOT) -> list[Path]:

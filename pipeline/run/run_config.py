@@ -37,7 +37,7 @@ from pipeline.training.examples import canvas_radius
 from pipeline.training.train_config import TrainConfig
 
 # models/demo-synthetic: the demo's starting weights, shipped with the repository.
-DEMO_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo-synthetic"
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "models" / "demo-synthetic"
 # Per rank: the demo's 2 ranks go on at 1e-4 in all (the linear rule), the rate the model ended
 # its training with; at the full rate of its first 50,000 steps a demo's steps would first undo
 # what they learned.

@@ -3,6 +3,11 @@
 import json
 import sqlite3
 
+from apps.plan.dag import dag_steps
+from apps.plan.resolved import resolve_plan
+from apps.plan.study import study_steps
+from apps.run_setup import ROOT
+from pipeline.run.run_layout import RunPaths
 from pipeline.run.run_report import stage_wall_times, write_report
 
 
@@ -74,7 +79,6 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
 
     from test_parts import LABELS, RAW
 
-    import workflow as cli
     from pipeline.data.staging import DataConfig
     from pipeline.run.run_config import RunConfig
     from pipeline.run.run_report import STAGE_OF_APP
@@ -84,18 +88,20 @@ def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
 
     second_pass = AgglomerationConfig(enabled=True, consensus=True, fill_unsegmented=True)
     config = dataclasses.replace(RunConfig(), agglomeration=second_pass)
-    paths = cli.RunPaths(cli.ROOT / "data" / "runs" / "plan-only")
+    paths = RunPaths(ROOT / "data" / "runs" / "plan-only")
     a_study = dataclasses.replace(RunConfig(), study=StudyConfig(rank_counts=(1, 4)))
-    steps = cli.dag_steps(config, paths, local.SITE) + cli.study_steps(a_study, paths, local.SITE)
+    steps = dag_steps(resolve_plan(config, paths, local.SITE)) + study_steps(
+        resolve_plan(a_study, paths, local.SITE)
+    )
     given_forest = dataclasses.replace(  # no training part: the fill's forest another run's
         config,
         data=DataConfig(eval_raw=RAW, eval_labels=LABELS),
-        pretrained_model=str(cli.ROOT / "models" / "demo-synthetic"),
+        pretrained_model=str(ROOT / "models" / "demo-synthetic"),
         boundary_forest=str(paths.root / "forest.joblib"),
     )
-    steps += cli.dag_steps(given_forest, paths, local.SITE)
+    steps += dag_steps(resolve_plan(given_forest, paths, local.SITE))
     for step in steps:
-        app = step.app.rpartition(".")[2]
+        app = step.app_name.rpartition(".")[2]
         assert STAGE_OF_APP.get(app) == step.task.stage, step.task.name
 
 

@@ -15,9 +15,12 @@ import pytest
 from parsl import python_app
 from workflow_runs import ROOT, TINY, copy_run, workflow
 
-import workflow as cli
+from apps.plan.dag import dag_steps
+from apps.plan.resolved import resolve_plan
+from apps.run_setup import load_site_record, save_site_record
 from pipeline.core.config_io import save_json
 from pipeline.run.run_config import load_run_config
+from pipeline.run.run_layout import RunPaths
 from pipeline.run.run_lock import RunDirBusy, hold, holder
 
 
@@ -31,7 +34,7 @@ def recorded_run(run_dir, site: str, **changes) -> None:
     run_dir.mkdir(parents=True)
     save_json(run_dir / "config.json", load_run_config(TINY))
     spec = replace(load_site(site).SITE, **changes)
-    cli.save_site_record(run_dir / "site.json", site, spec)
+    save_site_record(run_dir / "site.json", site, spec)
 
 
 class TestResumeOnTheRunsSite:
@@ -71,7 +74,7 @@ class TestResumeOnTheRunsSite:
         module.write_text((ROOT / "site_configs" / "local.py").read_text())
         run_dir = tmp_path / "run"
         recorded_run(run_dir, "local")
-        cli.save_site_record(run_dir / "site.json", str(module), load_site_spec(module))
+        save_site_record(run_dir / "site.json", str(module), load_site_spec(module))
         # From another directory, without --site: the module is found by its recorded path.
         done = processes.run(
             [sys.executable, str(ROOT / "workflow.py"), "--run-dir", str(run_dir), "--resume",
@@ -151,8 +154,8 @@ class TestStatusAndStages:
     def test_status_shows_a_begun_blocks_progress(self, run_dir):
         from pipeline.inference.blocks import block_progress_path
 
-        steps = cli.dag_steps(load_run_config(run_dir / "config.json"), cli.RunPaths(run_dir),
-                              cli.load_site_record(run_dir / "site.json")[1])  # fmt: skip
+        steps = dag_steps(resolve_plan(load_run_config(run_dir / "config.json"), RunPaths(run_dir),
+                              load_site_record(run_dir / "site.json")[1]))  # fmt: skip
         block = next(s for s in steps if s.task.name == "infer[2]")
         record = {"block": "block_2", "objects": 5, "fov_evaluations": 1200, "fov_per_s": 3.0,
                   "seed_share": 0.25, "eta_s": 600.0}  # fmt: skip

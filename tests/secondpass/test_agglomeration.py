@@ -11,6 +11,9 @@ import pytest
 from faults import zero_bytes
 from test_inference import assert_same_segmentation
 
+from apps.plan.dag import dag_steps
+from apps.plan.describe import describe_dag
+from apps.plan.resolved import resolve_plan
 from pipeline.core.errors import ConfigError, VolumeShapeError
 from pipeline.core.stamps import run_once, why_stale
 from pipeline.data.synthetic import SyntheticConfig, generate
@@ -29,6 +32,7 @@ from pipeline.inference.flood_fill import (
 )
 from pipeline.inference.stitching import block_core, check_written_parts, write_part_labels
 from pipeline.run.run_config import load_run_config
+from pipeline.run.run_layout import RunPaths
 from pipeline.secondpass.agglomeration import (
     AgglomerationConfig,
     PairDecision,
@@ -578,7 +582,6 @@ def test_a_given_forest_is_the_forest_task_s_only_input_and_no_training_part_is_
     tasks read the copy, nothing stages a training part, and --dry-run names both files."""
     from test_parts import LABELS, RAW
 
-    import workflow as cli
     from pipeline.data.staging import DataConfig
     from pipeline.run.run_config import RunConfig
     from site_configs import local
@@ -590,14 +593,14 @@ def test_a_given_forest_is_the_forest_task_s_only_input_and_no_training_part_is_
         boundary_forest=str(given),
         agglomeration=AgglomerationConfig(fill_unsegmented=True),
     )
-    paths = cli.RunPaths(tmp_path / "run")
-    steps = {s.task.name: s for s in cli.dag_steps(config, paths, local.SITE)}
+    paths = RunPaths(tmp_path / "run")
+    steps = {s.task.name: s for s in dag_steps(resolve_plan(config, paths, local.SITE))}
     forest = steps["evaluate[boundary forest]"]
-    assert forest.app == "evaluate.given_boundary_forest" and forest.task.inputs == (given,)
+    assert forest.app_name == "evaluate.given_boundary_forest" and forest.task.inputs == (given,)
     assert forest.task.outputs == (paths.boundary_forest,)
     assert paths.boundary_forest in steps["agglomerate[relabel 0]"].task.inputs
     assert not [n for n in steps if n.startswith("stage[") and n != "stage[eval]"]
-    plan = cli.describe_dag(config, paths, local.SITE)
+    plan = describe_dag(resolve_plan(config, paths, local.SITE))
     assert f"forest     {given} (given) -> {paths.boundary_forest}, the fill's map" in plan
     assert "  stitch, agglomerate, evaluate (with labels), export, report" in plan
 
@@ -630,7 +633,6 @@ def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_a
 ):
     """`fill_min_size` adds a size count per part of the layer and their sum, an input of every
     relabel task; without it the plan has neither (finished runs stay done)."""
-    import workflow as cli
     from pipeline.run.run_config import RunConfig
     from site_configs import local
 
@@ -638,7 +640,9 @@ def test_dropping_small_objects_plans_a_count_per_part_summed_before_the_parts_a
         config = replace(
             RunConfig(), agglomeration=AgglomerationConfig(fill_unsegmented=True, **fill)
         )
-        return {s.task.name: s for s in cli.dag_steps(config, cli.RunPaths(tmp_path), local.SITE)}
+        return {
+            s.task.name: s for s in dag_steps(resolve_plan(config, RunPaths(tmp_path), local.SITE))
+        }
 
     steps = plan(fill_min_size=1000)
     counts = [n for n in steps if n.startswith("agglomerate[sizes ")]
@@ -673,12 +677,13 @@ def test_the_fill_alone_plans_no_pair_and_the_learned_watersheds_forest(tmp_path
     """`fill_unsegmented` without `enabled` (the demo's second pass): no pairs are found or
     decided, the layer's parts are filled over the map of the forest learned on the training
     part, the one forest that the learned watershed's map is made by too."""
-    import workflow as cli
     from pipeline.run.run_config import RunConfig
     from site_configs import local
 
     config = replace(RunConfig(), agglomeration=AgglomerationConfig(fill_unsegmented=True))
-    steps = {s.task.name: s.task for s in cli.dag_steps(config, cli.RunPaths(tmp_path), local.SITE)}
+    steps = {
+        s.task.name: s.task for s in dag_steps(resolve_plan(config, RunPaths(tmp_path), local.SITE))
+    }
     names = list(steps)
     assert not [n for n in names if n.startswith(("agglomerate[pairs", "agglomerate[decide"))]
     assert [n for n in names if "forest" in n] == ["evaluate[boundary forest]"]
@@ -687,9 +692,11 @@ def test_the_fill_alone_plans_no_pair_and_the_learned_watersheds_forest(tmp_path
     assert names.index("stage[train]") < names.index("evaluate[boundary forest]")
     assert forest in steps["agglomerate[relabel 0]"].inputs
     assert forest == steps["evaluate[learned watershed]"].inputs[0]
-    plan = cli.describe_dag(config, cli.RunPaths(tmp_path), local.SITE)  # what --dry-run prints
+    plan = describe_dag(
+        resolve_plan(config, RunPaths(tmp_path), local.SITE)
+    )  # what --dry-run prints
     assert f"-> {forest} (the fill floods its map too)" in plan
     # Without the fill or the learned baseline, no forest.
     neither = replace(RunConfig(), watershed=replace(RunConfig().watershed, learned=False))
-    names = [s.task.name for s in cli.dag_steps(neither, cli.RunPaths(tmp_path), local.SITE)]
+    names = [s.task.name for s in dag_steps(resolve_plan(neither, RunPaths(tmp_path), local.SITE))]
     assert "evaluate[boundary forest]" not in names

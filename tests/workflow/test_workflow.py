@@ -9,6 +9,17 @@ import processes
 import pytest
 from workflow_runs import IMPORT_TRACE, ROOT, TINY, alone_on, imported, workflow
 
+from apps.plan.dag import dag_steps
+from apps.plan.describe import (
+    _progress_of,
+    describe_progress,
+    describe_training,
+    progress_seen_before,
+)
+from apps.plan.resolved import RunPlan, resolve_plan
+from apps.plan.step import check_stage_inputs, executor_labels, plan_run
+from pipeline.run.run_layout import RunPaths
+
 
 @pytest.mark.mpi
 @pytest.mark.slow
@@ -80,29 +91,28 @@ def test_stages_left_out_need_only_the_outputs_this_run_plans(tmp_path, monkeypa
     --stages stitch asks for the blocks and the staged volume, not for staged/train.h5."""
     import dataclasses
 
-    import workflow as cli
     from pipeline.core.errors import FFNError
     from pipeline.data.staging import DataConfig
     from pipeline.run.run_config import DEMO_MODEL, RunConfig
     from site_configs import local
 
-    monkeypatch.setattr(cli, "_eval_shape", lambda config: (64, 128, 128))
-    monkeypatch.setattr(cli, "_eval_voxel_size", lambda config: (10.0, 10.0, 10.0))
+    monkeypatch.setattr(RunPlan, "eval_shape", property(lambda plan: (64, 128, 128)))
+    monkeypatch.setattr(RunPlan, "voxel_size", property(lambda plan: (10.0, 10.0, 10.0)))
     data = DataConfig(eval_raw=f"{tmp_path}/v.h5:raw")
     config = dataclasses.replace(RunConfig(pretrained_model=str(DEMO_MODEL)), data=data)
-    steps = cli.dag_steps(config, cli.RunPaths(tmp_path / "run"), local.SITE)
+    steps = dag_steps(resolve_plan(config, RunPaths(tmp_path / "run"), local.SITE))
     stitch = frozenset({"stitch", "export"})
     with pytest.raises(
         FFNError, match="leaves out 'stage', but 'stitch' needs its output .*eval.h5"
     ):
-        cli.check_stage_inputs(stitch, steps)
+        check_stage_inputs(stitch, steps)
     for step in steps:  # what staging and inference leave behind
         if step.task.stage in ("stage", "infer"):
             for output in step.task.outputs:
                 output.parent.mkdir(parents=True, exist_ok=True)
                 output.touch()
     assert not (tmp_path / "run" / "staged" / "train.h5").exists()
-    cli.check_stage_inputs(stitch, steps)  # no error
+    check_stage_inputs(stitch, steps)  # no error
 
 
 def test_resume_of_a_run_dir_that_holds_no_run_is_refused(tmp_path):
@@ -197,17 +207,15 @@ def test_help_imports_neither_tensorflow_nor_parsl(command):
 
 
 def test_a_running_blocks_progress_reads_as_one_line():
-    import workflow as cli
-
     record = {"block": "block_0_0_0", "objects": 12, "fov_evaluations": 3456, "fov_per_s": 1.29,
               "seed_share": 0.4, "segmented_share": 0.62, "eta_s": 1500.0}  # fmt: skip
-    assert cli.describe_progress("infer[0]", record) == (
+    assert describe_progress("infer[0]", record) == (
         "infer[0] block_0_0_0: 12 objects, 3,456 FOV evaluations, 1.3 FOV/s, 62% of the voxels "
         "segmented, 40% of the seeds tried, about 25 min left in this seed pass"
     )
     # The first seeds' objects say nothing of the rest (one object can take an hour).
     early = record | {"eta_s": None, "seeds_tried": 2}
-    assert cli.describe_progress("infer[0]", early).endswith(
+    assert describe_progress("infer[0]", early).endswith(
         "tried, too early for a time left (2 seeds tried)"
     )
 
@@ -215,31 +223,29 @@ def test_a_running_blocks_progress_reads_as_one_line():
 def test_a_resumed_block_shows_no_progress_until_it_writes_its_own(tmp_path):
     """The record a stopped run left (its counts went on past the last saved state) is not
     shown as the resumed block's; the first record the block writes is."""
-    import workflow as cli
 
     progress = tmp_path / "block_0_0_0.progress.json"
     record = {"block": "block_0_0_0", "objects": 1, "fov_evaluations": 2814, "fov_per_s": 0.6,
               "seed_share": 0.0, "eta_s": None}  # fmt: skip
     progress.write_text(json.dumps(record))
-    seen = cli.progress_seen_before([progress, tmp_path / "not_started.progress.json"])
-    assert cli._progress_of(progress, seen) is None
+    seen = progress_seen_before([progress, tmp_path / "not_started.progress.json"])
+    assert _progress_of(progress, seen) is None
     time.sleep(0.05)  # a new mtime, as the block's next atomic write gives
     progress.write_text(json.dumps(record | {"fov_evaluations": 1887}))
-    assert cli._progress_of(progress, seen)["fov_evaluations"] == 1887
+    assert _progress_of(progress, seen)["fov_evaluations"] == 1887
 
 
 def test_parsl_starts_only_the_pools_of_the_tasks_that_run(tmp_path):
-    import workflow as cli
     from pipeline.run.run_config import RunConfig
     from site_configs import CPU_LABEL, MPI_LABEL, local
 
-    steps = cli.dag_steps(RunConfig(), cli.RunPaths(tmp_path / "run"), local.SITE)
-    fresh = cli.plan_run(steps)  # nothing made yet: every task runs, training included
-    assert cli.executor_labels(steps, fresh) == {MPI_LABEL, CPU_LABEL}
+    steps = dag_steps(resolve_plan(RunConfig(), RunPaths(tmp_path / "run"), local.SITE))
+    fresh = plan_run(steps)  # nothing made yet: every task runs, training included
+    assert executor_labels(steps, fresh) == {MPI_LABEL, CPU_LABEL}
     # Trained and selected already (a resume, or a given model): no multi-rank task is left.
     before = {"stage", "preprocess", "train", "select"}
     trained = {n: None if n.partition("[")[0] in before else r for n, r in fresh.items()}
-    assert cli.executor_labels(steps, trained) == {CPU_LABEL}
+    assert executor_labels(steps, trained) == {CPU_LABEL}
 
 
 def test_the_baseline_is_the_learned_watershed_where_the_run_has_a_labelled_training_part(
@@ -247,13 +253,12 @@ def test_the_baseline_is_the_learned_watershed_where_the_run_has_a_labelled_trai
 ):
     import dataclasses
 
-    import workflow as cli
     from pipeline.data.staging import DataConfig
     from pipeline.run.run_config import DEMO_MODEL, RunConfig
     from site_configs import local
 
     def tasks(config: RunConfig) -> dict[str, tuple]:
-        steps = cli.dag_steps(config, cli.RunPaths(tmp_path / "run"), local.SITE)
+        steps = dag_steps(resolve_plan(config, RunPaths(tmp_path / "run"), local.SITE))
         return {s.task.name: s.task.inputs for s in steps}
 
     trained = tasks(RunConfig())
@@ -271,8 +276,8 @@ def test_the_baseline_is_the_learned_watershed_where_the_run_has_a_labelled_trai
     eval_only = DataConfig(eval_raw=f"{tmp_path}/v.h5:raw", eval_labels=f"{tmp_path}/v.h5:labels")
     alone = dataclasses.replace(RunConfig(pretrained_model=str(DEMO_MODEL)), data=eval_only)
     # The shape of a file that need not exist to plan.
-    monkeypatch.setattr(cli, "_eval_shape", lambda config: (64, 128, 128))
-    monkeypatch.setattr(cli, "_eval_voxel_size", lambda config: (10.0, 10.0, 10.0))
+    monkeypatch.setattr(RunPlan, "eval_shape", property(lambda plan: (64, 128, 128)))
+    monkeypatch.setattr(RunPlan, "voxel_size", property(lambda plan: (10.0, 10.0, 10.0)))
     untuned = tasks(alone)
     assert "evaluate[learned watershed]" not in untuned and "stage[train]" not in untuned
 
@@ -298,12 +303,11 @@ def test_the_dry_run_counts_virtual_ranks_in_the_world_and_its_cost():
     import dataclasses
     import re
 
-    import workflow as cli
     from pipeline.run.run_config import RunConfig
 
     config = RunConfig()
     four = dataclasses.replace(config, train=dataclasses.replace(config.train, virtual_ranks=4))
-    alone, virtual = cli.describe_training(config, 2), cli.describe_training(four, 2)
+    alone, virtual = describe_training(config, 2), describe_training(four, 2)
     assert "x 2 rank(s);" in alone and "x 2 rank(s) x 4 virtual;" in virtual
 
     def gflop(text: str) -> float:

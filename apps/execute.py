@@ -1,0 +1,148 @@
+"""Running the planned steps through Parsl: its start with SIGINT held, the submission, a line per
+task's start and end and per block's progress, and an orderly stop on SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from multiprocessing import resource_tracker
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from apps.plan.describe import _progress_of, describe_progress, progress_seen_before
+from apps.plan.step import Step, build_dag, executor_labels
+from pipeline.run.run_layout import RunPaths
+
+if TYPE_CHECKING:
+    from site_configs.base import SiteSpec
+
+
+def _watch(futures: dict[str, object], paths: RunPaths, progress_files: dict[str, Path]) -> None:
+    """Print each task's start and end, training progress and each running block's progress
+    (every minute), until every task is done."""
+    reported: dict[str, str] = {}
+    progress_seen = progress_seen_before(progress_files.values())
+    # The log is appended to by every run: show only lines this run adds.
+    last_train_line, started = _last_train_line(paths.train_log), time.monotonic()
+    while True:
+        for name, future in futures.items():
+            state = future.task_record["status"].name
+            if reported.get(name) == state:
+                continue
+            reported[name] = state
+            elapsed = f"{time.monotonic() - started:6.0f} s"
+            if state in ("launched", "running"):
+                _say(f"{elapsed} {name} started")
+            elif state == "exec_done":
+                note = " (found up to date)" if future.result() == "up to date" else ""
+                _say(f"{elapsed} {name} finished{note}")
+            elif state in ("failed", "dep_fail"):
+                _say(f"{elapsed} {name} {state.replace('_', ' ')}")
+        training = reported.get("train") in ("launched", "running")
+        line = _last_train_line(paths.train_log) if training else ""
+        if line and line != last_train_line:
+            _say(f"         {line}")
+            last_train_line = line
+        for name, path in progress_files.items():
+            if name in futures and reported.get(name) in ("launched", "running"):
+                if record := _progress_of(path, progress_seen):
+                    _say(f"         {describe_progress(name, record)}")
+        pending = [f for f in futures.values() if not f.done()]
+        if not pending:
+            return
+        # A second between reports, cut short when the last task ends.
+        concurrent.futures.wait(pending, timeout=1)
+
+
+def _say(text: str) -> None:
+    print(f"[workflow {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def _last_train_line(log: Path) -> str:
+    if not log.is_file():
+        return ""
+    lines = [
+        line for line in log.read_text(errors="replace").splitlines() if line.startswith("[train]")
+    ]
+    return lines[-1] if lines else ""
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM reached the workflow: its workers are stopped and it exits."""
+
+
+def _stop(signum: int, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold SIGINT back from the processes and threads Parsl starts meanwhile: they inherit the
+    mask. A terminal's Ctrl-C reaches the whole foreground process group; Parsl's interchange and
+    monitoring processes died of it and its cleanup then waited forever on the dead interchange.
+    Held, it reaches this process alone (after the start, not lost), which stops them in order."""
+    # multiprocessing unblocks SIGINT when it starts its resource tracker: started first here.
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def execute(
+    steps: list[Step], reasons: dict[str, str | None], site, spec: SiteSpec, paths: RunPaths
+) -> int:
+    """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
+    import parsl
+
+    from pipeline.run.watchdog import start as start_watchdog
+    from site_configs.base import child_pids, only_executors, shutdown, stop_failed_start
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    dfk, ours = None, child_pids()  # processes this one had before Parsl: not Parsl's to stop
+    try:
+        try:
+            config = site.make_config(paths.root, spec)
+            start_watchdog(
+                paths.root
+            )  # ends the run if this process is killed (pipeline.run.watchdog)
+            with _sigint_held():
+                dfk = parsl.load(only_executors(config, executor_labels(steps, reasons)))
+        except Exception:
+            # A Ctrl-C held back during Parsl's start arrives once `dfk` is set: `shutdown` below.
+            if dfk is None:
+                stop_failed_start(ours)
+            raise
+        from pipeline.inference.blocks import block_progress_path
+
+        futures = build_dag(steps, reasons)
+        progress = {
+            s.task.name: block_progress_path(s.task.outputs[0])
+            for s in steps
+            if s.task.stage == "infer"
+        }
+        _watch(futures, paths, progress)
+    except Stopped as stop:
+        _say(f"stopped by {stop}: workers shut down; go on later with --resume")
+        return 128 + getattr(signal, str(stop)).value
+    finally:
+        for sig in previous:  # a second signal must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
+        if dfk is not None:
+            shutdown(dfk, ours)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    failed = {
+        n: f.exception() for n, f in futures.items() if f.task_record["status"].name == "failed"
+    }
+    for name, exc in failed.items():
+        print(f"[workflow] {name} failed: {exc}", file=sys.stderr)
+    if failed:
+        print(f"[workflow] Parsl's logs: {paths.runinfo}", file=sys.stderr)
+        return 1
+    return 0

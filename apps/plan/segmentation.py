@@ -1,0 +1,165 @@
+"""The segmentation's steps after inference: the stitching of each pass's blocks, the split
+consensus of two passes, and FFN's second pass (agglomeration and the fill)."""
+
+from __future__ import annotations
+
+import apps.agglomerate
+import apps.consensus
+import apps.stitch
+from apps.plan.resolved import InferencePass, RunPlan
+from apps.plan.step import Step, task_step
+from pipeline.core import config_io
+
+
+def stitch_steps(plan: RunPlan, one: InferencePass) -> list[Step]:
+    """A pairs task per block, one join, a relabel task per part of the layer (a block's core,
+    or a shard) writing it, then the check that writes stitch.json (apps/stitch.py), for pass
+    `one`."""
+    config, paths, blocks = plan.config, plan.paths, plan.blocks
+    from pipeline.inference.blocks import block_path
+    from pipeline.inference.stitching import later_neighbours, part_name, part_neighbours
+
+    results = [block_path(one.blocks_dir, b) for b in blocks]
+    pairs = [one.stitch_dir / "pairs" / f"{b.name}.npz" for b in blocks]
+    parts = plan.layer_parts
+    cores = [one.stitch_dir / "parts" / f"{part_name(p)}.json" for p in parts]
+    table = one.stitch_dir / "ids.npy"
+    # The folder is an argument, not a setting: a run moved elsewhere stays up to date.
+    folder = str(one.folder)
+    name = one.prefix
+    base = {
+        "blocks": config_io.to_dict(config.blocks),
+        "shape": list(plan.eval_shape),
+        "layout": plan.layout,
+    }
+    steps = []
+    for k in range(len(blocks)):
+        reads = [k, *later_neighbours(k, blocks)]
+        steps.append(task_step(f"stitch[{name}pairs {k}]", {**base, "block": k, "reads": reads},
+                           [results[i] for i in reads], [pairs[k]], apps.stitch.pair_block))  # fmt: skip
+    steps.append(task_step(f"stitch[{name}join]", base, [paths.eval_volume, *pairs], [table],
+                       apps.stitch.join_blocks, folder))  # fmt: skip
+    for k, part in enumerate(parts):
+        reads = part_neighbours(part, blocks)
+        steps.append(task_step(f"stitch[{name}relabel {k}]", {**base, "part": k, "reads": reads},
+                           [table, *(results[i] for i in reads)], [cores[k]], apps.stitch.relabel_part,
+                           folder))  # fmt: skip
+    every = {**base, "reads": list(range(len(blocks)))}
+    steps.append(task_step(f"stitch[{name.strip()}]" if name else "stitch", every,
+                           [paths.eval_volume, table, *cores, *results],
+                           [one.stitch_summary, plan.full_resolution(one.folder)], apps.stitch.finish_stitch,
+                           folder))  # fmt: skip
+    return steps
+
+
+def consensus_steps(plan: RunPlan) -> list[Step]:
+    """The split consensus of the two passes: a task per block core lists its pairs of ids, one
+    joins them into a table, a relabel task per part of the layer (a block's core, or a shard)
+    writes it, the last checks (apps/consensus.py)."""
+    config, paths, blocks = plan.config, plan.paths, plan.blocks
+    from pipeline.inference.stitching import part_name
+
+    first, second = (
+        str(one.folder) for one in plan.inference_passes
+    )  # arguments: a moved run stays up to date
+    layers = [plan.full_resolution(one.folder) for one in plan.inference_passes]
+    into = plan.consensus_into
+    base = {
+        "blocks": config_io.to_dict(config.blocks),
+        "shape": list(plan.eval_shape),
+        "layout": plan.layout,
+    }
+    cores = range(len(blocks))
+    parts = plan.layer_parts
+    pairs = [paths.consensus_dir / "pairs" / f"{b.name}.npz" for b in blocks]
+    records = [paths.consensus_dir / "parts" / f"{part_name(p)}.json" for p in parts]
+    table = paths.consensus_dir / "ids.npy"
+    steps = [task_step(f"consensus[pairs {k}]", {**base, "block": k}, layers, [pairs[k]],
+                       apps.consensus.consensus_pairs, first, second) for k in cores]  # fmt: skip
+    # Slivers where the passes disagree on a border go, as objects too small do in a pass.
+    join = {**base, "min_size": config.inference.min_segment_size}
+    steps.append(task_step("consensus[join]", join, [paths.eval_volume, *pairs], [table],
+                           apps.consensus.join_consensus_pairs, str(into)))  # fmt: skip
+    steps += [task_step(f"consensus[relabel {k}]", {**base, "part": k}, [table, *layers], [records[k]],
+                        apps.consensus.relabel_consensus_part, first, second, str(into))
+              for k in range(len(parts))]  # fmt: skip
+    steps.append(task_step("consensus", base, [paths.eval_volume, table, *layers, *records],
+                           [paths.consensus_summary, plan.full_resolution(into)],
+                           apps.consensus.finish_consensus, first, second, str(into)))  # fmt: skip
+    return steps
+
+
+def agglomerate_steps(plan: RunPlan) -> list[Step]:
+    """FFN's second pass over the stitched first pass: a pairs task per block core, one join, a
+    decision task per core (flood fills), one merge table, a relabel task per part of the layer
+    (a block's core, or a shard) writing the export's segmentation layer, then the check that
+    writes agglomerate.json (apps/agglomerate.py)."""
+    config, paths, blocks = plan.config, plan.paths, plan.blocks
+    from pipeline.inference.stitching import part_name
+    from pipeline.secondpass.agglomeration import FILL_SETTINGS
+
+    folder = paths.agglomerate_dir
+    # What it agglomerates: the consensus if one is made, else the first pass.
+    source = paths.consensus if config.agglomeration.consensus else paths.first_pass
+    first_pass = str(source)  # arguments, not settings: a moved run stays up to date
+    export = str(paths.precomputed)
+    stitched = plan.full_resolution(source)
+    base = {
+        "blocks": config_io.to_dict(config.blocks),
+        "shape": list(plan.eval_shape),
+        "layout": plan.layout,
+    }
+    # The fills' measures do not depend on the merge thresholds: new thresholds re-run only the
+    # merge and what follows it.
+    second = config.agglomeration
+    fills = {**base, "agglomeration": second.fill_settings()}
+    # The merges do not depend on the fill: without it, every setting is as before it was added.
+    merging = {k: v for k, v in config_io.to_dict(second).items() if k not in FILL_SETTINGS}
+    thresholds = {**base, "agglomeration": merging}
+    cores = range(len(blocks))
+    parts = plan.layer_parts
+    contacts = [folder / "contacts" / f"{b.name}.npz" for b in blocks]
+    decisions = [folder / "decisions" / f"{b.name}.npz" for b in blocks]
+    records = [folder / "parts" / f"{part_name(p)}.json" for p in parts]
+    pairs, merges = folder / "pairs.npz", folder / "merges.npz"
+    decide = {**fills, "inference": config_io.to_dict(config.inference)}
+    steps = []
+    if second.enabled:  # else no pair is merged: the pass only fills
+        steps += [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k}, [stitched], [contacts[k]],
+                            apps.agglomerate.pair_core, first_pass) for k in cores]  # fmt: skip
+        steps.append(
+            task_step("agglomerate[join]", fills, contacts, [pairs], apps.agglomerate.join_pairs)
+        )
+        steps += [task_step(f"agglomerate[decide {k}]", {**decide, "block": k},
+                            [paths.eval_volume, stitched, pairs, paths.selection], [decisions[k]],
+                            apps.agglomerate.decide_core, first_pass) for k in cores]  # fmt: skip
+    else:
+        decisions = []
+    steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
+                           apps.agglomerate.merge_pairs, export))  # fmt: skip
+    # The fill of unsegmented voxels: the learned watershed's forest (dag_steps plans it), its
+    # map predicted and flooded part by part. Without it, the parts' settings are as before it
+    # was added (runs stay done).
+    fill_inputs, written = [], base
+    if second.fill_unsegmented:
+        fill_inputs = [paths.boundary_forest, paths.eval_volume]
+        written = {**base, "agglomeration": second.part_settings()}
+    if second.fill_min_size:  # the objects' sizes in the whole volume: a count per part, a sum
+        counts = [folder / "sizes" / f"{part_name(p)}.npz" for p in parts]
+        steps += [task_step(f"agglomerate[sizes {k}]", {**base, "part": k}, [stitched], [counts[k]],
+                            apps.agglomerate.count_part, first_pass) for k in range(len(parts))]  # fmt: skip
+        fill_inputs.append(folder / "sizes.npz")
+        steps.append(
+            task_step(
+                "agglomerate[sizes]", base, counts, fill_inputs[-1:], apps.agglomerate.sum_sizes
+            )
+        )
+    steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *fill_inputs],
+                        [records[k]], apps.agglomerate.relabel_merged_part, first_pass, export)
+              for k in range(len(parts))]  # fmt: skip
+    filling = config_io.to_dict(second) if second.fill_unsegmented else merging
+    finish = {**base, "agglomeration": filling, "parts": len(parts)}
+    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *fill_inputs, *records, *decisions],
+                           [paths.agglomerate_summary, plan.full_resolution(paths.precomputed)],
+                           apps.agglomerate.finish_agglomeration, first_pass, export))  # fmt: skip
+    return steps
