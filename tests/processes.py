@@ -17,12 +17,6 @@ import pytest
 GRACE_S = 20
 
 
-def seconds_left() -> float:
-    """No bound: the suite has no time budget (every test runs). Kept for the tests that still
-    bound a wait by `min(limit, seconds_left())`: their own limit is what holds."""
-    return float("inf")
-
-
 def stop_tree(process: subprocess.Popen) -> None:
     """Stops `process` and everything it started, the ranks of an `mpiexec` included."""
     try:
