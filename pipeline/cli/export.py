@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.cli import one_line_errors
+from pipeline.cli import HelpFormatter, field_help, one_line_errors
 from pipeline.data.volumes import read_labels, read_raw
 from pipeline.export.layers import ExportConfig, export_precomputed
 
@@ -18,6 +18,7 @@ from pipeline.export.layers import ExportConfig, export_precomputed
 def _parser() -> argparse.ArgumentParser:
     defaults = ExportConfig()
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.export",
         description="Write an EM volume and its segmentation as Neuroglancer precomputed layers "
         "(image, segmentation with meshes) into a folder; view it with "
@@ -34,8 +35,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar=("Z", "Y", "X"),
         help="voxel size in nm (default: the files' voxel_size_nm attribute)",
     )
-    add("--chunk-voxels", type=int, default=defaults.chunk_voxels, help="default: %(default)s")
-    add("--scales", type=int, default=defaults.num_scales, help="default: %(default)s")
+    add(
+        "--chunk-voxels",
+        type=int,
+        default=defaults.chunk_voxels,
+        help="default: %(default)s\n" + field_help(ExportConfig, "chunk_voxels").replace("%", "%%"),
+    )
+    add(
+        "--scales",
+        type=int,
+        default=defaults.num_scales,
+        help="default: %(default)s\n" + field_help(ExportConfig, "num_scales").replace("%", "%%"),
+    )
     add(
         "--mesh-max-error-nm",
         type=float,

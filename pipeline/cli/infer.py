@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.cli import add_arguments, from_arguments, one_line_errors
+from pipeline.cli import HelpFormatter, add_arguments, from_arguments, one_line_errors
 from pipeline.core import config_io
 from pipeline.data.volumes import read_raw, write_volumes
 from pipeline.inference.blocks import BlockConfig
@@ -30,6 +30,7 @@ from pipeline.selection.checkpoints import chosen_checkpoint
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.infer",
         description="Segment a volume with a trained FFN, whole or in overlapping blocks.",
     )

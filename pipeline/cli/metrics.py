@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.cli import HelpFormatter
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import FFNError
 from pipeline.data.volumes import read_labels, read_raw
@@ -19,12 +20,15 @@ from pipeline.evaluation.watershed import watershed_baseline
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.metrics",
         description="Score a segmentation against ground truth (VI, adapted Rand, split/merge "
         "counts), optionally next to the seeded-watershed baseline.",
     )
     add = parser.add_argument
-    add("--segmentation", required=True, metavar="PATH.h5:DATASET")
+    add(
+        "--segmentation", required=True, metavar="PATH.h5:DATASET", help="the segmentation to score"
+    )
     add("--labels", required=True, metavar="PATH.h5:DATASET", help="ground truth")
     add("--raw", metavar="PATH.h5:DATASET", help="image: also score the watershed baseline on it")
     add("--output", type=Path, help="write the scores here as JSON")

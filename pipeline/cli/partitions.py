@@ -9,13 +9,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.cli import one_line_errors
+from pipeline.cli import HelpFormatter, one_line_errors
 from pipeline.preprocess.partitions import PARTITIONS_DATASET, PartitionConfig, preprocess
 
 
 def _parser() -> argparse.ArgumentParser:
     defaults = PartitionConfig()
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.partitions",
         description="Partition a label volume as FFN does; sample balanced training coordinates.",
     )
@@ -28,7 +29,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH.h5",
         help=f"partition map, written as dataset '{PARTITIONS_DATASET}'",
     )
-    add("--coordinates-out", required=True, type=Path, metavar="PATH.npz")
+    add(
+        "--coordinates-out",
+        required=True,
+        type=Path,
+        metavar="PATH.npz",
+        help="training coordinates to write (pipeline.cli.train --coordinates)",
+    )
     add(
         "--name",
         help="volume name stored with the coordinates; training must use the same "

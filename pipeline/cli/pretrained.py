@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.cli import one_line_errors
+from pipeline.cli import HelpFormatter, field_help, one_line_errors
+from pipeline.network.model import ModelConfig
 from pipeline.network.released_weights import (
     FIB25_DELTAS_ZYX,
     FIB25_FOV_ZYX,
@@ -26,6 +27,7 @@ from pipeline.selection.released_models import convert_checkpoint, ship_checkpoi
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.pretrained",
         description="Convert a google-research/ffn convstack_3d TF1 checkpoint (e.g. the FIB-25 "
         "model) into this workflow's format: OUT/checkpoints/ckpt-0 + OUT/config.json.",
@@ -55,8 +57,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar=("Z", "Y", "X"),
         help="FOV move step (default: %(default)s)",
     )
-    add("--image-mean", type=float, default=FIB25_IMAGE_MEAN, help="default: %(default)s")
-    add("--image-stddev", type=float, default=FIB25_IMAGE_STDDEV, help="default: %(default)s")
+    add(
+        "--image-mean",
+        type=float,
+        default=FIB25_IMAGE_MEAN,
+        help="default: FIB-25's %(default)s\n"
+        + field_help(ModelConfig, "image_mean").replace("%", "%%"),
+    )
+    add(
+        "--image-stddev",
+        type=float,
+        default=FIB25_IMAGE_STDDEV,
+        help="default: FIB-25's %(default)s\n"
+        + field_help(ModelConfig, "image_stddev").replace("%", "%%"),
+    )
     add(
         "--precision",
         choices=("float32", "mixed_bfloat16"),

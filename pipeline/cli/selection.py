@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.cli import add_arguments, from_arguments, one_line_errors
+from pipeline.cli import HelpFormatter, add_arguments, from_arguments, one_line_errors
 from pipeline.core import config_io
 from pipeline.data.volumes import read_volume_pair
 from pipeline.selection.checkpoints import SELECTION_FILE, SelectionConfig, select_checkpoint
@@ -18,6 +18,7 @@ from pipeline.selection.checkpoints import SELECTION_FILE, SelectionConfig, sele
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.selection",
         description="Pick the best of a training run's last checkpoints on a held-out volume.",
     )
@@ -27,7 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--raw", required=True, metavar="PATH.h5:DATASET", help="held-out image")
     add("--labels", required=True, metavar="PATH.h5:DATASET", help="held-out ground truth")
-    add("--output", type=Path, help=f"default: TRAIN_DIR/{SELECTION_FILE}")
+    add(
+        "--output",
+        type=Path,
+        help=f"default: TRAIN_DIR/{SELECTION_FILE}\nwhere the choice is written (JSON; "
+        "python -m pipeline.cli.infer --checkpoint takes it)",
+    )
     add("--config", help="JSON file of SelectionConfig settings; flags override it")
     add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
     add_arguments(parser, SelectionConfig)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from pipeline.cli import HelpFormatter
 from pipeline.core.errors import ConfigError
 from pipeline.data.synthetic import PRESETS, generate
 from pipeline.data.volumes import write_volumes
@@ -18,6 +19,7 @@ from pipeline.data.volumes import write_volumes
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.synthetic",
         description="Write a synthetic EM volume with ground truth (datasets raw and labels). "
         "Object counts follow the box's size in nm, so --shape and --voxel-size keep the "
@@ -25,7 +27,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("output", help="HDF5 file to write, e.g. data/synthetic.h5")
     parser.add_argument(
-        "--preset", choices=sorted(PRESETS), default="default", help="default: %(default)s"
+        "--preset",
+        choices=sorted(PRESETS),
+        default="default",
+        help="default: %(default)s\nthe volume's size and contents (pipeline.data.synthetic): "
+        + "; ".join(
+            f"{name}, {'x'.join(map(str, preset.shape_zyx))} voxels (z, y, x) of "
+            f"{'x'.join(f'{v:g}' for v in preset.voxel_size_nm)} nm"
+            for name, preset in sorted(PRESETS.items())
+        ),
     )
     parser.add_argument("--seed", type=int, help="random seed (default: the preset's)")
     parser.add_argument(

@@ -9,13 +9,14 @@ import argparse
 import os
 import sys
 
-from pipeline.cli import add_arguments, from_arguments, one_line_errors
+from pipeline.cli import HelpFormatter, add_arguments, from_arguments, one_line_errors
 from pipeline.training.train_config import TrainConfig, load_train_config
 from pipeline.training.trainer import TrainInputs, run_training
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.train",
         description="Train an FFN with synchronous data-parallel SGD on Horovod (one rank per "
         "process). The defaults are TrainConfig's (pipeline/training/train_config.py): the paper's FFN.",

@@ -10,12 +10,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.cli import one_line_errors
+from pipeline.cli import HelpFormatter, one_line_errors
 from pipeline.export.viewer import DEFAULT_SEGMENT_COUNT, serve_forever
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.viewer",
         description="Serve an export folder (python -m pipeline.cli.export) on localhost and open it "
         "in Neuroglancer; prints the URL to open in a browser.",

@@ -10,15 +10,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.cli import HelpFormatter
 from pipeline.run.watchdog import PERIOD, serve
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.watchdog",
         description="End a run's processes and batch jobs when its workflow process is gone.",
     )
-    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--run-dir", required=True, type=Path, help="the run's folder")
     parser.add_argument("--pid", required=True, type=int, help="the workflow process")
     parser.add_argument("--started", required=True, type=float, help="its start time")
     parser.add_argument("--spare", default="", help="pids not of the run, comma-separated")

@@ -39,8 +39,11 @@ BLOCK_FORMAT = 1
 class BlockConfig:
     """Block grid and stitching settings, (z, y, x) voxels."""
 
+    # Each block's size including its overlaps; each is segmented by one task.
     block_shape_zyx: ZYX = (64, 128, 128)
     overlap_zyx: ZYX = (16, 32, 32)  # at least; about one FOV, so both blocks see context
+    # Two blocks' objects are stitched into one only where they share at least this many voxels
+    # in their overlap (and min_overlap_fraction of their union there).
     min_overlap_voxels: int = 50
     min_overlap_fraction: float = 0.5  # intersection over union, in the overlap region
     # Chunks of the stitched segmentation (precomputed): each is written whole by one task, so the

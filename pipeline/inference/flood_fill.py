@@ -76,13 +76,17 @@ SEED_ORDERS = ("innermost", "raster")
 class InferenceConfig:
     """How objects are seeded, grown and accepted. Probabilities, not logits; sizes (z, y, x)."""
 
+    # The FOV moves to a face where the object probability reaches this; a seed whose own
+    # probability falls below it is dropped.
     move_threshold: float = 0.9
+    # Voxels at least this probable become part of the object.
     segment_threshold: float = 0.6
     seed_probability: float = 0.95  # the seed voxel's initial object probability
     pad_probability: float = 0.05  # where the object mask has no prediction yet
     min_segment_size: int = 100  # voxels; smaller objects are dropped
     # A seed with an object voxel this close (Chebyshev, per axis) is skipped, as FFN.
     min_boundary_distance_zyx: ZYX = (1, 1, 1)
+    # A flood stops (keeping what it has) after this many FOV evaluations.
     max_fov_evaluations_per_object: int = 5000
     batch_size: int = 1  # non-overlapping FOVs of one object evaluated together
     consistency_check: bool = False  # flood again from the object's innermost voxel
@@ -98,7 +102,9 @@ class InferenceConfig:
     # Seed policy (FFN's PolicyPeaks): edges where the gradient of the smoothed image beats its
     # neighbourhood's mean; seeds at local maxima of the distance to the nearest edge.
     seed_smoothing_sigma_zyx: tuple[float, float, float] = (0.5, 1.0, 1.0)
+    # Width (voxels) of the Gaussian whose mean gradient an edge voxel must beat.
     seed_threshold_sigma: float = 49 / 6
+    # Least distance (voxels) between two seeds.
     seed_min_distance: int = 3
     # Later passes seed the peaks of what earlier passes left unsegmented (segmented voxels count
     # as edges); a pass that adds no object ends the search.

@@ -27,11 +27,16 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 class ModelConfig:
     """Network shape and input normalisation. Sizes are (z, y, x); FFN's flags write (x, y, z)."""
 
+    # The field of view: the subvolume the network sees and predicts at once, odd sizes.
     fov_shape_zyx: tuple[int, int, int] = (17, 33, 33)
+    # How far the FOV moves in one step, at most half the FOV.
     deltas_zyx: tuple[int, int, int] = (4, 8, 8)
     depth: int = 9  # input module + (depth - 1) residual modules
+    # Feature maps of every convolution.
     features: int = 32
+    # Input normalisation: the network sees (image - image_mean) / image_stddev.
     image_mean: float = 128.0
+    # Input normalisation's divisor (see image_mean), > 0.
     image_stddev: float = 33.0
     precision: str = "float32"  # or "mixed_bfloat16" (oneDNN uses AMX/AVX512-BF16 where present)
 

@@ -52,8 +52,10 @@ class SelectionConfig:
     # ... and a fine-tune's starting weights (ckpt-0), so that a fine-tune worse than its start
     # on the held-out part is not taken.
     start_as_candidate: bool = False
+    # FOVs of the held-out volume each candidate predicts (balanced as training's coordinates).
     held_out_fovs: int = 128
     seed: int = 0  # sampling of the held-out coordinates
+    # FOVs predicted together.
     batch_size: int = 8
     criterion: str = "fov_f1"  # or "vi" (needs vi_crop_zyx)
     # Also segment this central crop with each checkpoint and score its VI; (0, 0, 0): don't.

@@ -31,6 +31,7 @@ class ExampleConfig:
 
     fov_policy: str = "max_pred_moves"  # or "fixed": one FOV at the coordinate, no movement
     fov_moves: int = 1  # the canvas extends this many `deltas` beyond the FOV on every side
+    # max_pred_moves: the FOV moves to a face where the prediction reaches this probability.
     move_threshold: float = 0.9
     object_probability: float = 0.95  # soft label (and seed value) inside the central object
     background_probability: float = 0.05  # soft label (and seed padding) elsewhere

@@ -39,6 +39,7 @@ class TrainConfig:
     lr_policy: str = (
         "auto"  # none | linear | sqrt | linear_warmup | auto (linear <= 16 ranks, sqrt beyond)
     )
+    # Steps over which lr_policy linear_warmup or auto ramps the rate up to its scaled value.
     warmup_steps: int = 100
     # The update rule: "adam" (google/ffn's and Dong et al.'s) or "sgd_momentum" (SGD with
     # `momentum`), the two the paper's study compares.
@@ -48,23 +49,31 @@ class TrainConfig:
     # by lr_decay_factor every lr_decay_every_steps steps; 0 = constant rate. Settles the weights
     # late in a run, so neighbouring checkpoints stop segmenting very differently.
     lr_decay_factor: float = 0.1
+    # Steps between two decays of the rate (see lr_decay_factor); 0 = constant rate.
     lr_decay_every_steps: int = 0
+    # Training stops at this global step (a resumed run counts on from its checkpoint).
     max_steps: int = 1000
     grad_clip: float = 0.7  # elementwise, as google-research/ffn
+    # Seeds TensorFlow's and the example streams' randomness.
     seed: int = 0
     deterministic: bool = False  # TF op determinism: same seed, same curve (a little slower)
     intra_op_threads: int = (
         0  # 0 = TensorFlow's choice (all cores); set per rank when several share a node
     )
+    # Threads that run independent TensorFlow ops side by side; 0 = TensorFlow's choice.
     inter_op_threads: int = 0
     # How often Horovod's background thread negotiates with the other ranks. Each negotiation is
     # a collective that busy-waits for the slowest rank, taking CPU from the rank's own compute
     # when ranks fill every core: 2 ranks x 1 thread here ran at 2.5 FOV/s with 1 ms, 3.1 with 25
     # (BENCHMARKS.md). A full-model step takes seconds; the demo's 0.2 s steps gained too.
     horovod_cycle_time_ms: float = 25.0
+    # Steps between lines of metrics.csv and the log (each one a collective of all ranks).
     log_every_steps: int = 10
+    # Save a checkpoint every this many steps, and at the last.
     checkpoint_every_steps: int = 100
+    # Also save when this long has passed since the last save (checked at log steps).
     checkpoint_every_seconds: float = 600.0
+    # Newest checkpoints kept; older ones are deleted.
     keep_checkpoints: int = 5
 
     def __post_init__(self) -> None:
