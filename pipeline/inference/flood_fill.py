@@ -541,6 +541,111 @@ def _time_left(seconds: float, seed_share: float, segmented_share: float) -> flo
     return min(left) if left else None
 
 
+def _progress_reporter(
+    canvas: "Canvas",
+    loop: _SeedLoop,
+    started: float,
+    voxels: int,
+    on_progress: Callable[[dict], None] | None,
+    every_s: float,
+    now: float,
+) -> Callable[[], None]:
+    """What the canvas calls after every batch: `on_progress(progress_record)` when `every_s`
+    seconds have passed since the last report (the first: since `now`)."""
+    last_report = now
+
+    def report_if_due() -> None:
+        nonlocal last_report
+        now = time.perf_counter()
+        if on_progress is not None and now - last_report >= every_s:
+            last_report = now
+            on_progress(progress_record(canvas.counts, loop, loop.seconds + now - started, voxels))
+
+    return report_if_due
+
+
+def _state_saver(
+    state_path: Path | None,
+    canvas: "Canvas",
+    loop: _SeedLoop,
+    fingerprint: str,
+    started: float,
+    every_s: float,
+    now: float,
+) -> Callable[[], None]:
+    """What the seed loop calls after every seed: the state written to `state_path` (if any) when
+    `every_s` seconds have passed since the last save (the first: since `now`), with the seconds
+    spent so far, earlier runs' included."""
+    last_save = now
+
+    def save_if_due() -> None:
+        nonlocal last_save
+        if state_path is not None and time.perf_counter() - last_save >= every_s:
+            elapsed = loop.seconds
+            loop.seconds += time.perf_counter() - started
+            _save_state(state_path, canvas, loop, fingerprint)
+            loop.seconds, last_save = elapsed, time.perf_counter()
+
+    return save_if_due
+
+
+def _begin_seed_pass(
+    canvas: "Canvas",
+    loop: _SeedLoop,
+    edges: np.ndarray,
+    config: InferenceConfig,
+    margin: np.ndarray,
+) -> None:
+    """The seeds of a new pass, those not tried before, into `loop.pending`. The first pass is
+    `seed_peaks`; later ones also take segmented voxels as edges."""
+    blocked = edges | (canvas.segmentation > 0)
+    distance = ndimage.distance_transform_edt(~blocked).astype(np.float32)
+    seeds = [tuple(int(s) for s in seed) for seed in _peaks(distance, config, margin)]
+    loop.pending = [seed for seed in seeds if seed not in loop.tried]
+    loop.objects_before = canvas.counts["objects"]
+    canvas.counts["seed_passes"] += 1
+    canvas.counts["seeds"] += len(loop.pending)
+
+
+def _try_pending_seeds(
+    canvas: "Canvas", loop: _SeedLoop, bar: tqdm, save_if_due: Callable[[], None]
+) -> None:
+    """Flood from each seed left in the current pass, in order, saving the state when due."""
+    while loop.pending:
+        seed = loop.pending.pop(0)
+        loop.tried.add(seed)
+        canvas.try_seed(seed)
+        bar.update()
+        bar.set_postfix(
+            objects=canvas.counts["objects"],
+            fovs=canvas.counts["fov_evaluations"],
+            refresh=False,
+        )
+        save_if_due()
+
+
+def _run_seed_passes(
+    canvas: "Canvas",
+    loop: _SeedLoop,
+    edges: np.ndarray,
+    config: InferenceConfig,
+    margin: np.ndarray,
+    save_if_due: Callable[[], None],
+    progress: bool,
+) -> None:
+    """Seed passes from where `loop` stands until `config.seed_passes`, or a pass that adds no
+    object."""
+    with tqdm(desc="flood fill", unit="seed", disable=not progress) as bar:
+        while loop.next_pass < config.seed_passes:
+            if loop.pending is None:
+                _begin_seed_pass(canvas, loop, edges, config, margin)
+            bar.total = (bar.total or 0) + len(loop.pending)
+            _try_pending_seeds(canvas, loop, bar, save_if_due)
+            added = canvas.counts["objects"] > loop.objects_before
+            loop.next_pass = loop.next_pass + 1 if added else config.seed_passes
+            loop.pending = None
+
+
 def segment(
     raw: np.ndarray,
     predict: Predictor,
@@ -575,54 +680,14 @@ def segment(
     loop = _SeedLoop()
     if state_path is not None and state_path.is_file():
         loop = _load_state(state_path, canvas, fingerprint)
-    last_save = last_report = time.perf_counter()
-
-    def report_if_due() -> None:
-        nonlocal last_report
-        now = time.perf_counter()
-        if on_progress is not None and now - last_report >= progress_every_s:
-            last_report = now
-            on_progress(
-                progress_record(canvas.counts, loop, loop.seconds + now - started, raw.size)
-            )
-
-    canvas.after_batch = report_if_due
-
-    def save_if_due() -> None:
-        nonlocal last_save
-        if state_path is not None and time.perf_counter() - last_save >= checkpoint_every_s:
-            elapsed = loop.seconds
-            loop.seconds += time.perf_counter() - started
-            _save_state(state_path, canvas, loop, fingerprint)
-            loop.seconds, last_save = elapsed, time.perf_counter()
-
-    edges = edge_map(raw, config)
-    with tqdm(desc="flood fill", unit="seed", disable=not progress) as bar:
-        while loop.next_pass < config.seed_passes:
-            if loop.pending is None:
-                # The first pass is `seed_peaks`; later ones also take segmented voxels as edges.
-                blocked = edges | (canvas.segmentation > 0)
-                distance = ndimage.distance_transform_edt(~blocked).astype(np.float32)
-                seeds = [tuple(int(s) for s in seed) for seed in _peaks(distance, config, margin)]
-                loop.pending = [seed for seed in seeds if seed not in loop.tried]
-                loop.objects_before = canvas.counts["objects"]
-                canvas.counts["seed_passes"] += 1
-                canvas.counts["seeds"] += len(loop.pending)
-            bar.total = (bar.total or 0) + len(loop.pending)
-            while loop.pending:
-                seed = loop.pending.pop(0)
-                loop.tried.add(seed)
-                canvas.try_seed(seed)
-                bar.update()
-                bar.set_postfix(
-                    objects=canvas.counts["objects"],
-                    fovs=canvas.counts["fov_evaluations"],
-                    refresh=False,
-                )
-                save_if_due()
-            added = canvas.counts["objects"] > loop.objects_before
-            loop.next_pass = loop.next_pass + 1 if added else config.seed_passes
-            loop.pending = None
+    now = time.perf_counter()
+    canvas.after_batch = _progress_reporter(
+        canvas, loop, started, raw.size, on_progress, progress_every_s, now
+    )
+    save_if_due = _state_saver(
+        state_path, canvas, loop, fingerprint, started, checkpoint_every_s, now
+    )
+    _run_seed_passes(canvas, loop, edge_map(raw, config), config, margin, save_if_due, progress)
     if state_path is not None:
         state_path.unlink(missing_ok=True)
     stats = InferenceStats(
