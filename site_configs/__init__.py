@@ -5,13 +5,18 @@
     slurm    a Slurm cluster (Perlmutter CPU defaults): SlurmProvider, MPIExecutor + srun
     theta    ALCF Theta (retired; SC'19 setup): CobaltProvider (cobalt.py), HTEX + aprun
 
+What the sites share, one module per job: `spec` (SiteSpec, for_run), `checks` (what a SiteSpec
+is checked for when built), `queues` (QueueLimit), `launch` (MPILaunch, the training's launch
+line), `pools` (executor labels, worker start-up), `parsl_config` (build_config), `teardown`
+(shutdown) and `dry_run` (describe); `base` re-exports them all for site modules written against it.
+
 `--site` takes one of these names or the path of a user's own module (`load_site`). A site module
 has `SITE` (a `SiteSpec`) and `make_config(run_dir, site=None) -> parsl.config.Config`; copy one
 of the modules above to start. `make_config` refuses (ConfigError) while `account` or `queue`
 still hold a "YOUR_..." placeholder; `describe(site)` works regardless (for `--dry-run`). A site
 lists its queues' limits (`SiteSpec.queue_limits`, `QueueLimit`): a SiteSpec whose training or
 cpu jobs (nodes, walltime) its queue does not take is refused when built, naming the queues that
-would; `base.for_run(site, train_nodes=, account=, queue=, walltime=, cpu_queue=, cpu_walltime=)`
+would; `spec.for_run(site, train_nodes=, account=, queue=, walltime=, cpu_queue=, cpu_walltime=)`
 applies a run's changes together, in one check.
 
 Every Config has the same two executors, so apps can name them on any site:
@@ -19,16 +24,16 @@ Every Config has the same two executors, so apps can name them on any site:
     "mpi" (MPI_LABEL)  multi-rank tasks: Horovod training
     "cpu" (CPU_LABEL)  single-process tasks: staging, preprocessing, inference blocks, evaluation
 
-and the same shared parts (base.build_config): Parsl's run dir `<run_dir>/runinfo`, retries with
+and the same shared parts (parsl_config.build_config): Parsl's run dir `<run_dir>/runinfo`, retries with
 `retry_cost` (a pipeline error is not retried), and monitoring into
 `sqlite:///<run_dir>/monitoring.db`. What is done is decided by stamps (pipeline.core.stamps), not by
-Parsl's app cache; `base.shutdown(dfk)` cancels the blocks so no worker outlives the workflow.
-The workflow loads only the executors its tasks to run use (`base.only_executors`): a run that
+Parsl's app cache; `teardown.shutdown(dfk)` cancels the blocks so no worker outlives the workflow.
+The workflow loads only the executors its tasks to run use (`parsl_config.only_executors`): a run that
 does not train starts no "mpi" interchange.
 
 The launcher contract for the training app, the same code on every site:
 
-    site = module.SITE                      # or base.for_run(module.SITE, account=...)
+    site = module.SITE                      # or spec.for_run(module.SITE, account=...)
     launch = site.mpi_launch(num_nodes)     # default: nodes_per_block / mpi_tasks_per_block
 
     @bash_app(executors=[launch.executor])  # "mpi"
@@ -58,7 +63,11 @@ from pathlib import Path
 from types import ModuleType
 
 from pipeline.core.errors import ConfigError
-from site_configs.base import CPU_LABEL, MPI_LABEL, MPILaunch, QueueLimit, SiteSpec, describe
+from site_configs.dry_run import describe
+from site_configs.launch import MPILaunch
+from site_configs.pools import CPU_LABEL, MPI_LABEL
+from site_configs.queues import QueueLimit
+from site_configs.spec import SiteSpec
 
 __all__ = [
     "CPU_LABEL",
@@ -72,7 +81,19 @@ __all__ = [
 ]
 
 # Modules of this package that are building blocks, not sites.
-_NOT_SITES = {"base", "cobalt", "environment"}
+_NOT_SITES = {
+    "base",
+    "checks",
+    "cobalt",
+    "dry_run",
+    "environment",
+    "launch",
+    "parsl_config",
+    "pools",
+    "queues",
+    "spec",
+    "teardown",
+}
 
 
 def known_sites() -> list[str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import ConfigError, first_line
-from site_configs.base import SiteSpec
+from site_configs.spec import SiteSpec
 
 RECORD_NAME = "ffn-environment.json"
 _REMAKE = "run `make env` for that venv (VENV=...) to write it again"

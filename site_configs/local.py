@@ -17,8 +17,8 @@ from parsl.executors import HighThroughputExecutor, MPIExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider
 
-from site_configs import base
-from site_configs.base import SiteSpec
+from site_configs import parsl_config, pools
+from site_configs.spec import SiteSpec, check_scheduler
 
 # The CPUs this process may use (taskset, a container's or a batch job's cpuset), not the
 # machine's: Parsl's block affinity gives each worker its own, and a worker left with none fails
@@ -48,7 +48,7 @@ SITE = SiteSpec(
 
 def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
     site = site or SITE
-    base.check_scheduler(site, "local", "local")
+    check_scheduler(site, "local", "local")
     site.require_submittable()
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -56,40 +56,40 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
     # refuses to start without one: give it a node file that names this machine.
     nodefile = run_dir / "localhost.nodes"
     nodefile.write_text("localhost\n")
-    return base.build_config(
+    return parsl_config.build_config(
         run_dir,
         site,
         [
             MPIExecutor(
-                label=base.MPI_LABEL,
+                label=pools.MPI_LABEL,
                 mpi_launcher=site.mpi_launcher,  # mpiexec -n .. -ppn .. -hosts localhost
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings
                 address="127.0.0.1",  # workers are on this machine
-                interchange_launch_cmd=base.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=LocalProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool per block
                     nodes_per_block=1,
                     init_blocks=0,  # started when the first training task arrives
                     min_blocks=0,
                     max_blocks=site.max_blocks,
-                    worker_init=base.worker_init(
+                    worker_init=pools.worker_init(
                         site, f"export PBS_NODEFILE={shlex.quote(str(nodefile))}"
                     ),
                 ),
             ),
             HighThroughputExecutor(
-                label=base.CPU_LABEL,
+                label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,  # one task per core
                 cpu_affinity="block",  # pin each worker to its own core(s); sets OMP_NUM_THREADS
                 address="127.0.0.1",
-                interchange_launch_cmd=base.INTERCHANGE_CMD,
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=LocalProvider(
                     init_blocks=0,  # started by the first task
                     min_blocks=0,
                     max_blocks=site.cpu_max_blocks,
-                    worker_init=base.cpu_worker_init(site),
+                    worker_init=pools.cpu_worker_init(site),
                 ),
             ),
         ],

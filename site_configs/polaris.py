@@ -21,8 +21,9 @@ from parsl.executors import HighThroughputExecutor, MPIExecutor
 from parsl.launchers import MpiExecLauncher, SimpleLauncher
 from parsl.providers import PBSProProvider
 
-from site_configs import base
-from site_configs.base import QueueLimit, SiteSpec
+from site_configs import parsl_config, pools
+from site_configs.queues import QueueLimit
+from site_configs.spec import SiteSpec, check_scheduler
 
 # Polaris' queues, from ALCF's "Running Jobs on Polaris" (docs.alcf.anl.gov/polaris/running-jobs/).
 # prod is a routing queue: it sends a job by its size to small, medium or large, each with its own
@@ -81,7 +82,7 @@ SITE = SiteSpec(
 
 def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
     site = site or SITE
-    base.check_scheduler(site, "pbspro", "polaris")
+    check_scheduler(site, "pbspro", "polaris")
     site.require_submittable()
     # -l select=N:ncpus=64:ngpus=4:system=polaris. PBS counts both hardware threads of a core as
     # ncpus (64 per Polaris node, as in parsl/configs/polaris.py).
@@ -89,16 +90,16 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
     gpus = [f"ngpus={site.gpus_per_node}"] if site.gpus_per_node else []
     select = ":".join([*gpus, SELECT_SYSTEM])
     scheduler_options = "\n".join(filter(None, [PLACE, site.scheduler_options]))
-    return base.build_config(
+    return parsl_config.build_config(
         run_dir,
         site,
         [
             MPIExecutor(
-                label=base.MPI_LABEL,
+                label=pools.MPI_LABEL,
                 mpi_launcher=site.mpi_launcher,  # mpiexec -n .. -ppn .. -hosts <the job's nodes>
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
-                interchange_launch_cmd=base.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 # address: left to Parsl, which offers all of the login node's addresses
                 provider=PBSProProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
@@ -109,21 +110,21 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     cpus_per_node=ncpus,
                     select_options=select,
                     scheduler_options=scheduler_options,
-                    worker_init=base.worker_init(site),
+                    worker_init=pools.worker_init(site),
                     init_blocks=0,  # nodes are requested when a training task is ready
                     min_blocks=0,
                     max_blocks=site.max_blocks,
                 ),
             ),
             HighThroughputExecutor(
-                label=base.CPU_LABEL,
+                label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
                 cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
                 # One A100 per worker (CUDA_VISIBLE_DEVICES): inference blocks run on the GPUs.
                 available_accelerators=site.gpus_per_node or None,
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
-                interchange_launch_cmd=base.INTERCHANGE_CMD,
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=PBSProProvider(
                     # One worker pool per node, bound to all of the node's cores (as Parsl's own
                     # parsl/configs/polaris.py does).
@@ -137,7 +138,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     cpus_per_node=ncpus,
                     select_options=select,
                     scheduler_options=scheduler_options,
-                    worker_init=base.cpu_worker_init(site),
+                    worker_init=pools.cpu_worker_init(site),
                     init_blocks=0,  # requested when the first task is ready
                     min_blocks=0,
                     max_blocks=site.cpu_max_blocks,

@@ -20,8 +20,8 @@ from parsl.executors import HighThroughputExecutor, MPIExecutor
 from parsl.launchers import SimpleLauncher, SrunLauncher
 from parsl.providers import SlurmProvider
 
-from site_configs import base
-from site_configs.base import SiteSpec
+from site_configs import parsl_config, pools
+from site_configs.spec import SiteSpec, check_scheduler
 
 SITE = SiteSpec(
     name="slurm",
@@ -64,18 +64,18 @@ SITE = SiteSpec(
 
 def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
     site = site or SITE
-    base.check_scheduler(site, "slurm", "slurm")
+    check_scheduler(site, "slurm", "slurm")
     site.require_submittable()
-    return base.build_config(
+    return parsl_config.build_config(
         run_dir,
         site,
         [
             MPIExecutor(
-                label=base.MPI_LABEL,
+                label=pools.MPI_LABEL,
                 mpi_launcher=site.mpi_launcher,  # srun --ntasks .. --nodelist <the job's nodes>
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
-                interchange_launch_cmd=base.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=SlurmProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
                     partition=site.queue,
@@ -83,7 +83,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     walltime=site.walltime,
                     nodes_per_block=site.nodes_per_block,
                     scheduler_options=site.scheduler_options,
-                    worker_init=base.worker_init(site),
+                    worker_init=pools.worker_init(site),
                     exclusive=True,  # whole nodes: the ranks bind to all cores
                     gpus_per_node=site.gpus_per_node or None,  # GRES: no GPU visible unless asked
                     init_blocks=0,  # nodes are requested when a training task is ready
@@ -92,12 +92,12 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 ),
             ),
             HighThroughputExecutor(
-                label=base.CPU_LABEL,
+                label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
                 cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
-                interchange_launch_cmd=base.INTERCHANGE_CMD,
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=SlurmProvider(
                     # One worker pool per node, given all of the node's hardware threads (a job
                     # step gets one CPU per task unless told otherwise).
@@ -109,7 +109,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     walltime=site.cpu_job_walltime,
                     nodes_per_block=site.cpu_nodes_per_block,
                     scheduler_options=site.scheduler_options,
-                    worker_init=base.cpu_worker_init(site),
+                    worker_init=pools.cpu_worker_init(site),
                     exclusive=True,
                     gpus_per_node=site.gpus_per_node or None,
                     init_blocks=0,  # requested when the first task is ready

@@ -20,9 +20,10 @@ from parsl.config import Config
 from parsl.executors import HighThroughputExecutor
 from parsl.launchers import AprunLauncher, SimpleLauncher
 
-from site_configs import base
-from site_configs.base import QueueLimit, SiteSpec
+from site_configs import parsl_config, pools
 from site_configs.cobalt import CobaltProvider
+from site_configs.queues import QueueLimit
+from site_configs.spec import SiteSpec, check_scheduler
 
 # Theta's KNL queues, from ALCF's "Job and Queue Scheduling for Theta" (argonne-lcf/user-guides,
 # docs/theta/queueing-and-running-jobs/job-and-queue-scheduling.md). default's longest walltime
@@ -78,19 +79,19 @@ SITE = SiteSpec(
 
 def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
     site = site or SITE
-    base.check_scheduler(site, "cobalt", "theta")
+    check_scheduler(site, "cobalt", "theta")
     site.require_submittable()
-    return base.build_config(
+    return parsl_config.build_config(
         run_dir,
         site,
         [
             HighThroughputExecutor(
-                label=base.MPI_LABEL,
+                label=pools.MPI_LABEL,
                 # Workers only wait for aprun, on a shared MOM node: one per concurrent training.
                 max_workers_per_node=site.mpi_tasks_per_block,
                 cores_per_worker=1e-6,  # do not limit them by the MOM node's core count
-                interchange_launch_cmd=base.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=CobaltProvider(
                     launcher=SimpleLauncher(),  # one pool, on the MOM node where the script runs
                     account=site.account,
@@ -98,19 +99,19 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     walltime=site.walltime,
                     nodes_per_block=site.nodes_per_block,  # compute nodes aprun may use
                     scheduler_options=site.scheduler_options,
-                    worker_init=base.worker_init(site),
+                    worker_init=pools.worker_init(site),
                     init_blocks=0,  # nodes are requested when a training task is ready
                     min_blocks=0,
                     max_blocks=site.max_blocks,
                 ),
             ),
             HighThroughputExecutor(
-                label=base.CPU_LABEL,
+                label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
                 cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
-                interchange_launch_cmd=base.INTERCHANGE_CMD,
-                **base.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=CobaltProvider(
                     # One worker pool per compute node, given all its hardware threads.
                     launcher=AprunLauncher(
@@ -123,7 +124,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     walltime=site.cpu_job_walltime,
                     nodes_per_block=site.cpu_nodes_per_block,
                     scheduler_options=site.scheduler_options,
-                    worker_init=base.cpu_worker_init(site),
+                    worker_init=pools.cpu_worker_init(site),
                     init_blocks=0,  # requested when the first task is ready
                     min_blocks=0,
                     max_blocks=site.cpu_max_blocks,

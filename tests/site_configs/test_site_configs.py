@@ -27,7 +27,12 @@ from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider, PBSProProvider, SlurmProvider
 
 import site_configs
+from apps.execute import execute
+from apps.plan.dag import checkpoints_within
+from apps.plan.describe import describe_dag
+from apps.plan.resolved import resolve_plan
 from pipeline.core.errors import ConfigError
+from pipeline.run.run_layout import RunPaths
 from site_configs import (
     CPU_LABEL,
     MPI_LABEL,
@@ -35,10 +40,15 @@ from site_configs import (
     SiteSpec,
     base,
     describe,
+    dry_run,
     known_sites,
     load_site,
+    parsl_config,
+    spec,
+    teardown,
 )
 from site_configs.cobalt import CobaltProvider
+from site_configs.launch import expanded_launch_line
 
 FAKE_SCHEDULER = Path(__file__).parents[1] / "fake_scheduler"
 VENV = Path(sys.prefix)
@@ -84,7 +94,7 @@ def test_site_config_has_mpi_and_cpu_pools_on_the_sites_provider(name, tmp_path)
     assert type(mpi.provider) is provider_class and type(cpu.provider) is provider_class
     # One worker pool per MPI block (MPIExecutor requires it); the pool launches the ranks.
     assert isinstance(mpi.provider.launcher, SimpleLauncher)
-    assert type(cpu.provider.launcher).__name__ == base.CPU_LAUNCHER_FOR[site.scheduler]
+    assert type(cpu.provider.launcher).__name__ == dry_run.CPU_LAUNCHER_FOR[site.scheduler]
     if mpi_launcher:
         assert mpi.mpi_launcher == mpi_launcher
         assert mpi.max_workers_per_block == site.mpi_tasks_per_block
@@ -116,7 +126,7 @@ def test_every_site_shares_run_dir_retries_and_monitoring(name, tmp_path):
     assert config.run_dir == str(run_dir.resolve() / "runinfo")
     # Stamps (pipeline.core.stamps) decide what is done, not Parsl's app cache.
     assert config.memoizer is None or not getattr(config.memoizer, "checkpoint_files", None)
-    assert config.retries >= 1 and config.retry_handler is base.retry_cost
+    assert config.retries >= 1 and config.retry_handler is parsl_config.retry_cost
     assert config.monitoring.logging_endpoint == f"sqlite:///{run_dir.resolve()}/monitoring.db"
     assert config.monitoring.resource_monitoring_enabled is False  # low overhead by default
     assert config.strategy == "simple"
@@ -128,19 +138,18 @@ def test_every_site_shares_run_dir_retries_and_monitoring(name, tmp_path):
 def test_hpc_sites_cap_the_checkpoint_interval_a_lost_node_costs(name):
     """At scale a lost interval costs every node: the batch sites cap the training's seconds
     between checkpoints; a run that asks for less keeps its own; here the run decides."""
-    import workflow as cli
     from pipeline.run.run_config import RunConfig
 
     site = load_site(name).SITE
     config = RunConfig()
     asked = config.train.checkpoint_every_seconds
-    capped = cli.checkpoints_within(config, site).train.checkpoint_every_seconds
+    capped = checkpoints_within(config, site).train.checkpoint_every_seconds
     if site.scheduler == "local":
         assert site.checkpoint_every_seconds is None and capped == asked
     else:
         assert capped == site.checkpoint_every_seconds == 300.0 < asked
         sooner = dataclasses.replace(config.train, checkpoint_every_seconds=120.0)
-        kept = cli.checkpoints_within(dataclasses.replace(config, train=sooner), site)
+        kept = checkpoints_within(dataclasses.replace(config, train=sooner), site)
         assert kept.train.checkpoint_every_seconds == 120.0
 
 
@@ -154,7 +163,7 @@ def test_a_checkpoint_interval_cap_must_be_positive_seconds(value):
 def test_a_run_that_does_not_train_gets_only_the_cpu_pool(name, tmp_path):
     module = load_site(name)
     config = module.make_config(tmp_path / "run", submittable(module.SITE))
-    cpu_only = base.only_executors(config, {CPU_LABEL})
+    cpu_only = parsl_config.only_executors(config, {CPU_LABEL})
 
     assert [e.label for e in cpu_only.executors] == [CPU_LABEL]
     assert cpu_only.executors[0] is executors(config)[CPU_LABEL]
@@ -169,7 +178,7 @@ def test_a_run_that_does_not_train_gets_only_the_cpu_pool(name, tmp_path):
     for setting in kept:
         assert getattr(cpu_only, setting) is getattr(config, setting)
     with pytest.raises(ConfigError, match="no executor labelled"):
-        base.only_executors(config, {"gpu"})
+        parsl_config.only_executors(config, {"gpu"})
 
 
 def test_local_mpi_pool_gets_a_node_file_naming_this_machine(tmp_path):
@@ -221,28 +230,27 @@ def test_a_pipeline_error_is_not_retried_but_a_lost_worker_is():
 
     from pipeline.core.errors import StageFailed, VolumeError
 
-    assert base.retry_cost(VolumeError("x.h5:raw: NaN"), {}) == float("inf")
-    assert base.retry_cost(
+    assert parsl_config.retry_cost(VolumeError("x.h5:raw: NaN"), {}) == float("inf")
+    assert parsl_config.retry_cost(
         StageFailed("training exited with code 2", retryable=False), {}
     ) == float("inf")
-    assert base.retry_cost(StageFailed("training exited with code -9"), {}) == 1
-    assert base.retry_cost(WorkerLost(1, "localhost"), {}) == 1
+    assert parsl_config.retry_cost(StageFailed("training exited with code -9"), {}) == 1
+    assert parsl_config.retry_cost(WorkerLost(1, "localhost"), {}) == 1
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 @pytest.mark.parametrize("train_nodes", [0, 1, 2])
 def test_the_nodes_a_training_job_requests_are_the_nodes_it_uses(name, train_nodes, tmp_path):
-    import workflow
     from pipeline.run.run_config import RunConfig
 
     module = load_site(name)
     if name == "local" and train_nodes > 1:
         with pytest.raises(ConfigError, match="train_nodes 2: .*one node"):
-            base.for_run(module.SITE, train_nodes=train_nodes)
+            spec.for_run(module.SITE, train_nodes=train_nodes)
         return
-    site = submittable(base.for_run(module.SITE, train_nodes=train_nodes))
+    site = submittable(spec.for_run(module.SITE, train_nodes=train_nodes))
     config = RunConfig(train_nodes=train_nodes)
-    plan = workflow.describe_dag(config, workflow.RunPaths(tmp_path), site)
+    plan = describe_dag(resolve_plan(config, RunPaths(tmp_path), site))
     used = int(re.search(r"train +\d+ rank\(s\) on (\d+) node", plan)[1])
     assert f"training on {used} node(s)" in plan
     requested = module.make_config(tmp_path / "run", site)
@@ -339,7 +347,7 @@ def test_a_training_task_cannot_span_blocks():
 def test_the_launch_line_shown_is_what_parsl_composes_for_the_jobs_nodes(name, expected):
     site = load_site(name).SITE
     launch = site.mpi_launch()
-    assert base.expanded_launch_line(site, launch, launch.command("python -m x")) == expected
+    assert expanded_launch_line(site, launch, launch.command("python -m x")) == expected
 
 
 def test_polaris_ranks_take_the_gpus_in_alcfs_reverse_order():
@@ -409,7 +417,7 @@ def test_a_job_its_queue_does_not_take_is_refused_naming_the_queues_that_would(
     name, changes, message
 ):
     with pytest.raises(ConfigError) as refused:
-        base.for_run(load_site(name).SITE, **changes)
+        spec.for_run(load_site(name).SITE, **changes)
     assert message in str(refused.value)
     assert "\n" not in str(refused.value)
 
@@ -421,8 +429,8 @@ def test_a_run_changes_nodes_queues_and_walltimes_in_one_check(tmp_path):
 
     for alone in ({"train_nodes": 128}, {"queue": "prod"}, {"walltime": "12:00:00"}):
         with pytest.raises(ConfigError, match="does not fit queue"):
-            base.for_run(polaris.SITE, **alone)
-    site = base.for_run(
+            spec.for_run(polaris.SITE, **alone)
+    site = spec.for_run(
         polaris.SITE,
         train_nodes=128,
         account="abc123",
@@ -444,17 +452,17 @@ def test_a_run_changes_nodes_queues_and_walltimes_in_one_check(tmp_path):
 def test_a_queue_the_site_does_not_list_is_not_checked():
     from site_configs import polaris, slurm
 
-    reservation = base.for_run(polaris.SITE, train_nodes=128, queue="R123456")
+    reservation = spec.for_run(polaris.SITE, train_nodes=128, queue="R123456")
     assert reservation.nodes_per_block == 128
     assert "queue R123456 (limits not in the site's queue_limits)" in describe(reservation)
     assert slurm.SITE.queue_limits == ()  # partitions differ per cluster: a user adds theirs
-    assert base.for_run(slurm.SITE, train_nodes=64, walltime="48:00:00").nodes_per_block == 64
+    assert spec.for_run(slurm.SITE, train_nodes=64, walltime="48:00:00").nodes_per_block == 64
 
 
 def test_dry_run_shows_each_pools_walltime_the_sites_queues_and_no_checkpoint_folder():
     from site_configs import polaris
 
-    text = describe(base.for_run(polaris.SITE, cpu_walltime="00:20:00"))
+    text = describe(spec.for_run(polaris.SITE, cpu_walltime="00:20:00"))
     mpi, cpu = text.split('executor "cpu"')
     assert "    batch jobs of 01:00:00 in queue debug (1-2 nodes, <= 01:00:00)" in mpi
     assert "    batch jobs of 00:20:00 in queue debug (1-2 nodes, <= 01:00:00)" in cpu
@@ -530,6 +538,98 @@ def test_load_site_by_path_to_a_users_module(tmp_path):
     assert module.SITE.name == "my-laptop"
     config = module.make_config(tmp_path / "run")
     assert executors(config)[CPU_LABEL].max_workers_per_node == 1
+
+
+# Every name site_configs.base held before it was split by what each part does (spec, checks,
+# queues, launch, pools, parsl_config, teardown, dry_run): a user's site module may import any.
+BASE_NAMES = (
+    "CLEANUP_AFTER_INTERCHANGE_S",
+    "CPU_LABEL",
+    "CPU_LAUNCHER_FOR",
+    "CPU_WORKER_ENV",
+    "HEARTBEATS",
+    "INTERCHANGE_CMD",
+    "LAUNCHERS_FOR",
+    "LAUNCHER_OPTION_FIELDS",
+    "MPILaunch",
+    "MPI_LABEL",
+    "MPI_PREFIX",
+    "MpiLauncher",
+    "PARSL_LOG_LEVELS",
+    "PLACEHOLDER_PREFIX",
+    "PROVIDER_FOR",
+    "QueueLimit",
+    "Scheduler",
+    "SiteSpec",
+    "build_config",
+    "check_scheduler",
+    "child_pids",
+    "cpu_worker_init",
+    "describe",
+    "describe_queues",
+    "expanded_launch_line",
+    "for_run",
+    "monitoring_db",
+    "only_executors",
+    "retry_cost",
+    "runinfo_dir",
+    "shutdown",
+    "stop_failed_start",
+    "venv_path",
+    "walltime_seconds",
+    "worker_init",
+)
+
+OLD_STYLE_SITE = """
+from parsl.executors import HighThroughputExecutor
+from parsl.providers import LocalProvider
+
+from site_configs import base
+from site_configs.base import CPU_LABEL, MPI_LABEL, SiteSpec
+
+SITE = SiteSpec(name="old-style", scheduler="local", mpi_launcher="mpiexec")
+
+
+def make_config(run_dir, site=None):
+    site = site or SITE
+    base.check_scheduler(site, "local", "old_style")
+    site.require_submittable()
+    pools = ((MPI_LABEL, base.worker_init), (CPU_LABEL, base.cpu_worker_init))
+    return base.build_config(run_dir, site, [
+        HighThroughputExecutor(
+            label=label,
+            interchange_launch_cmd=base.INTERCHANGE_CMD,
+            **base.HEARTBEATS,
+            provider=LocalProvider(init_blocks=0, min_blocks=0, max_blocks=1, worker_init=init(site)),
+        )
+        for label, init in pools
+    ])
+"""
+
+
+def test_a_site_module_written_against_base_still_works(tmp_path):
+    """base re-exports each name it held, the very object its new module holds; a user's site
+    module built on base's helpers makes a Config with every site's shared parts."""
+    import importlib
+
+    assert sorted(base.__all__) == sorted(BASE_NAMES)
+    parts = [
+        importlib.import_module(f"site_configs.{name}")
+        for name in ("spec", "checks", "queues", "launch", "pools", "parsl_config", "teardown")
+    ] + [dry_run]
+    for name in BASE_NAMES:
+        assert any(getattr(part, name, None) is getattr(base, name) for part in parts), name
+    path = tmp_path / "old_style.py"
+    path.write_text(OLD_STYLE_SITE)
+    module = load_site(str(path))
+    run_dir = tmp_path / "run"
+    config = module.make_config(run_dir)
+    pools = executors(config)
+    assert set(pools) == {MPI_LABEL, CPU_LABEL}
+    assert config.run_dir == str(run_dir.resolve() / "runinfo")
+    assert config.retry_handler is parsl_config.retry_cost
+    assert "export MALLOC_ARENA_MAX=2" in pools[CPU_LABEL].provider.worker_init.splitlines()
+    assert base.describe(module.SITE) == describe(module.SITE)
 
 
 def test_load_site_unknown_name_lists_the_known_sites():
@@ -651,7 +751,7 @@ def test_a_parsl_start_that_fails_half_way_stops_what_it_started(tmp_path, lefto
     a process of the caller's own, started before, keeps running."""
     from parsl.executors import ThreadPoolExecutor
 
-    import workflow
+    from apps import execute as execution  # the module `execute` looks executor_labels up in
     from site_configs import local
 
     class Unstartable(ThreadPoolExecutor):
@@ -668,17 +768,17 @@ def test_a_parsl_start_that_fails_half_way_stops_what_it_started(tmp_path, lefto
             running.extend(psutil.Process().children(recursive=True))
             raise
 
-    build_config, load, running = base.build_config, parsl.load, []
-    monkeypatch.setattr(base, "build_config", with_unstartable)
+    build_config, load, running = parsl_config.build_config, parsl.load, []
+    monkeypatch.setattr(parsl_config, "build_config", with_unstartable)
     monkeypatch.setattr(parsl, "load", load_and_look)
     # A run whose tasks use every pool, the one that cannot start included.
     monkeypatch.setattr(
-        workflow, "executor_labels", lambda *_: {MPI_LABEL, CPU_LABEL, "unstartable"}
+        execution, "executor_labels", lambda *_: {MPI_LABEL, CPU_LABEL, "unstartable"}
     )
     callers_own = subprocess.Popen(["sleep", "300"])
     try:
         with pytest.raises(RuntimeError, match="cannot start"):
-            workflow.execute([], {}, local, local.SITE, workflow.RunPaths(tmp_path / "run"))
+            execute([], {}, local, local.SITE, RunPaths(tmp_path / "run"))
         assert len(running) >= 3  # the interchanges and the monitoring were running when it failed
         assert callers_own.poll() is None  # not Parsl's: spared
         callers_own.kill()
@@ -790,7 +890,7 @@ def test_each_pools_jobs_ask_for_their_own_walltime(
 ):
     sched = fake_scheduler(flavour)
     module = load_site(name)
-    site = base.for_run(small(module.SITE, sched), walltime="00:50:00", cpu_walltime="00:20:00")
+    site = spec.for_run(small(module.SITE, sched), walltime="00:50:00", cpu_walltime="00:20:00")
     jobs = submitted_jobs(module.make_config(tmp_path / "run", site), sched, tmp_path)
     assert (
         tuple(asked_walltime(flavour, *jobs[pool]) for pool in (MPI_LABEL, CPU_LABEL)) == expected
@@ -1019,7 +1119,7 @@ def test_local_runs_an_app_with_monitoring_and_shutdown_leaves_no_worker(
         ]
         assert pools, "the worker pool should be running"
     finally:
-        base.shutdown(dfk)  # what workflow.py does, after a run or on SIGINT/SIGTERM
+        teardown.shutdown(dfk)  # what apps/execute.py does, after a run or on SIGINT/SIGTERM
     with sqlite3.connect(run_dir / "monitoring.db") as db:
         names = db.execute("select task_func_name from task order by task_id").fetchall()
         assert names == [("product",), ("environment_variable",)]

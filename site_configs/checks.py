@@ -1,0 +1,180 @@
+"""The checks a `SiteSpec` passes when built (`check_site`, from `SiteSpec.__post_init__`): one
+small function per kind of setting, run in order, the first broken rule raised as a ConfigError
+that names the site and the setting.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from pipeline.core.errors import ConfigError
+from pipeline.network.devices import GPU_ORDERS
+from site_configs.launch import LAUNCHER_OPTION_FIELDS, LAUNCHERS_FOR
+from site_configs.queues import check_queues, is_walltime
+
+if TYPE_CHECKING:
+    from site_configs.spec import SiteSpec
+
+PARSL_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # SiteSpec.parsl_log_level
+
+# Settings that are whole numbers >= 1, and those that may be 0.
+_AT_LEAST_ONE = (
+    "nodes_per_block",
+    "ranks_per_node",
+    "threads_per_rank",
+    "cores_per_node",
+    "hyperthreads_per_core",
+    "mpi_tasks_per_block",
+    "max_blocks",
+    "cpu_nodes_per_block",
+    "cpu_workers_per_node",
+    "cpu_max_blocks",
+)
+_AT_LEAST_ZERO = ("gpus_per_node", "retries")
+
+
+def _where(site: SiteSpec) -> str:
+    return f"site {site.name!r}"
+
+
+def _is_count(value: object, least: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= least
+
+
+def _is_seconds(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def check_name(site: SiteSpec) -> None:
+    """A name that can be part of a file name and of the monitoring workflow's."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", site.name or ""):
+        raise ConfigError(f"site name {site.name!r}: use letters, digits, '_', '-', '.'")
+
+
+def check_launcher(site: SiteSpec) -> None:
+    """A known scheduler, and an MPI launcher that works with it."""
+    if site.scheduler not in LAUNCHERS_FOR:
+        raise ConfigError(
+            f"{_where(site)}: scheduler {site.scheduler!r} is not one of {sorted(LAUNCHERS_FOR)}"
+        )
+    if site.mpi_launcher not in LAUNCHERS_FOR[site.scheduler]:
+        raise ConfigError(
+            f"{_where(site)}: mpi_launcher {site.mpi_launcher!r} does not work with scheduler "
+            f"{site.scheduler!r}; use one of {list(LAUNCHERS_FOR[site.scheduler])}"
+        )
+
+
+def check_counts(site: SiteSpec) -> None:
+    """Node, rank, thread, worker and block counts are whole numbers; at most 4 hyperthreads."""
+    for least, names in ((1, _AT_LEAST_ONE), (0, _AT_LEAST_ZERO)):
+        for name in names:
+            value = getattr(site, name)
+            if not _is_count(value, least):
+                raise ConfigError(
+                    f"{_where(site)}: {name} must be a whole number >= {least}, got {value!r}"
+                )
+    if site.hyperthreads_per_core > 4:
+        raise ConfigError(f"{_where(site)}: hyperthreads_per_core {site.hyperthreads_per_core} > 4")
+
+
+def check_nodes(site: SiteSpec) -> None:
+    """Each pool's ranks, threads and workers fit the hardware threads of a node; each multi-rank
+    task has a node of its own; the local scheduler has one node."""
+    where = _where(site)
+    if site.ranks_per_node > site.cpus_per_node:
+        raise ConfigError(
+            f"{where}: ranks_per_node {site.ranks_per_node} > {site.cpus_per_node} hardware "
+            "threads per node (cores_per_node x hyperthreads_per_core)"
+        )
+    if site.threads_per_rank > site.cpus_per_rank:
+        raise ConfigError(
+            f"{where}: threads_per_rank {site.threads_per_rank} > {site.cpus_per_rank} "
+            f"hardware threads each of {site.ranks_per_node} ranks gets on a "
+            f"{site.cores_per_node}-core node (x{site.hyperthreads_per_core})"
+        )
+    if site.cpu_workers_per_node > site.cpus_per_node:
+        raise ConfigError(
+            f"{where}: cpu_workers_per_node {site.cpu_workers_per_node} > "
+            f"{site.cpus_per_node} hardware threads per node"
+        )
+    if site.mpi_tasks_per_block > site.nodes_per_block:
+        raise ConfigError(
+            f"{where}: mpi_tasks_per_block {site.mpi_tasks_per_block} > nodes_per_block "
+            f"{site.nodes_per_block}: each multi-rank task needs at least one node of its own"
+        )
+    if site.scheduler == "local" and (site.nodes_per_block, site.cpu_nodes_per_block) != (1, 1):
+        raise ConfigError(f"{where}: the local scheduler has one node; set nodes_per_block=1")
+
+
+def check_walltimes(site: SiteSpec) -> None:
+    """Both pools' walltimes are HH:MM:SS (the cpu pool's may be None: the training's)."""
+    for name in ("walltime", "cpu_walltime"):
+        value = getattr(site, name)
+        if value is not None and not is_walltime(value):
+            raise ConfigError(f"{_where(site)}: {name} {value!r} is not HH:MM:SS")
+
+
+def check_gpu_order(site: SiteSpec) -> None:
+    if site.gpu_order not in GPU_ORDERS:
+        raise ConfigError(
+            f"{_where(site)}: gpu_order {site.gpu_order!r} is not one of {', '.join(GPU_ORDERS)}"
+        )
+
+
+def check_workflow_settings(site: SiteSpec) -> None:
+    """The checkpoint cap, idle time, resource sampling, Parsl's log level and scaling period."""
+    where = _where(site)
+    interval = site.checkpoint_every_seconds
+    if interval is not None and (not _is_seconds(interval) or not 0 < interval < float("inf")):
+        raise ConfigError(f"{where}: checkpoint_every_seconds must be > 0 seconds or None")
+    if site.max_idletime < 0 or site.resource_monitoring_interval < 0:
+        raise ConfigError(f"{where}: max_idletime and resource_monitoring_interval must be >= 0")
+    if site.parsl_log_level not in PARSL_LOG_LEVELS:
+        raise ConfigError(
+            f"{where}: parsl_log_level {site.parsl_log_level!r} is not one of "
+            f"{', '.join(PARSL_LOG_LEVELS)}"
+        )
+    period = site.strategy_period
+    if not _is_seconds(period) or not 0 < period <= 600:
+        raise ConfigError(f"{where}: strategy_period must be in (0, 600] s")
+
+
+def check_names_given(site: SiteSpec) -> None:
+    """Queues, account and venv: a name, or None for the scheduler's default (the running venv)."""
+    for name in ("queue", "cpu_queue", "account", "venv"):
+        value = getattr(site, name)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"{_where(site)}: {name} must be a non-empty string or None")
+
+
+def check_launcher_options(site: SiteSpec) -> None:
+    """`launcher_options` uses only the fields it may (`LAUNCHER_OPTION_FIELDS`)."""
+    try:
+        site.format_launcher_options()
+    except (KeyError, IndexError, ValueError, AttributeError) as err:
+        raise ConfigError(
+            f"{_where(site)}: launcher_options {site.launcher_options!r} uses an unknown field "
+            f"{err}; known: {', '.join('{' + f + '}' for f in LAUNCHER_OPTION_FIELDS)}"
+        ) from None
+
+
+# In the order they run: a later check may rely on an earlier one (the node checks on counts).
+CHECKS = (
+    check_name,
+    check_launcher,
+    check_counts,
+    check_nodes,
+    check_walltimes,
+    check_gpu_order,
+    check_workflow_settings,
+    check_names_given,
+    check_launcher_options,
+    check_queues,  # each pool's jobs fit their queue (site_configs.queues)
+)
+
+
+def check_site(site: SiteSpec) -> None:
+    """Every check of `CHECKS`, in order: the first broken rule raises its ConfigError."""
+    for check in CHECKS:
+        check(site)
