@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -444,42 +445,70 @@ def make_optimizer(tf, config: TrainConfig):
     return tf.keras.optimizers.Adam(learning_rate=config.learning_rate)
 
 
-def run_training(
-    inputs: TrainInputs,
-    config: TrainConfig,
-    on_step: Callable[[int, object], None] | None = None,
-    expected_ranks: int | None = None,
-) -> dict:
-    """Train until `config.max_steps` (resuming if checkpoints exist); returns the final summary.
-    `expected_ranks`: the world size the launch asked for (checked at start).
+@dataclass(frozen=True)
+class _World:
+    """This process's place in the world it trains in."""
 
-    `on_step(step, model)` runs on every rank after every step (tests use it to compare weights).
-    """
-    from horovod.tensorflow.functions import broadcast_object
+    hvd: Any
+    tf: Any
+    # Everything that depends on the world size uses the world trained as: processes x virtual.
+    size: int
+    ranks: range  # the ranks of the world this process stands for
+    lead: bool  # rank 0: writes the config, checkpoints, metrics and the summary
 
-    from pipeline.data.volumes import read_volume_pair
-    from pipeline.network.model import build_model
-    from pipeline.preprocess.partitions import load_coordinates
 
+def _join_world(config: TrainConfig, expected_ranks: int | None) -> _World:
+    """Start TensorFlow and Horovod (`_init_runtime`); this process's ranks in the world."""
     hvd, tf = _init_runtime(config, expected_ranks)
     rank = hvd.rank()
-    # Everything that depends on the world size uses the world trained as: processes x virtual.
     size = hvd.size() * config.virtual_ranks
-    ranks = virtual_rank_indices(rank, config.virtual_ranks)
-    train_dir = Path(inputs.train_dir)
-    lead = rank == 0
+    return _World(hvd, tf, size, virtual_rank_indices(rank, config.virtual_ranks), rank == 0)
 
-    check_world(config, size)
+
+def _read_training_data(inputs: TrainInputs, config: TrainConfig, world: _World) -> tuple:
+    """The training volume, the coordinates' shards of this process's ranks, and the lineage
+    the checkpoints are made from."""
+    from pipeline.data.volumes import read_volume_pair
+    from pipeline.preprocess.partitions import load_coordinates
+
     volume = read_volume_pair(inputs.raw, inputs.labels, min_shape_zyx=config.model.fov_shape_zyx)
     coordinates = load_coordinates(inputs.coordinates)
-    shards = [coordinates.shard(r, size, inputs.coordinates) for r in ranks]
+    shards = [coordinates.shard(r, world.size, inputs.coordinates) for r in world.ranks]
     lineage = Lineage.of(config, volume, inputs.coordinates, inputs.init_from)
-    if lead:
+    return volume, shards, lineage
+
+
+def _prepare_train_dir(
+    world: _World, train_dir: Path, inputs: TrainInputs, config: TrainConfig, lineage: Lineage
+) -> None:
+    """Rank 0 sets aside an earlier run this one cannot go on from and saves this run's config;
+    the other ranks look at checkpoints only after."""
+    from horovod.tensorflow.functions import broadcast_object
+
+    if world.lead:
         train_dir.mkdir(parents=True, exist_ok=True)
         if reason := _why_not_go_on(train_dir, lineage, config.max_steps):
             set_aside_earlier_run(train_dir, reason)
-        _save_run_config(train_dir, inputs, config, size, lineage)
-    broadcast_object(None, root_rank=0)  # the other ranks look at checkpoints only after this
+        _save_run_config(train_dir, inputs, config, world.size, lineage)
+    broadcast_object(None, root_rank=0)
+
+
+@dataclass
+class _Checkpointed:
+    """What a checkpoint holds, and the manager that writes and rotates the checkpoints."""
+
+    model: Any
+    optimizer: Any
+    step: Any  # tf.Variable: the steps taken
+    examples_started: Any  # tf.Variable: per rank of the world, the examples it has started
+    checkpoint: Any
+    manager: Any
+    directory: Path
+
+
+def _build_checkpointed(tf, config: TrainConfig, size: int, train_dir: Path) -> _Checkpointed:
+    """The model, its optimizer and the training's counters, fresh, under a checkpoint manager."""
+    from pipeline.network.model import build_model
 
     model = build_model(config.model)
     optimizer = make_optimizer(tf, config)
@@ -495,43 +524,78 @@ def run_training(
         checkpoint, str(train_dir / "checkpoints"), config.keep_checkpoints
     )
     checkpoint_dir = train_dir / "checkpoints"
-    restored, unreadable = _restore_newest_readable(checkpoint, manager, checkpoint_dir)
+    return _Checkpointed(
+        model, optimizer, step, examples_started, checkpoint, manager, checkpoint_dir
+    )
+
+
+def _restore_or_start(
+    world: _World, state: _Checkpointed, inputs: TrainInputs, config: TrainConfig
+) -> str | None:
+    """Restore the newest readable checkpoint, or a fine-tune's starting weights (kept as
+    ckpt-0); then rank 0's state everywhere, and rank 0 sets aside the checkpoints that could not
+    be read. Returns the checkpoint restored (None: none)."""
+    restored, unreadable = _restore_newest_readable(
+        state.checkpoint, state.manager, state.directory
+    )
     fine_tuning_starts = not restored and bool(inputs.init_from)
     if fine_tuning_starts:  # weights only; step 0, fresh Adam state, warm-up again
         from pipeline.network.released_weights import load_pretrained_weights
 
-        used = load_pretrained_weights(model, inputs.init_from)
-        if lead:
+        used = load_pretrained_weights(state.model, inputs.init_from)
+        if world.lead:
             print(f"[train] initialised weights from {used}", flush=True)
     # Rank 0's state wins everywhere: identical start, even if ranks saw different files.
-    hvd.broadcast_variables(model.variables + optimizer.variables + [step], root_rank=0)
-    if lead and fine_tuning_starts:
+    world.hvd.broadcast_variables(
+        state.model.variables + state.optimizer.variables + [state.step], root_rank=0
+    )
+    if world.lead and fine_tuning_starts:
         # The starting weights as ckpt-0, outside the manager (which would delete it as it rotates):
         # selection weighs them against the fine-tune's checkpoints, so a fine-tune that made them
         # worse on held-out data is not taken.
-        checkpoint.save_counter  # noqa: B018 (created on first access; loaders expect it)
-        checkpoint.write(str(checkpoint_dir / START_CHECKPOINT))
-    if lead and unreadable:  # every rank has read what it needed
-        _set_aside_unreadable(manager, checkpoint_dir, unreadable, restored)
-        manager = tf.train.CheckpointManager(
-            checkpoint, str(checkpoint_dir), config.keep_checkpoints
+        state.checkpoint.save_counter  # noqa: B018 (created on first access; loaders expect it)
+        state.checkpoint.write(str(state.directory / START_CHECKPOINT))
+    if world.lead and unreadable:  # every rank has read what it needed
+        _set_aside_unreadable(state.manager, state.directory, unreadable, restored)
+        state.manager = world.tf.train.CheckpointManager(
+            state.checkpoint, str(state.directory), config.keep_checkpoints
         )
-    resumed_from = int(step.numpy())
-    saved_cursors = examples_started.numpy()
+    return restored
+
+
+def _going_on(
+    world: _World, state: _Checkpointed, restored: str | None
+) -> tuple[int, list[tuple[int, int]], list[int]]:
+    """The step the run goes on from, the world sizes that led to it (this one last) and the
+    examples each rank has started; rank 0 says where it resumes and at which world size."""
+    resumed_from = int(state.step.numpy())
+    saved_cursors = state.examples_started.numpy()
     worlds = worlds_going_on(
-        read_worlds(checkpoint_dir, restored, len(saved_cursors)), resumed_from, size
+        read_worlds(state.directory, restored, len(saved_cursors)), resumed_from, world.size
     )
-    cursors = starting_cursors(saved_cursors, size)
-    if lead and resumed_from:
+    cursors = starting_cursors(saved_cursors, world.size)
+    if world.lead and resumed_from:
         print(f"[train] resuming from {restored} at step {resumed_from}", flush=True)
         if worlds[-1][0] == resumed_from and len(worlds) > 1:
             print(
-                f"[train] going on at {size} rank(s) (was {worlds[-2][1]}): the coordinates "
-                f"sharded anew, the learning rate for {size} from step {resumed_from}",
+                f"[train] going on at {world.size} rank(s) (was {worlds[-2][1]}): the coordinates "
+                f"sharded anew, the learning rate for {world.size} from step {resumed_from}",
                 flush=True,
             )
+    return resumed_from, worlds, cursors
 
-    streams = [
+
+def _open_streams(
+    volume,
+    shards: list,
+    config: TrainConfig,
+    world: _World,
+    cursors: list[int],
+    checkpoint_dir: Path,
+    restored: str | None,
+) -> list[BatchStream]:
+    """Each of this process's ranks' data stream, where the restored checkpoint left it."""
+    return [
         BatchStream(
             volume,
             shard.coords,
@@ -541,11 +605,36 @@ def run_training(
             config.seed,
             r,
             cursors[r],
-            read_stream_state(checkpoint_dir, restored, r, size),
+            read_stream_state(checkpoint_dir, restored, r, world.size),
         )
-        for r, shard in zip(ranks, shards, strict=True)
+        for r, shard in zip(world.ranks, shards, strict=True)
     ]
-    train_step = make_train_step(model, optimizer, config.grad_clip, config.virtual_ranks)
+
+
+@dataclass
+class _Loop:
+    """The training loop's own: its ranks' streams and step, the world sizes so far, the metrics
+    log (rank 0's), and what it counts and times between two log lines and two checkpoints."""
+
+    streams: list[BatchStream]
+    train_step: Callable
+    worlds: list[tuple[int, int]]
+    log: MetricsLog | None
+    counts: np.ndarray
+    interval_start: float
+    last_save: float
+    run_start: float
+    summary: dict  # the last interval's, what the run returns
+
+
+def _start_loop(
+    streams: list[BatchStream],
+    train_step: Callable,
+    worlds: list[tuple[int, int]],
+    train_dir: Path,
+    resumed_from: int,
+    lead: bool,
+) -> _Loop:
     log = MetricsLog(train_dir, resumed_from) if lead else None
     counts = np.zeros(len(COUNT_NAMES))
     interval_start = last_save = time.monotonic()
@@ -556,109 +645,187 @@ def run_training(
         **(last_metrics(train_dir / "metrics.csv") or {}),
         "step": resumed_from,
     }
+    return _Loop(
+        streams, train_step, worlds, log, counts, interval_start, last_save, run_start, summary
+    )
 
-    def save_checkpoint() -> None:
-        # Identical weights on every rank, so every rank stops here alike.
-        if not all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables):
-            raise TrainingDiverged(
-                f"step {int(step.numpy())}: weights are not finite at learning rate "
-                f"{optimizer.learning_rate.numpy():.3g}; no checkpoint written (last: "
-                f"{manager.latest_checkpoint or 'none'}); lower learning_rate"
-            )
-        name = f"ckpt-{int(step.numpy())}"
-        for r, stream in zip(ranks, streams, strict=True):
-            write_stream_state(checkpoint_dir, name, r, size, stream.state())
-        # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
-        started = [stream.examples_started for stream in streams]
-        gathered = hvd.allgather(tf.constant(started, tf.int64)).numpy()
-        examples_started.assign(gathered)
-        if lead:
-            write_worlds(checkpoint_dir, name, worlds)
-            manager.save(checkpoint_number=int(step.numpy()))
-            prune_stream_states(checkpoint_dir, manager.checkpoints)
 
-    while int(step.numpy()) < config.max_steps:
-        current = int(step.numpy())
-        lr = world_learning_rate(
-            config.learning_rate,
-            worlds,
-            config.lr_policy,
-            current,
-            config.warmup_steps,
-            config.lr_decay_factor,
-            config.lr_decay_every_steps,
+def _save_checkpoint(world: _World, state: _Checkpointed, loop: _Loop) -> None:
+    """Every rank's stream, then (rank 0) the world sizes so far and the checkpoint."""
+    # Identical weights on every rank, so every rank stops here alike.
+    if not all(np.all(np.isfinite(v.numpy())) for v in state.model.trainable_variables):
+        raise TrainingDiverged(
+            f"step {int(state.step.numpy())}: weights are not finite at learning rate "
+            f"{state.optimizer.learning_rate.numpy():.3g}; no checkpoint written (last: "
+            f"{state.manager.latest_checkpoint or 'none'}); lower learning_rate"
         )
-        optimizer.learning_rate.assign(lr)
-        batches = [stream.next_batch() for stream in streams]
-        logits, losses, applied = train_step(batches)
-        if not bool(applied):
-            loss, loss_rank = _loss_to_report(losses, ranks)
-            raise TrainingDiverged(
-                f"step {current + 1}: the loss ({loss:.4g} on rank {loss_rank}) or a gradient is not "
-                f"finite at learning rate {lr:.3g}; the update was not applied and no checkpoint was "
-                f"written from it (last: {manager.latest_checkpoint or 'none'}); lower learning_rate"
-            )
-        # Each batch counts as a real rank's does: the ranks' sums make the logged means.
-        for stream, (images, _, labels), rank_logits, loss in zip(
-            streams, batches, logits, losses, strict=True
-        ):
-            rank_logits = rank_logits.numpy()
-            stream.write_back(rank_logits)
-            counts += [float(loss), 1, *confusion_counts(rank_logits, labels), len(images)]
-        step.assign_add(1)
-        current += 1
-        if on_step is not None:
-            on_step(current, model)
+    name = f"ckpt-{int(state.step.numpy())}"
+    for r, stream in zip(world.ranks, loop.streams, strict=True):
+        write_stream_state(state.directory, name, r, world.size, stream.state())
+    # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
+    started = [stream.examples_started for stream in loop.streams]
+    gathered = world.hvd.allgather(world.tf.constant(started, world.tf.int64)).numpy()
+    state.examples_started.assign(gathered)
+    if world.lead:
+        write_worlds(state.directory, name, loop.worlds)
+        state.manager.save(checkpoint_number=int(state.step.numpy()))
+        prune_stream_states(state.directory, state.manager.checkpoints)
 
+
+def _step_learning_rate(config: TrainConfig, worlds: list[tuple[int, int]], step: int) -> float:
+    return world_learning_rate(
+        config.learning_rate,
+        worlds,
+        config.lr_policy,
+        step,
+        config.warmup_steps,
+        config.lr_decay_factor,
+        config.lr_decay_every_steps,
+    )
+
+
+def _train_one_step(
+    world: _World,
+    state: _Checkpointed,
+    loop: _Loop,
+    config: TrainConfig,
+    on_step: Callable[[int, object], None] | None,
+) -> tuple[int, float]:
+    """One update from every rank's next batch, counted; returns the step reached and its
+    learning rate. A step whose loss or gradients are not finite stops the run."""
+    current = int(state.step.numpy())
+    lr = _step_learning_rate(config, loop.worlds, current)
+    state.optimizer.learning_rate.assign(lr)
+    batches = [stream.next_batch() for stream in loop.streams]
+    logits, losses, applied = loop.train_step(batches)
+    if not bool(applied):
+        loss, loss_rank = _loss_to_report(losses, world.ranks)
+        raise TrainingDiverged(
+            f"step {current + 1}: the loss ({loss:.4g} on rank {loss_rank}) or a gradient is not "
+            f"finite at learning rate {lr:.3g}; the update was not applied and no checkpoint was "
+            f"written from it (last: {state.manager.latest_checkpoint or 'none'}); lower learning_rate"
+        )
+    # Each batch counts as a real rank's does: the ranks' sums make the logged means.
+    for stream, (images, _, labels), rank_logits, loss in zip(
+        loop.streams, batches, logits, losses, strict=True
+    ):
+        rank_logits = rank_logits.numpy()
+        stream.write_back(rank_logits)
+        loop.counts += [float(loss), 1, *confusion_counts(rank_logits, labels), len(images)]
+    state.step.assign_add(1)
+    current += 1
+    if on_step is not None:
+        on_step(current, state.model)
+    return current, lr
+
+
+def _log_interval(world: _World, loop: _Loop, config: TrainConfig, current: int, lr: float) -> bool:
+    """The interval's metrics summed over every rank, logged and printed by rank 0; returns
+    whether rank 0's clock says a checkpoint is due (every rank gets the same answer)."""
+    # One collective per log interval: sums of all ranks' counts, and rank 0's clock decides
+    # for everyone whether a time-based checkpoint is due (ranks must save together).
+    clock_due = float(
+        world.lead and time.monotonic() - loop.last_save >= config.checkpoint_every_seconds
+    )
+    hvd, tf = world.hvd, world.tf
+    totals = hvd.allreduce(tf.constant([*loop.counts, clock_due], tf.float64), op=hvd.Sum).numpy()
+    elapsed = time.monotonic() - loop.interval_start
+    summary = {
+        "step": current,
+        "wall_s": round(time.monotonic() - loop.run_start, 3),
+        **summarize(totals[:-1]),
+    }
+    summary |= {
+        "learning_rate": lr,
+        "fov_per_s": totals[COUNT_NAMES.index("fovs")] / elapsed,
+        "world_size": world.size,
+    }
+    if world.lead:
+        loop.log.write(summary)
+        print(
+            f"[train] step {current}/{config.max_steps} loss {summary['loss']:.4f} "
+            f"f1 {summary['f1']:.3f} acc {summary['accuracy']:.3f} lr {lr:.2e} "
+            f"{summary['fov_per_s']:.1f} FOV/s",
+            flush=True,
+        )
+    loop.counts[:] = 0
+    loop.interval_start = time.monotonic()
+    loop.summary = summary
+    return totals[-1] > 0
+
+
+def _train_until_done(
+    world: _World,
+    state: _Checkpointed,
+    loop: _Loop,
+    config: TrainConfig,
+    on_step: Callable[[int, object], None] | None,
+) -> dict:
+    """Steps until `config.max_steps`, logging and checkpointing when due; returns the last
+    interval's summary."""
+    while int(state.step.numpy()) < config.max_steps:
+        current, lr = _train_one_step(world, state, loop, config, on_step)
         final = current >= config.max_steps
         save_due = current % config.checkpoint_every_steps == 0 or final
         if current % config.log_every_steps == 0 or final:
-            # One collective per log interval: sums of all ranks' counts, and rank 0's clock decides
-            # for everyone whether a time-based checkpoint is due (ranks must save together).
-            clock_due = float(
-                lead and time.monotonic() - last_save >= config.checkpoint_every_seconds
-            )
-            totals = hvd.allreduce(
-                tf.constant([*counts, clock_due], tf.float64), op=hvd.Sum
-            ).numpy()
-            save_due = save_due or totals[-1] > 0
-            elapsed = time.monotonic() - interval_start
-            summary = {
-                "step": current,
-                "wall_s": round(time.monotonic() - run_start, 3),
-                **summarize(totals[:-1]),
-            }
-            summary |= {
-                "learning_rate": lr,
-                "fov_per_s": totals[COUNT_NAMES.index("fovs")] / elapsed,
-                "world_size": size,
-            }
-            if lead:
-                log.write(summary)
-                print(
-                    f"[train] step {current}/{config.max_steps} loss {summary['loss']:.4f} "
-                    f"f1 {summary['f1']:.3f} acc {summary['accuracy']:.3f} lr {lr:.2e} "
-                    f"{summary['fov_per_s']:.1f} FOV/s",
-                    flush=True,
-                )
-            counts[:] = 0
-            interval_start = time.monotonic()
+            clock_due = _log_interval(world, loop, config, current, lr)
+            save_due = save_due or clock_due
         if save_due:
-            save_checkpoint()
-            last_save = time.monotonic()
+            _save_checkpoint(world, state, loop)
+            loop.last_save = time.monotonic()
+    return loop.summary
 
-    if lead:
-        summary |= {
-            "resumed_from_step": resumed_from,
-            "optimizer_iterations": int(optimizer.iterations.numpy()),
-            "world_size": size,
-            "worlds": [list(w) for w in worlds],
-            "real_ranks": hvd.size(),
-            "virtual_ranks": config.virtual_ranks,
-            "checkpoint": manager.latest_checkpoint,
-        }
-        if (train_dir / "metrics.csv").exists():
-            plot_curves(train_dir / "metrics.csv", train_dir / "curves.png")
-        with atomic_path(train_dir / SUMMARY_FILE) as tmp:
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    return summary if lead else {}
+
+def _write_summary(
+    world: _World,
+    state: _Checkpointed,
+    config: TrainConfig,
+    train_dir: Path,
+    summary: dict,
+    resumed_from: int,
+    worlds: list[tuple[int, int]],
+) -> None:
+    """Rank 0's end: the summary completed with how the run went, the curves, the summary file."""
+    summary |= {
+        "resumed_from_step": resumed_from,
+        "optimizer_iterations": int(state.optimizer.iterations.numpy()),
+        "world_size": world.size,
+        "worlds": [list(w) for w in worlds],
+        "real_ranks": world.hvd.size(),
+        "virtual_ranks": config.virtual_ranks,
+        "checkpoint": state.manager.latest_checkpoint,
+    }
+    if (train_dir / "metrics.csv").exists():
+        plot_curves(train_dir / "metrics.csv", train_dir / "curves.png")
+    with atomic_path(train_dir / SUMMARY_FILE) as tmp:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def run_training(
+    inputs: TrainInputs,
+    config: TrainConfig,
+    on_step: Callable[[int, object], None] | None = None,
+    expected_ranks: int | None = None,
+) -> dict:
+    """Train until `config.max_steps` (resuming if checkpoints exist); returns the final summary.
+    `expected_ranks`: the world size the launch asked for (checked at start).
+
+    `on_step(step, model)` runs on every rank after every step (tests use it to compare weights).
+    """
+    world = _join_world(config, expected_ranks)
+    train_dir = Path(inputs.train_dir)
+    check_world(config, world.size)
+    volume, shards, lineage = _read_training_data(inputs, config, world)
+    _prepare_train_dir(world, train_dir, inputs, config, lineage)
+    state = _build_checkpointed(world.tf, config, world.size, train_dir)
+    restored = _restore_or_start(world, state, inputs, config)
+    resumed_from, worlds, cursors = _going_on(world, state, restored)
+    streams = _open_streams(volume, shards, config, world, cursors, state.directory, restored)
+    train_step = make_train_step(
+        state.model, state.optimizer, config.grad_clip, config.virtual_ranks
+    )
+    loop = _start_loop(streams, train_step, worlds, train_dir, resumed_from, world.lead)
+    summary = _train_until_done(world, state, loop, config, on_step)
+    if world.lead:
+        _write_summary(world, state, config, train_dir, summary, resumed_from, worlds)
+    return summary if world.lead else {}
