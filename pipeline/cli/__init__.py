@@ -213,7 +213,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") 
     """One `--flag` per field of `cls`, nested configs as `--model-depth` etc.; tuples take their
     values one after the other. Every default is None so `from_arguments` can tell a given flag
     from an absent one. Each flag's help: its default, the field's comment, its choices (a
-    `Literal` field's, or those the class checks it against, which argparse then checks too)."""
+    `Literal` field's, which argparse checks; or those the class checks it against, left to the
+    class, whose one-line error names the setting as a config file's would)."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[field.name]):
@@ -230,13 +231,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") 
         if base is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
             continue
-        if typing.get_origin(base) is typing.Literal:
+        literal = typing.get_origin(base) is typing.Literal
+        if literal:
             base = type(choices[0])
         options: dict[str, typing.Any] = {
             "type": base if base in (int, float, str) else str,
-            "choices": choices,
+            "choices": choices if literal else None,
             "help": help_text,
         }
+        if choices and not literal and typing.get_origin(annotation) is not tuple:
+            options["metavar"] = "{" + ",".join(map(str, choices)) + "}"
         if typing.get_origin(annotation) is tuple:
             items = typing.get_args(annotation)
             variadic = len(items) == 2 and items[1] is Ellipsis
