@@ -108,14 +108,14 @@ class RunPlan:
     def layer_parts(self) -> list[tuple[slice, ...]]:
         """The parts its writers write a segmentation layer in, a task each
         (pipeline.inference.stitching.layer_part)."""
-        from pipeline.export.layers import SegmentationLayout
+        from pipeline.export.segmentation_layer import SegmentationLayout
         from pipeline.inference.stitching import layer_parts
 
         return layer_parts(self.blocks, config_io.from_dict(SegmentationLayout, self.layout))
 
     def full_resolution(self, folder: Path) -> Path:
         """The folder of the full resolution of the segmentation layer in `folder`
-        (pipeline.export.layers.new_segmentation): the export's, where evaluation and the export
+        (pipeline.export.segmentation_layer.new_segmentation): the export's, where evaluation and the export
         read the segmentation, or the first pass's before agglomeration."""
         from pipeline.export.layers import SEGMENTATION_LAYER, full_resolution_key
 
