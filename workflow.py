@@ -24,7 +24,7 @@ from pathlib import Path
 import pipeline  # noqa: F401  (oneDNN on before TensorFlow loads)
 from apps.plan.step import STAGES
 from pipeline.core.errors import FFNError
-from pipeline.run.run_layout import LAYOUT, RunPaths
+from pipeline.run.run_layout import RunPaths
 
 COMMANDS = ("run", "study", "status", "view")
 
@@ -114,7 +114,7 @@ def status(args: argparse.Namespace) -> int:
 def view(args: argparse.Namespace) -> int:
     from pipeline.export.viewer import serve_forever
 
-    folder = Path(args.run_dir) / LAYOUT["precomputed"]
+    folder = RunPaths(Path(args.run_dir)).precomputed
     serve_forever(folder, args.port, args.segments, args.viewer_port)
     return 0
 

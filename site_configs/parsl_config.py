@@ -19,15 +19,16 @@ from parsl.logconfigs.file import FileLogging
 from pipeline.core.errors import ConfigError, FFNError
 from pipeline.run import watchdog
 from pipeline.run.code_copy import copy_code, worker_exports
+from pipeline.run.run_layout import RunPaths
 from site_configs.spec import SiteSpec
 
 
 def monitoring_db(run_dir: str | Path) -> Path:
-    return Path(run_dir).resolve() / "monitoring.db"
+    return RunPaths(Path(run_dir).resolve()).monitoring_db
 
 
 def runinfo_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir).resolve() / "runinfo"
+    return RunPaths(Path(run_dir).resolve()).runinfo
 
 
 def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecutor]) -> Config:
