@@ -13,103 +13,95 @@ written is stored (pipeline.export.layers.SegmentationLayout), "block": k (per-c
 fills depend on)}; `first_pass` is the folder holding the stitched first pass's layer, `folder`
 the export's."""
 
-from contextlib import contextmanager
-
 from parsl import python_app
 
+from apps.contracts import (
+    CountPart,
+    DecideCore,
+    FinishAgglomeration,
+    JoinPairs,
+    MergePairs,
+    PairCore,
+    RelabelMergedPart,
+    SumSizes,
+)
 from site_configs import CPU_LABEL
 
 
 @python_app(executors=[CPU_LABEL])
-def pair_core(settings: dict, first_pass: str, inputs=(), outputs=()):
-    """inputs: the first pass's full resolution; outputs[0]: core k's contacts (.npz)."""
+def pair_core(settings: dict, first_pass: str, io: PairCore, inputs=(), outputs=()):
+    """Core k's contacts."""
     from pipeline.core.stamps import digest_files, run_once
     from pipeline.secondpass.agglomeration import core_contacts, save_contact_table
-
-    output = outputs[0].filepath
-    blocks, config = grid_of(settings)
+    from pipeline.secondpass.part_writing import chunks_of, grid_of, layer_reader
 
     def work() -> str:
+        blocks, config = grid_of(settings)
         with layer_reader(first_pass) as read:
-            found = core_contacts(
-                settings["block"],
-                blocks,
-                read,
-                settings["shape"],
-                chunks_of(settings),
-                config.max_gap,
-            )
-        save_contact_table(output, found)
-        return digest_files([output])
+            found = core_contacts(settings["block"], blocks, read, settings["shape"],
+                                  chunks_of(settings), config.max_gap)  # fmt: skip
+        save_contact_table(io.contacts, found)
+        return digest_files([io.contacts])
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def join_pairs(settings: dict, inputs=(), outputs=()):
-    """inputs: every core's contacts; outputs[0]: the pairs to decide (.npz), those touching
-    over at least `min_contact` in all."""
+def join_pairs(settings: dict, io: JoinPairs, inputs=(), outputs=()):
+    """The pairs to decide: those touching over at least `min_contact` in all."""
     from pipeline.core.stamps import digest_files, run_once
     from pipeline.secondpass.agglomeration import (
         load_contact_table,
         merge_contact_tables,
         save_contact_table,
     )
-
-    output = outputs[0].filepath
-    _, config = grid_of(settings)
+    from pipeline.secondpass.part_writing import grid_of
 
     def work() -> str:
-        tables = [load_contact_table(f.filepath) for f in inputs]
-        save_contact_table(output, merge_contact_tables(tables, config.min_contact))
-        return digest_files([output])
+        tables = [load_contact_table(p) for p in io.contacts]
+        save_contact_table(io.pairs, merge_contact_tables(tables, grid_of(settings)[1].min_contact))
+        return digest_files([io.pairs])
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def count_part(settings: dict, first_pass: str, inputs=(), outputs=()):
-    """inputs: the first pass's full resolution; outputs[0]: the voxels of each object in part k
-    of the layer (pipeline.inference.stitching.layer_part) (.npz)."""
+def count_part(settings: dict, first_pass: str, io: CountPart, inputs=(), outputs=()):
+    """The voxels of each object in part k of the layer (pipeline.inference.stitching.layer_part)."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import digest_files, run_once
-    from pipeline.export.layers import SegmentationLayout
+    from pipeline.export.segmentation_layer import SegmentationLayout
     from pipeline.inference.stitching import layer_part
     from pipeline.secondpass.agglomeration import save_sizes, segment_sizes
-
-    output = outputs[0].filepath
-    blocks, _ = grid_of(settings)
+    from pipeline.secondpass.part_writing import grid_of, layer_reader
 
     def work() -> str:
         layout = from_dict(SegmentationLayout, settings["layout"])
-        part = layer_part(settings["part"], blocks, layout)
+        part = layer_part(settings["part"], grid_of(settings)[0], layout)
         with layer_reader(first_pass) as read:
-            save_sizes(output, *segment_sizes(read(part)))
-        return digest_files([output])
+            save_sizes(io.sizes, *segment_sizes(read(part)))
+        return digest_files([io.sizes])
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def sum_sizes(settings: dict, inputs=(), outputs=()):
-    """inputs: every part's counts; outputs[0]: the whole volume's (.npz)."""
+def sum_sizes(settings: dict, io: SumSizes, inputs=(), outputs=()):
+    """The objects' sizes in the whole volume."""
     from pipeline.core.stamps import digest_files, run_once
     from pipeline.secondpass.agglomeration import load_sizes, save_sizes, total_sizes
 
-    output = outputs[0].filepath
-
     def work() -> str:
-        save_sizes(output, *total_sizes(load_sizes(f.filepath) for f in inputs))
-        return digest_files([output])
+        save_sizes(io.sizes, *total_sizes(load_sizes(p) for p in io.counts))
+        return digest_files([io.sizes])
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def decide_core(settings: dict, first_pass: str, inputs=(), outputs=()):
-    """settings also: {"inference": InferenceConfig}; inputs: the staged volume, the first
-    pass's full resolution, the pairs, selection.json; outputs[0]: the decisions of the pairs
-    whose contact point lies in core k (.npz)."""
+def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outputs=()):
+    """settings also: {"inference": InferenceConfig}; decides the pairs whose contact point lies
+    in core k."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import digest_files, run_once
     from pipeline.data.staging import read_staged
@@ -126,225 +118,120 @@ def decide_core(settings: dict, first_pass: str, inputs=(), outputs=()):
         pairs_in,
         save_decisions,
     )
+    from pipeline.secondpass.part_writing import chunks_of, grid_of, layer_reader
     from pipeline.selection.checkpoints import chosen_checkpoint
 
-    volume, _, pairs, selection = (f.filepath for f in inputs)
-    output = outputs[0].filepath
-    blocks, config = grid_of(settings)
-
     def work() -> str:
+        blocks, config = grid_of(settings)
         core = block_core(settings["block"], blocks, chunks_of(settings))
-        table = pairs_in(load_contact_table(pairs), core)
-        checkpoint = chosen_checkpoint(selection)
+        table = pairs_in(load_contact_table(io.pairs), core)
+        checkpoint = chosen_checkpoint(io.selection)
         model = checkpoint_model_config(checkpoint)
         inference = from_dict(InferenceConfig, settings["inference"])
-        with open_volume(read_staged(volume).raw) as raw, layer_reader(first_pass) as read:
+        with open_volume(read_staged(io.volume).raw) as raw, layer_reader(first_pass) as read:
             decisions = decide_pairs(
                 raw.__getitem__, read, settings["shape"], table,
                 predictor_from_checkpoint(checkpoint, model), model, inference, config,
             )  # fmt: skip
-        save_decisions(output, decisions)
-        return digest_files([output])
+        save_decisions(io.decisions, decisions)
+        return digest_files([io.decisions])
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def merge_pairs(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the staged volume, then every core's decisions; outputs[0]: the merge table
-    (.npz: each merged id and the id it becomes). Also makes the new, empty segmentation layer
-    in the export `folder` that the relabel tasks write into."""
-    from apps.stitch import new_layer
+def merge_pairs(settings: dict, folder: str, io: MergePairs, inputs=(), outputs=()):
+    """The merge table (each merged id and the id it becomes). Also makes the new, empty
+    segmentation layer in the export `folder` that the relabel tasks write into."""
     from pipeline.core.stamps import run_once
+    from pipeline.inference.stitching import new_layer
     from pipeline.secondpass.agglomeration import (
         load_decisions,
         merge_lookup,
         merged_pairs,
         save_merges,
     )
-
-    output = outputs[0].filepath
-    _, config = grid_of(settings)
+    from pipeline.secondpass.part_writing import grid_of
 
     def work() -> None:
-        decisions = [d for f in inputs[1:] for d in load_decisions(f.filepath)]
-        save_merges(output, *merge_lookup(merged_pairs(decisions, config)))
-        new_layer(settings, folder, inputs[0].filepath)
+        decisions = [d for p in io.decisions for d in load_decisions(p)]
+        save_merges(io.merges, *merge_lookup(merged_pairs(decisions, grid_of(settings)[1])))
+        new_layer(settings, folder, io.volume)
         # No content digest: a new (empty) volume must make every relabel task run again.
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def relabel_merged_part(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
-    """inputs: the merge table, the first pass's full resolution, with the fill the boundary forest
-    and the staged volume (and with `fill_min_size` the objects' sizes);
-    outputs[0]: part k's record (.json). Writes part k of the layer
-    (pipeline.inference.stitching.layer_part), merged (and filled), into the export's segmentation layer."""
-    from apps.stitch import writer_of
+def relabel_merged_part(settings: dict, first_pass: str, folder: str, io: RelabelMergedPart, inputs=(), outputs=()):  # fmt: skip
+    """Writes part k of the layer (pipeline.inference.stitching.layer_part), merged (and
+    filled), into the export's segmentation layer."""
     from pipeline.core.stamps import digest, run_once
-    from pipeline.inference.stitching import save_core_record
+    from pipeline.evaluation.boundary_map import boundary_reader
+    from pipeline.inference.stitching import save_core_record, writer_of
     from pipeline.secondpass.agglomeration import load_merges
-
-    merges = inputs[0].filepath
-    output = outputs[0].filepath
-    blocks, config = grid_of(settings)
+    from pipeline.secondpass.part_writing import (
+        grid_of,
+        layer_reader,
+        small_objects_of,
+        write_merged_part,
+    )
 
     def work() -> str:
+        blocks, config = grid_of(settings)
         layer, k = writer_of(settings, folder), settings["part"]
-        merged = load_merges(merges)
-        fill = inputs[2:]
-        with layer_reader(first_pass) as read, boundary_reader(config, settings, fill) as boundary:
-            dropped = small_objects_of(config, fill, merged)
-            record = _write_merged(k, blocks, layer, read, merged, boundary, config, dropped)
-        save_core_record(output, record)
+        merges = load_merges(io.merges)
+        with (
+            layer_reader(first_pass) as read,
+            boundary_reader(io.boundary, settings["shape"]) as boundary,
+        ):
+            dropped = small_objects_of(config, io.sizes, merges)
+            record = write_merged_part(k, blocks, layer, read, merges, boundary, config, dropped)
+        save_core_record(io.record, record)
         return digest(record["chunks"])
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def finish_agglomeration(settings: dict, first_pass: str, folder: str, inputs=(), outputs=()):
-    """inputs: the staged volume, the merge table, the first pass's full resolution, with the
-    fill the boundary forest and the staged volume again (and with `fill_min_size` the objects'
-    sizes), then every part's record
-    (settings["parts"] of them), then every core's decisions (plan order);
-    outputs: agglomerate.json and the folder of the export layer's full resolution. Rewrites
-    any part whose files changed after its task wrote them (the whole layer if it was lost)."""
+def finish_agglomeration(settings: dict, first_pass: str, folder: str, io: FinishAgglomeration, inputs=(), outputs=()):  # fmt: skip
+    """Rewrites any part whose files changed after its task wrote them (the whole layer if it
+    was lost); writes agglomerate.json: what was decided, merged and filled."""
     import json
-    from pathlib import Path
 
-    from apps.stitch import new_layer, writer_of
     from pipeline.core.atomic import atomic_path
     from pipeline.core.stamps import run_once
-    from pipeline.export.layers import SEGMENTATION_LAYER
-    from pipeline.inference.stitching import check_written_parts, load_core_record
+    from pipeline.evaluation.boundary_map import boundary_reader
+    from pipeline.inference.stitching import check_written_parts, layer_to_check, load_core_record
     from pipeline.secondpass.agglomeration import load_decisions, load_merges
-
-    paths = [f.filepath for f in inputs]
-    summary, full_resolution = (f.filepath for f in outputs)
-    blocks, config = grid_of(settings)
-    after = 3 + fill_input_count(config)
-    fill, count = inputs[3:after], settings["parts"]
-    records, decisions = paths[after : after + count], paths[after + count :]
+    from pipeline.secondpass.part_writing import (
+        grid_of,
+        layer_reader,
+        pass_summary,
+        small_objects_of,
+        write_merged_part,
+    )
 
     def work() -> str:
-        if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
-            new_layer(settings, folder, paths[0])  # lost whole: every core is rewritten below
-        layer = writer_of(settings, folder)
-        merges = load_merges(paths[1])
-        with layer_reader(first_pass) as read, boundary_reader(config, settings, fill) as boundary:
-            dropped = small_objects_of(config, fill, merges)
+        blocks, config = grid_of(settings)
+        layer = layer_to_check(settings, folder, io.volume)
+        merges = load_merges(io.merges)
+        with (
+            layer_reader(first_pass) as read,
+            boundary_reader(io.boundary, settings["shape"]) as boundary,
+        ):
+            dropped = small_objects_of(config, io.sizes, merges)
             repaired, token = check_written_parts(
-                (load_core_record(p) for p in records),
+                (load_core_record(p) for p in io.records),
                 layer,
-                lambda k: _write_merged(k, blocks, layer, read, merges, boundary, config, dropped),
+                lambda k: write_merged_part(
+                    k, blocks, layer, read, merges, boundary, config, dropped
+                ),
             )
-        decided = [d for p in decisions for d in load_decisions(p)]
-        record = {
-            "pairs": len(decided),
-            "merged_pairs": sum(config.merges(d) for d in decided),
-            "unseeded_pairs": sum(not d.seeded for d in decided),
-            "merged_segments": len(merges[0]),
-            "merged_objects": len(set(merges[1].tolist())),  # what they became
-            "fov_evaluations": sum(d.fov_evaluations for d in decided),
-            "repaired_parts": repaired,
-            "pairs_decided": config.enabled,
-            "filled_unsegmented": config.fill_unsegmented,
-            "dropped_objects": len(dropped),
-            "fill_min_size": config.fill_min_size,
-        }
-        with atomic_path(summary) as tmp:
+        decided = [d for p in io.decisions for d in load_decisions(p)]
+        record = pass_summary(config, decided, merges, dropped, repaired)
+        with atomic_path(io.summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
         return token
 
-    return run_once(settings, paths, [summary, full_resolution], work)
-
-
-def _write_merged(k: int, blocks, layer, read, merges, boundary, config, dropped) -> dict:
-    """Part k of `layer` (pipeline.inference.stitching.layer_part) written from the first pass (`read`)
-    with `merges` applied, if `boundary` is given the `dropped` objects' voxels and the
-    unsegmented ones filled over it; its record."""
-    import fastremap
-
-    from pipeline.inference.stitching import layer_part, write_part_labels
-    from pipeline.secondpass.agglomeration import filled_part, relabel
-
-    def merged(box):
-        return relabel(read(box), *merges)
-
-    def kept(box):
-        return fastremap.mask(merged(box), dropped, in_place=True) if len(dropped) else merged(box)
-
-    def labels_of(box):
-        if boundary is None:
-            return merged(box)
-        return filled_part(box, blocks.volume_shape, config.fill_margin, kept, boundary)
-
-    return write_part_labels(k, layer_part(k, blocks, layer.layout), labels_of, layer)
-
-
-def grid_of(settings: dict):
-    """The block grid and the agglomeration's settings."""
-    from pipeline.core.config_io import from_dict
-    from pipeline.inference.blocks import BlockConfig, plan_blocks
-    from pipeline.secondpass.agglomeration import AgglomerationConfig
-
-    blocks = plan_blocks(settings["shape"], from_dict(BlockConfig, settings["blocks"]))
-    return blocks, from_dict(AgglomerationConfig, settings.get("agglomeration", {}))
-
-
-def chunks_of(settings: dict) -> tuple[int, int, int]:
-    """The layers' chunks, on which the cores are cut (as the stitching cuts them)."""
-    from pipeline.core.config_io import from_dict
-    from pipeline.inference.blocks import BlockConfig
-
-    return from_dict(BlockConfig, settings["blocks"]).chunks
-
-
-def fill_input_count(config) -> int:
-    """The fill's inputs: the boundary forest and the staged volume, then the objects' sizes."""
-    return (2 + bool(config.fill_min_size)) if config.fill_unsegmented else 0
-
-
-def small_objects_of(config, inputs, merges):
-    """The ids, after `merges`, of the objects the fill gives away (inputs[2]: their sizes)."""
-    import numpy as np
-
-    from pipeline.secondpass.agglomeration import load_sizes, small_objects
-
-    if not config.fill_min_size:
-        return np.zeros(0, np.uint64)
-    return small_objects(load_sizes(inputs[2].filepath), merges, config.fill_min_size)
-
-
-@contextmanager
-def boundary_reader(config, settings: dict, inputs):
-    """When the fill is on, a reader of the volume's boundary map (box -> P(boundary)), predicted
-    box by box by the forest (inputs: the forest, the staged volume); else None. The forest is
-    loaded at the first box: the last task reads none when no part needs rewriting."""
-    from functools import cache
-
-    from pipeline.data.staging import read_staged
-    from pipeline.data.volumes import open_volume
-    from pipeline.evaluation.evaluate import load_boundary_forest
-    from pipeline.evaluation.learned_watershed import BoundaryForestConfig, box_boundary_probability
-
-    if not config.fill_unsegmented:
-        yield None
-        return
-    forest = cache(lambda: load_boundary_forest(inputs[0].filepath))
-    with open_volume(read_staged(inputs[1].filepath).raw) as raw:
-        yield lambda box: box_boundary_probability(
-            forest(), raw.__getitem__, box, settings["shape"], BoundaryForestConfig()
-        )
-
-
-@contextmanager
-def layer_reader(folder: str):
-    """A reader of the segmentation layer in `folder`: box -> voxels."""
-    from pipeline.data.volumes import open_volume
-    from pipeline.export.layers import segmentation_spec
-
-    with open_volume(segmentation_spec(folder)) as array:
-        yield array.__getitem__
+    return run_once(settings, io.inputs(), io.outputs(), work)

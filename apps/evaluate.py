@@ -6,86 +6,82 @@ given: another run's, copied."""
 
 from parsl import python_app
 
+from apps.contracts import (
+    BoundaryForest,
+    CountRegion,
+    Evaluate,
+    GivenBoundaryForest,
+    LearnedBaseline,
+)
 from site_configs import CPU_LABEL
 
 
 @python_app(executors=[CPU_LABEL])
-def count_region(settings: dict, folder: str, inputs=(), outputs=()):
-    """settings: {"region": "z0:z1, y0:y1, x0:x1"}; inputs: staged labeled volume, the
-    segmentation's full resolution (in the export `folder`); outputs[0]: the region's overlap
-    counts within the scored part (.npz)."""
+def count_region(settings: dict, folder: str, io: CountRegion, inputs=(), outputs=()):
+    """settings: {"region": "z0:z1, y0:y1, x0:x1"}; the segmentation is read from `folder`; the
+    counts are those within the scored part."""
     from pipeline.core.roi import Roi
     from pipeline.core.stamps import run_once
     from pipeline.data.staging import read_staged
     from pipeline.evaluation.evaluate import count_region
     from pipeline.export.layers import segmentation_spec
 
-    volume = inputs[0].filepath
-    output = outputs[0].filepath
-
     def work() -> None:
-        staged = read_staged(volume)
+        staged = read_staged(io.volume)
         region = Roi.parse(settings["region"])
-        count_region(staged.labels, segmentation_spec(folder), region, staged.scored).save(output)
+        counts = count_region(staged.labels, segmentation_spec(folder), region, staged.scored)
+        counts.save(str(io.counts))
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def boundary_forest(settings: dict, inputs=(), outputs=()):
-    """inputs[0]: the staged training part; outputs[0]: the boundary forest learned there
-    (joblib): the learned watershed's map, and the one the second pass's fill floods."""
+def boundary_forest(settings: dict, io: BoundaryForest, inputs=(), outputs=()):
+    """The forest learned on the training part: the learned watershed's map, and the one the
+    second pass's fill floods."""
     from pipeline.core.stamps import run_once
     from pipeline.data.staging import read_staged
     from pipeline.evaluation.evaluate import learn_boundary_forest
 
-    train, output = read_staged(inputs[0].filepath), outputs[0].filepath
-    return run_once(settings, [inputs[0].filepath], [output],
-                    lambda: learn_boundary_forest(train, output))  # fmt: skip
+    train = read_staged(io.train_volume)
+    return run_once(settings, io.inputs(), io.outputs(),
+                    lambda: learn_boundary_forest(train, io.forest))  # fmt: skip
 
 
 @python_app(executors=[CPU_LABEL])
-def given_boundary_forest(settings: dict, inputs=(), outputs=()):
-    """inputs[0]: a boundary forest another run learned (`boundary_forest`); outputs[0]: its
-    copy in this run, once checked to be one."""
+def given_boundary_forest(settings: dict, io: GivenBoundaryForest, inputs=(), outputs=()):
+    """A boundary forest another run learned (`boundary_forest`), copied once checked to be
+    one."""
     from pipeline.core.stamps import digest_files, run_once
     from pipeline.evaluation.evaluate import copy_boundary_forest
 
-    source, output = inputs[0].filepath, outputs[0].filepath
-
     def work() -> str:
-        copy_boundary_forest(source, output)
-        return digest_files([output])  # the same forest copied again leaves the fill done
+        copy_boundary_forest(io.source, io.forest)
+        return digest_files([io.forest])  # the same forest copied again leaves the fill done
 
-    return run_once(settings, [source], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def learned_baseline(settings: dict, inputs=(), outputs=()):
-    """settings: {"baseline": "learned watershed"}; inputs: the boundary forest (`boundary_forest`),
-    the staged selection and evaluated volumes; outputs: the segmentation (HDF5) and its record
-    (.json)."""
+def learned_baseline(settings: dict, io: LearnedBaseline, inputs=(), outputs=()):
+    """settings: {"baseline": "learned watershed"}; the forest is `boundary_forest`'s."""
     from pipeline.core.stamps import run_once
     from pipeline.data.staging import read_staged
     from pipeline.evaluation.evaluate import learned_baseline
 
-    paths = [f.filepath for f in inputs]
-    segmentation, record = (f.filepath for f in outputs)
-
     def work() -> None:
-        learned_baseline(paths[0], *map(read_staged, paths[1:]), segmentation, record)
+        tuned_on, volume = read_staged(io.tuned_on), read_staged(io.volume)
+        learned_baseline(io.forest, tuned_on, volume, io.segmentation, io.record)
 
-    return run_once(settings, paths, [segmentation, record], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def evaluate(settings: dict, inputs=(), outputs=()):
+def evaluate(settings: dict, io: Evaluate, inputs=(), outputs=()):
     """settings: {"watershed": WatershedConfig, "also": the keys of the steps before the
     export's segmentation that are scored too (with a second pass; else absent),
-    "learned_watershed": true when the baseline is the learned one (else absent)}; inputs:
-    staged labeled volume, then every region's counts, then every region's counts of each of
-    `also` in turn, then the learned baseline's segmentation if any; outputs[0]:
-    evaluation.json."""
+    "learned_watershed": true when the baseline is the learned one (else absent)}; the counts
+    are every region's, then every region's of each of `also` in turn."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.data.staging import read_staged
@@ -93,14 +89,11 @@ def evaluate(settings: dict, inputs=(), outputs=()):
     from pipeline.evaluation.scores import OverlapCounts
     from pipeline.evaluation.watershed import WatershedConfig
 
-    paths = [f.filepath for f in inputs]
-    output = outputs[0].filepath
-
     def work() -> None:
-        staged = read_staged(paths[0])
+        staged = read_staged(io.volume)
         also = settings.get("also", [])
-        learned = f"{paths[-1]}:segmentation" if settings.get("learned_watershed") else None
-        region_counts = paths[1:-1] if learned else paths[1:]
+        learned = f"{io.learned[0]}:segmentation" if io.learned else None
+        region_counts = io.counts
         regions = len(region_counts) // (1 + len(also))
         counts = [
             OverlapCounts.total([OverlapCounts.load(p) for p in region_counts[i : i + regions]])
@@ -108,8 +101,8 @@ def evaluate(settings: dict, inputs=(), outputs=()):
         ]
         score_volume(
             counts[0], staged.raw, staged.labels, from_dict(WatershedConfig, settings["watershed"]),
-            output, staged.scored, staged.voxel_size_nm, dict(zip(also, counts[1:], strict=True)),
-            learned,
+            str(io.evaluation), staged.scored, staged.voxel_size_nm,
+            dict(zip(also, counts[1:], strict=True)), learned,
         )  # fmt: skip
 
-    return run_once(settings, paths, [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)

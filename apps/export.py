@@ -13,14 +13,22 @@ Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z
 
 from parsl import python_app
 
+from apps.contracts import (
+    BeginExport,
+    ExportMeshes,
+    ExportRegion,
+    FinishExport,
+    MergeMeshes,
+    PlanMeshes,
+)
 from site_configs import CPU_LABEL
 
 
 @python_app(executors=[CPU_LABEL])
-def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: staged volume, the segmentation's full resolution (the stitching's, in `folder`);
-    outputs[0]: the voxel size the export was begun with (a `.record`). Empties the rest of `folder`
-    and writes both layers' info."""
+def begin_export(settings: dict, folder: str, io: BeginExport, inputs=(), outputs=()):
+    """Records the voxel size the export was begun with (a `.record`); empties the rest of
+    `folder` (the segmentation's full resolution, the stitching's, stays) and writes both
+    layers' info."""
     import json
 
     from pipeline.core.atomic import atomic_path
@@ -28,111 +36,92 @@ def begin_export(settings: dict, folder: str, inputs=(), outputs=()):
     from pipeline.core.stamps import run_once
     from pipeline.export.layers import ExportConfig, begin_export
 
-    volume = inputs[0].filepath
-    output = outputs[0].filepath
-
     def work() -> None:
-        voxel_size = _voxel_size(volume)
+        voxel_size = _voxel_size(str(io.volume))
         config = from_dict(ExportConfig, settings["export"])
         begin_export(folder, tuple(settings["shape"]), voxel_size, config)
-        with atomic_path(output) as tmp:
+        with atomic_path(io.begun) as tmp:
             tmp.write_text(json.dumps({"voxel_size_nm": voxel_size}))
         # No content digest: a new (empty) export must make every later export task run again.
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def export_region(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the begun export's record, staged volume, the segmentation's full resolution;
-    outputs[0]: the record of region task `settings["index"]` (its segments' voxel counts, the
-    files it wrote: every scale, and sharded, its meshes' fragments)."""
+def export_region(settings: dict, folder: str, io: ExportRegion, inputs=(), outputs=()):
+    """Region task `settings["index"]`; its record holds its segments' voxel counts and the
+    files it wrote (every scale, and sharded, its meshes' fragments)."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.roi import Roi
     from pipeline.core.stamps import run_once
     from pipeline.export.layers import ExportConfig, region_step, save_region_record
 
-    volume = inputs[1].filepath
-    output = outputs[0].filepath
-
     def work() -> None:
         region = Roi.parse(settings["region"])
         config = from_dict(ExportConfig, settings["export"])
-        read = lambda roi: _read_region(volume, folder, roi)  # noqa: E731
+        read = lambda roi: _read_region(str(io.volume), folder, roi)  # noqa: E731
         save_region_record(
-            output, region, region_step(folder, settings["index"], region, read, config)
+            io.record, region, region_step(folder, settings["index"], region, read, config)
         )
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def export_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """Unsharded exports' meshing. inputs: the begun export's record, then the segmentation's
-    full resolution (all it meshes); outputs[0]: the record of the legacy fragments igneous's
-    meshing task `settings["mesh"]` wrote."""
+def export_meshes(settings: dict, folder: str, io: ExportMeshes, inputs=(), outputs=()):
+    """Unsharded exports' meshing of the full resolution (all it reads): igneous's meshing task
+    `settings["mesh"]`; its record holds the legacy fragments it wrote."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.export.layers import ExportConfig, mesh_part, save_files_record
 
-    output = outputs[0].filepath
-
     def work() -> None:
         config = from_dict(ExportConfig, settings["export"])
-        save_files_record(output, mesh_part(folder, config, settings["mesh"]))
+        save_files_record(io.record, mesh_part(folder, config, settings["mesh"]))
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def plan_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: every region task's record (its fragments); outputs[0]: the sharded meshes'
-    plan's record: which segments each of about `settings["shards"]` mesh shards holds,
-    and where their fragments are."""
+def plan_meshes(settings: dict, folder: str, io: PlanMeshes, inputs=(), outputs=()):
+    """The sharded meshes' plan, from the regions' fragments: which segments each of about
+    `settings["shards"]` mesh shards holds, and where their fragments are."""
     from pipeline.core.stamps import run_once
     from pipeline.export.layers import plan_meshes, recorded_files, save_files_record
 
-    paths = [f.filepath for f in inputs]
-    output = outputs[0].filepath
-
     def work() -> None:
-        regions = (recorded_files(p) for p in paths)
-        save_files_record(output, plan_meshes(folder, regions, settings["shards"]))
+        regions = (recorded_files(p) for p in io.regions)
+        save_files_record(io.plan, plan_meshes(folder, regions, settings["shards"]))
 
-    return run_once(settings, paths, [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def merge_meshes(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: the plan's record (the regions' fragments it reads are the plan's); outputs[0]:
-    the record of the mesh shards merge task `settings["merge"]` (of `settings["merges"]`)
-    wrote."""
+def merge_meshes(settings: dict, folder: str, io: MergeMeshes, inputs=(), outputs=()):
+    """Merge task `settings["merge"]` (of `settings["merges"]`) of the mesh shards; the regions'
+    fragments it reads are the plan's."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.export.layers import ExportConfig, merge_part, save_files_record
 
-    output = outputs[0].filepath
-
     def work() -> None:
         config = from_dict(ExportConfig, settings["export"])
         merged = merge_part(folder, config, settings["merge"], settings["merges"])
-        save_files_record(output, merged)
+        save_files_record(io.record, merged)
 
-    return run_once(settings, [f.filepath for f in inputs], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 @python_app(executors=[CPU_LABEL])
-def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
-    """inputs: staged volume, the segmentation's full resolution, then every task's record;
-    outputs[0]: the export's folder. Rewrites what was lost or damaged since its task wrote it
-    (records in `folder`, `settings["tasks"]` of each kind), then the manifests, the segment
-    properties and the summary `export.json`."""
+def finish_export(settings: dict, folder: str, io: FinishExport, inputs=(), outputs=()):
+    """Rewrites what was lost or damaged since its task wrote it (records in `folder`,
+    `settings["tasks"]` of each kind), then the manifests, the segment properties and the
+    summary `export.json`."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.export.layers import ExportConfig, finish_export, repair_export
 
-    paths = [f.filepath for f in inputs]
-    volume = paths[0]
+    volume = str(io.volume)
 
     def work() -> None:
         config, shape = from_dict(ExportConfig, settings["export"]), tuple(settings["shape"])
@@ -143,7 +132,7 @@ def finish_export(settings: dict, folder: str, inputs=(), outputs=()):
         )  # fmt: skip
         finish_export(folder, counts, shape, voxel_size, config, tasks, repaired)
 
-    return run_once(settings, paths, [outputs[0].filepath], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)
 
 
 def _voxel_size(volume: str) -> tuple[float, float, float]:

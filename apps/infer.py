@@ -2,16 +2,14 @@
 
 from parsl import python_app
 
+from apps.contracts import GroundTruthBlock, InferBlock
 from site_configs import CPU_LABEL
 
 
 @python_app(executors=[CPU_LABEL])
-def infer_block(settings: dict, inputs=(), outputs=()):
-    """settings: {"inference": InferenceConfig, "start": zyx, "stop": zyx}; inputs: the staged
-    volume (a copy or a record of where to read it), selection.json; outputs[0]: the block's
-    result file."""
-    from pathlib import Path
-
+def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
+    """settings: {"inference": InferenceConfig, "start": zyx, "stop": zyx}; the staged volume is
+    a copy or a record of where to read it."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import digest_arrays, input_token, run_once
     from pipeline.data.staging import read_staged
@@ -31,8 +29,7 @@ def infer_block(settings: dict, inputs=(), outputs=()):
     )
     from pipeline.selection.checkpoints import chosen_checkpoint, recorded_checkpoint
 
-    volume, selection = (f.filepath for f in inputs)
-    output = outputs[0].filepath
+    volume, selection, output = str(io.volume), str(io.selection), str(io.result)
     block = Block(tuple(settings["start"]), tuple(settings["stop"]))
 
     def work() -> str:
@@ -50,34 +47,31 @@ def infer_block(settings: dict, inputs=(), outputs=()):
             result = segment_block(
                 raw, block, predictor_from_checkpoint(checkpoint, model), model,
                 from_dict(InferenceConfig, settings["inference"]), provenance,
-                block_state_path(Path(output).parent, block), block_progress_path(output),
+                block_state_path(io.result.parent, block), block_progress_path(output),
                 scored=staged.scored,
             )  # fmt: skip
         write_block_result(output, result)
         return digest_arrays({"labels": result.labels})
 
     # Keyed on the bricks of the volume the block reads: a voxel changed elsewhere keeps it.
-    return run_once(settings, [volume, selection], [output], work, infer_regions(block))
+    return run_once(settings, io.inputs(), io.outputs(), work, infer_regions(block))
 
 
 @python_app(executors=[CPU_LABEL])
-def ground_truth_block(settings: dict, inputs=(), outputs=()):
+def ground_truth_block(settings: dict, io: GroundTruthBlock, inputs=(), outputs=()):
     """A stand-in for infer_block that benchmarks of the data path use (bench/scale.py): the
-    block's ground truth as its result. settings: {"start": zyx, "stop": zyx}; inputs: the
-    staged labeled volume; outputs[0]: the block's result file."""
+    block's ground truth as its result. settings: {"start": zyx, "stop": zyx}."""
     from pipeline.core.stamps import digest_arrays, run_once
     from pipeline.data.staging import read_staged
     from pipeline.data.volumes import open_volume
     from pipeline.inference.blocks import Block, ground_truth_block, write_block_result
 
-    volume, output = inputs[0].filepath, outputs[0].filepath
-
     def work() -> str:
-        with open_volume(read_staged(volume).labels) as labels:
+        with open_volume(read_staged(io.volume).labels) as labels:
             result = ground_truth_block(
                 labels, Block(tuple(settings["start"]), tuple(settings["stop"]))
             )
-        write_block_result(output, result)
+        write_block_result(io.result, result)
         return digest_arrays({"labels": result.labels})
 
-    return run_once(settings, [volume], [output], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)

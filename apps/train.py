@@ -2,16 +2,23 @@
 
 from parsl import python_app
 
+from apps.contracts import Train
 from site_configs import MPI_LABEL
 
 
 @python_app(executors=[MPI_LABEL])
 def train(
-    settings: dict, command: str, log: str, inputs=(), outputs=(), parsl_resource_specification=None
+    settings: dict,
+    command: str,
+    log: str,
+    io: Train,
+    inputs=(),
+    outputs=(),
+    parsl_resource_specification=None,
 ):
     """settings: {"train": TrainConfig, "ranks": N, "init_from": path}; `command` is the launch
     line built by the workflow (it resumes from the train dir's latest checkpoint of the same
-    lineage); its output is appended to `log`. outputs[0]: train_summary.json."""
+    lineage); its output is appended to `log`."""
     import subprocess
 
     from pipeline.core.errors import StageFailed
@@ -27,4 +34,4 @@ def train(
         if done.returncode != 0:
             raise StageFailed.from_log("training", done.returncode, log, since=begun)
 
-    return run_once(settings, [f.filepath for f in inputs], [outputs[0].filepath], work)
+    return run_once(settings, io.inputs(), io.outputs(), work)

@@ -44,6 +44,7 @@ import zarr
 
 import apps.infer
 import apps.stage
+from apps.contracts import GroundTruthBlock, StageVolume
 from apps.execute import execute
 from apps.plan.evaluation import evaluate_steps
 from apps.plan.export import export_steps
@@ -141,14 +142,17 @@ def bench_steps(config: RunConfig, paths: RunPaths) -> list[Step]:
     """The workflow's tasks from staging to export, inference replaced by its stand-in."""
     plan = resolve_plan(config, paths, local.SITE)
     steps = [
-        task_step("stage[eval]", role_settings(config.data, "eval"), source_files(config.data, "eval"),
-                       [paths.eval_volume], apps.stage.stage_volume),
+        task_step("stage[eval]", role_settings(config.data, "eval"),
+                  StageVolume(sources=source_files(config.data, "eval"), staged=paths.eval_volume),
+                  apps.stage.stage_volume),
     ]  # fmt: skip
     blocks = plan.blocks
     for i, block in enumerate(blocks):
         settings = {"start": list(block.start), "stop": list(block.stop)}
-        steps.append(task_step(f"infer[{i}]", settings, [paths.eval_volume],
-                                    [block_path(paths.blocks_dir, block)], apps.infer.ground_truth_block))  # fmt: skip
+        files = GroundTruthBlock(
+            volume=paths.eval_volume, result=block_path(paths.blocks_dir, block)
+        )
+        steps.append(task_step(f"infer[{i}]", settings, files, apps.infer.ground_truth_block))
     (first,) = plan.inference_passes
     steps += stitch_steps(plan, first)
     steps += export_steps(plan)

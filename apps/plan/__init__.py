@@ -1,5 +1,6 @@
 """The DAG planner: every stage's steps built from one resolved plan of the run (`resolved.RunPlan`),
-each step a task of the stamps (`pipeline.core.stamps.Task`) and the Parsl app that runs it.
+each step a task of the stamps (`pipeline.core.stamps.Task`), its contract (apps/contracts.py)
+and the Parsl app that runs it.
 
     resolved.py      the run's settings, paths, site and the facts derived from them, once
     step.py          a step, the plan of which steps run, their submission to Parsl

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import apps.evaluate
 import apps.infer
 import apps.stage
+from apps.contracts import BoundaryForest, GivenBoundaryForest, InferBlock, StageVolume
 from apps.plan.evaluation import evaluate_steps
 from apps.plan.export import export_steps
 from apps.plan.resolved import RunPlan
@@ -32,8 +33,9 @@ def dag_steps(plan: RunPlan) -> list[Step]:
     from pipeline.inference.blocks import block_path, infer_regions
 
     steps = [
-        task_step("stage[eval]", role_settings(config.data, "eval", plan.eval_context), source_files(config.data, "eval"),
-              [paths.eval_volume], apps.stage.stage_volume),
+        task_step("stage[eval]", role_settings(config.data, "eval", plan.eval_context),
+                  StageVolume(sources=source_files(config.data, "eval"), staged=paths.eval_volume),
+                  apps.stage.stage_volume),
     ]  # fmt: skip
     learns_forest = not config.boundary_forest and (
         plan.learns_baseline or config.agglomeration.fill_unsegmented
@@ -44,11 +46,15 @@ def dag_steps(plan: RunPlan) -> list[Step]:
         steps += _labelled_parts(plan)
     if learns_forest:  # one forest for both: the baseline's map and the fill's
         # Its settings are pipeline.evaluation.learned_watershed's defaults.
-        steps.append(task_step("evaluate[boundary forest]", {"boundary": "learned forest"}, [paths.train_volume],
-                               [paths.boundary_forest], apps.evaluate.boundary_forest))  # fmt: skip
+        files = BoundaryForest(train_volume=paths.train_volume, forest=paths.boundary_forest)
+        steps.append(task_step("evaluate[boundary forest]", {"boundary": "learned forest"}, files,
+                               apps.evaluate.boundary_forest))  # fmt: skip
     elif config.boundary_forest:  # another run's, checked and copied: the run keeps what it used
-        steps.append(task_step("evaluate[boundary forest]", {"boundary": "given forest"}, [Path(config.boundary_forest)],
-                               [paths.boundary_forest], apps.evaluate.given_boundary_forest))  # fmt: skip
+        files = GivenBoundaryForest(
+            source=Path(config.boundary_forest), forest=paths.boundary_forest
+        )
+        steps.append(task_step("evaluate[boundary forest]", {"boundary": "given forest"}, files,
+                               apps.evaluate.given_boundary_forest))  # fmt: skip
     blocks = plan.blocks
     passes = plan.inference_passes
     for one in passes:
@@ -59,9 +65,10 @@ def dag_steps(plan: RunPlan) -> list[Step]:
                 "start": list(block.start),
                 "stop": list(block.stop),
             }
-            steps.append(task_step(f"infer[{one.prefix}{i}]", settings, [paths.eval_volume, paths.selection],
-                               [block_path(one.blocks_dir, block)], apps.infer.infer_block,
-                               regions=infer_regions(block)))  # fmt: skip
+            files = InferBlock(volume=paths.eval_volume, selection=paths.selection,
+                               result=block_path(one.blocks_dir, block))  # fmt: skip
+            steps.append(task_step(f"infer[{one.prefix}{i}]", settings, files, apps.infer.infer_block,
+                                   regions=infer_regions(block)))  # fmt: skip
         steps += stitch_steps(plan, one)
     if config.agglomeration.consensus:
         steps += consensus_steps(plan)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import apps.evaluate
+from apps.contracts import CountRegion, Evaluate, LearnedBaseline
 from apps.plan.resolved import RunPlan
 from apps.plan.step import Step, task_step
 from pipeline.core import config_io
@@ -18,26 +19,29 @@ def evaluate_steps(plan: RunPlan) -> list[Step]:
     scored = plan.scored_segmentations
     steps, counts = [], []
     for key, folder in scored.items():
-        segmented = [paths.eval_volume, plan.full_resolution(folder)]
+        segmented = {"volume": paths.eval_volume, "segmentation": plan.full_resolution(folder)}
         # The export's segmentation is "ffn"; the steps before it have folders of their own.
         name = "" if key == "ffn" else f"{key} "
         paths_of = [paths.counts_dir / name.strip() / f"{k}.npz" for k in range(len(regions))]
         steps += [
-            task_step(f"evaluate[count {name}{k}]", {"region": str(region)}, segmented, [path],
-                      apps.evaluate.count_region, str(folder))
+            task_step(f"evaluate[count {name}{k}]", {"region": str(region)},
+                      CountRegion(**segmented, counts=path), apps.evaluate.count_region, str(folder))
             for k, (region, path) in enumerate(zip(regions, paths_of, strict=True))
         ]  # fmt: skip
         counts += paths_of
     also = list(scored)[1:]
     # Only with a second pass: runs made before keep their evaluation.
     settings = {"watershed": config_io.to_dict(config.watershed)} | ({"also": also} if also else {})
+    learned = ()
     if plan.learns_baseline:
-        parts = [paths.boundary_forest, plan.selection_volume, paths.eval_volume]
-        learned = [paths.learned_baseline, paths.learned_baseline_record]
+        files = LearnedBaseline(forest=paths.boundary_forest, tuned_on=plan.selection_volume, volume=paths.eval_volume,
+                                segmentation=paths.learned_baseline, record=paths.learned_baseline_record)  # fmt: skip
         # The tuning grid's settings are pipeline.evaluation.learned_watershed's defaults.
-        steps.append(task_step("evaluate[learned watershed]", {"baseline": "learned watershed"}, parts,
-                               learned, apps.evaluate.learned_baseline))  # fmt: skip
-        settings, counts = settings | {"learned_watershed": True}, counts + learned[:1]
-    steps.append(task_step("evaluate", settings, [paths.eval_volume, *counts],
-                           [paths.evaluation], apps.evaluate.evaluate))  # fmt: skip
+        steps.append(task_step("evaluate[learned watershed]", {"baseline": "learned watershed"}, files,
+                               apps.evaluate.learned_baseline))  # fmt: skip
+        settings, learned = settings | {"learned_watershed": True}, (files.segmentation,)
+    files = Evaluate(
+        volume=paths.eval_volume, counts=tuple(counts), learned=learned, evaluation=paths.evaluation
+    )
+    steps.append(task_step("evaluate", settings, files, apps.evaluate.evaluate))
     return steps

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import apps.export
+from apps.contracts import (
+    BeginExport,
+    ExportMeshes,
+    ExportRegion,
+    FinishExport,
+    MergeMeshes,
+    PlanMeshes,
+)
 from apps.plan.resolved import RunPlan
 from apps.plan.step import Step, task_step
 from pipeline.core import config_io
@@ -25,7 +33,10 @@ def export_steps(plan: RunPlan) -> list[Step]:
 
     shape = plan.eval_shape
     base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
-    segmented = [paths.eval_volume, plan.full_resolution(paths.precomputed)]
+    segmented = {
+        "volume": paths.eval_volume,
+        "segmentation": plan.full_resolution(paths.precomputed),
+    }
     # In the export's folder: a folder lost whole (its records with it) begins again.
     begun = paths.precomputed / RECORDS_DIR / f"begun{STAMPED_INSIDE_SUFFIX}"
     folder = str(paths.precomputed)  # an argument, not a setting: a moved run stays up to date
@@ -36,23 +47,31 @@ def export_steps(plan: RunPlan) -> list[Step]:
         kind: [task_record_path(paths.precomputed, kind, k) for k in range(count)]
         for kind, count in tasks.items()
     }
-    steps = [task_step("export[begin]", base, segmented, [begun], apps.export.begin_export, folder)]
+    files = BeginExport(**segmented, begun=begun)
+    steps = [task_step("export[begin]", base, files, apps.export.begin_export, folder)]
     for k, (region, record) in enumerate(zip(regions, records["region"], strict=True)):
-        steps.append(task_step(f"export[region {k}]", {**base, "region": str(region), "index": k}, [begun, *segmented],
-                           [record], apps.export.export_region, folder))  # fmt: skip
+        steps.append(task_step(f"export[region {k}]", {**base, "region": str(region), "index": k},
+                               ExportRegion(begun=begun, **segmented, record=record),
+                               apps.export.export_region, folder))  # fmt: skip
     # Unsharded meshing reads only the full resolution: it need not wait for the regions' scales.
     for j, mesh in enumerate(records["mesh"]):
-        steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, [begun, segmented[1]], [mesh],
-                           apps.export.export_meshes, folder))  # fmt: skip
+        files = ExportMeshes(begun=begun, segmentation=segmented["segmentation"], record=mesh)
+        steps.append(task_step(f"export[mesh {j}]", {**base, "mesh": j}, files, apps.export.export_meshes,
+                               folder))  # fmt: skip
     shards = mesh_shards(tasks["region"])
     for planned in records["plan"]:  # the mesh shards, from the regions' fragments
-        steps.append(task_step("export[mesh plan]", {**base, "shards": shards}, records["region"], [planned],
-                               apps.export.plan_meshes, folder))  # fmt: skip
+        files = PlanMeshes(regions=tuple(records["region"]), plan=planned)
+        steps.append(task_step("export[mesh plan]", {**base, "shards": shards}, files, apps.export.plan_meshes,
+                               folder))  # fmt: skip
     for j, merge in enumerate(records["merge"]):
         merging = {**base, "merge": j, "merges": tasks["merge"]}
-        steps.append(task_step(f"export[mesh merge {j}]", merging, records["plan"],
-                               [merge], apps.export.merge_meshes, folder))  # fmt: skip
-    every = [record for kind in records.values() for record in kind]
-    steps.append(task_step("export", {**base, "tasks": tasks}, [*segmented, *every],
-                       [paths.precomputed], apps.export.finish_export, folder))  # fmt: skip
+        files = MergeMeshes(plan=tuple(records["plan"]), record=merge)
+        steps.append(
+            task_step(f"export[mesh merge {j}]", merging, files, apps.export.merge_meshes, folder)
+        )
+    every = tuple(record for kind in records.values() for record in kind)
+    files = FinishExport(**segmented, records=every, export=paths.precomputed)
+    steps.append(
+        task_step("export", {**base, "tasks": tasks}, files, apps.export.finish_export, folder)
+    )
     return steps

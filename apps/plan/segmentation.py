@@ -6,6 +6,24 @@ from __future__ import annotations
 import apps.agglomerate
 import apps.consensus
 import apps.stitch
+from apps.contracts import (
+    ConsensusPairs,
+    CountPart,
+    DecideCore,
+    FinishAgglomeration,
+    FinishConsensus,
+    FinishStitch,
+    JoinBlocks,
+    JoinConsensusPairs,
+    JoinPairs,
+    MergePairs,
+    PairBlock,
+    PairCore,
+    RelabelConsensusPart,
+    RelabelMergedPart,
+    RelabelPart,
+    SumSizes,
+)
 from apps.plan.resolved import InferencePass, RunPlan
 from apps.plan.step import Step, task_step
 from pipeline.core import config_io
@@ -35,20 +53,21 @@ def stitch_steps(plan: RunPlan, one: InferencePass) -> list[Step]:
     steps = []
     for k in range(len(blocks)):
         reads = [k, *later_neighbours(k, blocks)]
-        steps.append(task_step(f"stitch[{name}pairs {k}]", {**base, "block": k, "reads": reads},
-                           [results[i] for i in reads], [pairs[k]], apps.stitch.pair_block))  # fmt: skip
-    steps.append(task_step(f"stitch[{name}join]", base, [paths.eval_volume, *pairs], [table],
-                       apps.stitch.join_blocks, folder))  # fmt: skip
+        files = PairBlock(results=tuple(results[i] for i in reads), pairs=pairs[k])
+        steps.append(task_step(f"stitch[{name}pairs {k}]", {**base, "block": k, "reads": reads}, files,
+                               apps.stitch.pair_block))  # fmt: skip
+    files = JoinBlocks(volume=paths.eval_volume, pairs=tuple(pairs), table=table)
+    steps.append(task_step(f"stitch[{name}join]", base, files, apps.stitch.join_blocks, folder))
     for k, part in enumerate(parts):
         reads = part_neighbours(part, blocks)
-        steps.append(task_step(f"stitch[{name}relabel {k}]", {**base, "part": k, "reads": reads},
-                           [table, *(results[i] for i in reads)], [cores[k]], apps.stitch.relabel_part,
-                           folder))  # fmt: skip
+        files = RelabelPart(table=table, results=tuple(results[i] for i in reads), record=cores[k])
+        steps.append(task_step(f"stitch[{name}relabel {k}]", {**base, "part": k, "reads": reads}, files,
+                               apps.stitch.relabel_part, folder))  # fmt: skip
     every = {**base, "reads": list(range(len(blocks)))}
-    steps.append(task_step(f"stitch[{name.strip()}]" if name else "stitch", every,
-                           [paths.eval_volume, table, *cores, *results],
-                           [one.stitch_summary, plan.full_resolution(one.folder)], apps.stitch.finish_stitch,
-                           folder))  # fmt: skip
+    files = FinishStitch(volume=paths.eval_volume, table=table, records=tuple(cores), results=tuple(results),
+                         summary=one.stitch_summary, full_resolution=plan.full_resolution(one.folder))  # fmt: skip
+    steps.append(task_step(f"stitch[{name.strip()}]" if name else "stitch", every, files,
+                           apps.stitch.finish_stitch, folder))  # fmt: skip
     return steps
 
 
@@ -62,7 +81,8 @@ def consensus_steps(plan: RunPlan) -> list[Step]:
     first, second = (
         str(one.folder) for one in plan.inference_passes
     )  # arguments: a moved run stays up to date
-    layers = [plan.full_resolution(one.folder) for one in plan.inference_passes]
+    first_layer, second_layer = (plan.full_resolution(one.folder) for one in plan.inference_passes)
+    layers = {"first_layer": first_layer, "second_layer": second_layer}
     into = plan.consensus_into
     base = {
         "blocks": config_io.to_dict(config.blocks),
@@ -74,18 +94,22 @@ def consensus_steps(plan: RunPlan) -> list[Step]:
     pairs = [paths.consensus_dir / "pairs" / f"{b.name}.npz" for b in blocks]
     records = [paths.consensus_dir / "parts" / f"{part_name(p)}.json" for p in parts]
     table = paths.consensus_dir / "ids.npy"
-    steps = [task_step(f"consensus[pairs {k}]", {**base, "block": k}, layers, [pairs[k]],
+    steps = [task_step(f"consensus[pairs {k}]", {**base, "block": k}, ConsensusPairs(**layers, pairs=pairs[k]),
                        apps.consensus.consensus_pairs, first, second) for k in cores]  # fmt: skip
     # Slivers where the passes disagree on a border go, as objects too small do in a pass.
     join = {**base, "min_size": config.inference.min_segment_size}
-    steps.append(task_step("consensus[join]", join, [paths.eval_volume, *pairs], [table],
-                           apps.consensus.join_consensus_pairs, str(into)))  # fmt: skip
-    steps += [task_step(f"consensus[relabel {k}]", {**base, "part": k}, [table, *layers], [records[k]],
+    files = JoinConsensusPairs(volume=paths.eval_volume, pairs=tuple(pairs), table=table)
+    steps.append(
+        task_step("consensus[join]", join, files, apps.consensus.join_consensus_pairs, str(into))
+    )
+    steps += [task_step(f"consensus[relabel {k}]", {**base, "part": k},
+                        RelabelConsensusPart(table=table, **layers, record=records[k]),
                         apps.consensus.relabel_consensus_part, first, second, str(into))
               for k in range(len(parts))]  # fmt: skip
-    steps.append(task_step("consensus", base, [paths.eval_volume, table, *layers, *records],
-                           [paths.consensus_summary, plan.full_resolution(into)],
-                           apps.consensus.finish_consensus, first, second, str(into)))  # fmt: skip
+    files = FinishConsensus(volume=paths.eval_volume, table=table, **layers, records=tuple(records),
+                            summary=paths.consensus_summary, full_resolution=plan.full_resolution(into))  # fmt: skip
+    steps.append(task_step("consensus", base, files, apps.consensus.finish_consensus, first, second,
+                           str(into)))  # fmt: skip
     return steps
 
 
@@ -125,41 +149,45 @@ def agglomerate_steps(plan: RunPlan) -> list[Step]:
     decide = {**fills, "inference": config_io.to_dict(config.inference)}
     steps = []
     if second.enabled:  # else no pair is merged: the pass only fills
-        steps += [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k}, [stitched], [contacts[k]],
+        steps += [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k},
+                            PairCore(stitched=stitched, contacts=contacts[k]),
                             apps.agglomerate.pair_core, first_pass) for k in cores]  # fmt: skip
-        steps.append(
-            task_step("agglomerate[join]", fills, contacts, [pairs], apps.agglomerate.join_pairs)
-        )
+        files = JoinPairs(contacts=tuple(contacts), pairs=pairs)
+        steps.append(task_step("agglomerate[join]", fills, files, apps.agglomerate.join_pairs))
         steps += [task_step(f"agglomerate[decide {k}]", {**decide, "block": k},
-                            [paths.eval_volume, stitched, pairs, paths.selection], [decisions[k]],
+                            DecideCore(volume=paths.eval_volume, stitched=stitched, pairs=pairs,
+                                       selection=paths.selection, decisions=decisions[k]),
                             apps.agglomerate.decide_core, first_pass) for k in cores]  # fmt: skip
     else:
         decisions = []
-    steps.append(task_step("agglomerate[merge]", thresholds, [paths.eval_volume, *decisions], [merges],
-                           apps.agglomerate.merge_pairs, export))  # fmt: skip
+    files = MergePairs(volume=paths.eval_volume, decisions=tuple(decisions), merges=merges)
+    steps.append(
+        task_step("agglomerate[merge]", thresholds, files, apps.agglomerate.merge_pairs, export)
+    )
     # The fill of unsegmented voxels: the learned watershed's forest (dag_steps plans it), its
     # map predicted and flooded part by part. Without it, the parts' settings are as before it
     # was added (runs stay done).
-    fill_inputs, written = [], base
+    boundary, sizes, written = (), (), base
     if second.fill_unsegmented:
-        fill_inputs = [paths.boundary_forest, paths.eval_volume]
+        boundary = (paths.boundary_forest, paths.eval_volume)
         written = {**base, "agglomeration": second.part_settings()}
     if second.fill_min_size:  # the objects' sizes in the whole volume: a count per part, a sum
         counts = [folder / "sizes" / f"{part_name(p)}.npz" for p in parts]
-        steps += [task_step(f"agglomerate[sizes {k}]", {**base, "part": k}, [stitched], [counts[k]],
+        steps += [task_step(f"agglomerate[sizes {k}]", {**base, "part": k}, CountPart(stitched=stitched, sizes=counts[k]),
                             apps.agglomerate.count_part, first_pass) for k in range(len(parts))]  # fmt: skip
-        fill_inputs.append(folder / "sizes.npz")
-        steps.append(
-            task_step(
-                "agglomerate[sizes]", base, counts, fill_inputs[-1:], apps.agglomerate.sum_sizes
-            )
-        )
-    steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k}, [merges, stitched, *fill_inputs],
-                        [records[k]], apps.agglomerate.relabel_merged_part, first_pass, export)
+        sizes = (folder / "sizes.npz",)
+        files = SumSizes(counts=tuple(counts), sizes=sizes[0])
+        steps.append(task_step("agglomerate[sizes]", base, files, apps.agglomerate.sum_sizes))
+    fill = {"stitched": stitched, "boundary": boundary, "sizes": sizes}
+    steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k},
+                        RelabelMergedPart(merges=merges, **fill, record=records[k]),
+                        apps.agglomerate.relabel_merged_part, first_pass, export)
               for k in range(len(parts))]  # fmt: skip
     filling = config_io.to_dict(second) if second.fill_unsegmented else merging
     finish = {**base, "agglomeration": filling, "parts": len(parts)}
-    steps.append(task_step("agglomerate", finish, [paths.eval_volume, merges, stitched, *fill_inputs, *records, *decisions],
-                           [paths.agglomerate_summary, plan.full_resolution(paths.precomputed)],
-                           apps.agglomerate.finish_agglomeration, first_pass, export))  # fmt: skip
+    files = FinishAgglomeration(volume=paths.eval_volume, merges=merges, **fill, records=tuple(records),
+                                decisions=tuple(decisions), summary=paths.agglomerate_summary,
+                                full_resolution=plan.full_resolution(paths.precomputed))  # fmt: skip
+    steps.append(task_step("agglomerate", finish, files, apps.agglomerate.finish_agglomeration,
+                           first_pass, export))  # fmt: skip
     return steps

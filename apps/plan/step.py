@@ -1,14 +1,16 @@
-"""A DAG step: a task (its name, stage, settings, named input and output files) and the Parsl app
-that runs it; the plan of which steps run (the stamps), and their submission to Parsl, each
-started when the steps that make its inputs have made them."""
+"""A DAG step: a task (its name, stage, settings, input and output files), its contract (those
+files by name, apps/contracts.py) and the Parsl app that runs it; the plan of which steps run
+(the stamps), and their submission to Parsl, each started when the steps that make its inputs
+have made them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from apps.contracts import Contract
 from pipeline.core.errors import FFNError
-from pipeline.core.stamps import Task, as_path, plan
+from pipeline.core.stamps import Task, plan
 
 STAGES = (
     "stage", "preprocess", "train", "select", "infer", "stitch", "consensus", "agglomerate",
@@ -45,11 +47,12 @@ def check_stage_inputs(stages: frozenset[str], steps: list[Step]) -> None:
 
 @dataclass(frozen=True)
 class Step:
-    """A task of the DAG (pipeline.core.stamps.Task) and how to submit it: its app and the app's
-    other arguments."""
+    """A task of the DAG (pipeline.core.stamps.Task) and how to submit it: its app, the contract
+    the app reads its inputs and outputs from, and the app's other arguments."""
 
     task: Task
     app: object  # the Parsl app that runs it: apps.stage.stage_volume
+    contract: Contract  # the task's inputs and outputs by name: apps.contracts.StageVolume
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
 
@@ -62,21 +65,18 @@ class Step:
 def task_step(
     name: str,
     settings: dict,
-    inputs: list,
-    outputs: list,
+    contract: Contract,
     app: object,
     *args,
     regions: tuple = (),
     **kwargs,
 ) -> Step:
-    """The step of task `name` (its stage: the name up to "["), run by `app`; `regions`:
-    the parts of its inputs it reads, as its app tells `stamps.run_once`."""
+    """The step of task `name` (its stage: the name up to "["), run by `app`; its inputs and
+    outputs are `contract`'s, in the order of its fields; `regions`: the parts of its inputs it
+    reads, as its app tells `stamps.run_once`."""
     stage = name.partition("[")[0]
-    # A path already a Path is kept, not parsed again (`as_path`): a block's result is an input
-    # of its 26 neighbours' tasks, and at 1024³ parsing them again doubled the steps' building.
-    inputs, outputs = tuple(map(as_path, inputs)), tuple(map(as_path, outputs))
-    task = Task(name, stage, settings, inputs, outputs, regions)
-    return Step(task, app, args, kwargs)
+    task = Task(name, stage, settings, contract.inputs(), contract.outputs(), regions)
+    return Step(task, app, contract, args, kwargs)
 
 
 def plan_run(
@@ -128,7 +128,8 @@ def executor_labels(steps: list[Step], reasons: dict[str, str | None]) -> set[st
 
 def build_dag(steps: list[Step], reasons: dict[str, str | None]) -> dict[str, object]:
     """Submit the tasks that must run; returns {task name: future}. Parsl starts each when its
-    inputs are ready: a rebuilt input as the future of the task that rebuilds it."""
+    inputs are ready: a rebuilt input as the future of the task that rebuilds it. The app reads
+    its paths by name from its contract (`io`); `inputs` and `outputs` are for Parsl."""
     from parsl.data_provider.files import File
 
     futures: dict[str, object] = {}
@@ -141,8 +142,8 @@ def build_dag(steps: list[Step], reasons: dict[str, str | None]) -> dict[str, ob
             made_by[p][0].outputs[made_by[p][1]] if p in made_by else File(str(p))
             for p in task.inputs
         ]
-        future = step.app(task.settings, *step.args, inputs=inputs, outputs=[File(str(p)) for p in task.outputs],
-                     **step.kwargs)  # fmt: skip
+        future = step.app(task.settings, *step.args, io=step.contract, inputs=inputs,
+                          outputs=[File(str(p)) for p in task.outputs], **step.kwargs)  # fmt: skip
         futures[task.name] = future
         made_by |= {p: (future, i) for i, p in enumerate(task.outputs)}
     return futures

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import apps.study
+from apps.contracts import ReportStudy
 from apps.plan.describe import describe_training
 from apps.plan.resolved import RunPlan
 from apps.plan.step import Step, task_step
@@ -91,10 +92,9 @@ def study_steps(plan: RunPlan) -> list[Step]:
         "study": config_io.to_dict(config.study),
         "cells": [config_io.to_dict(c) for c in cells],
     }
-    summaries = [s.task.outputs[0] for s in steps if s.task.stage == "train"]
-    return steps + [
-        task_step("study", settings, summaries, [paths.study_report], apps.study.report_study)
-    ]
+    summaries = tuple(s.contract.train_summary for s in steps if s.task.stage == "train")
+    files = ReportStudy(train_summaries=summaries, report=paths.study_report)
+    return steps + [task_step("study", settings, files, apps.study.report_study)]
 
 
 def describe_study(plan: RunPlan) -> str:

@@ -12,6 +12,7 @@ import apps.preprocess
 import apps.select
 import apps.stage
 import apps.train
+from apps.contracts import Preprocess, SelectCheckpoint, StageVolume, Train
 from apps.plan.resolved import RunPlan
 from apps.plan.step import Step, task_step
 from pipeline.core import config_io
@@ -46,16 +47,18 @@ def _training_steps(plan: RunPlan) -> list[Step]:
     return _labelled_parts(plan) + [
         _preprocess_step(plan),
         _train_step("train", plan, config.train, launch, paths.train_dir),
-        task_step("select", {"selection": config_io.to_dict(config.selection)}, [paths.train_summary, scored_on],
-              [paths.selection], apps.select.select_checkpoint),
+        task_step("select", {"selection": config_io.to_dict(config.selection)},
+                  SelectCheckpoint(train_summary=paths.train_summary, scored_on=scored_on, selection=paths.selection),
+                  apps.select.select_checkpoint),
     ]  # fmt: skip
 
 
 def _preprocess_step(plan: RunPlan) -> Step:
     config, paths = plan.config, plan.paths
     partitions = {"partitions": config_io.to_dict(config.partitions_for_training())}
-    return task_step("preprocess", partitions, [paths.train_volume], [paths.partitions, paths.coordinates],
-                     apps.preprocess.preprocess)  # fmt: skip
+    files = Preprocess(train_volume=paths.train_volume, partitions=paths.partitions,
+                       coordinates=paths.coordinates)  # fmt: skip
+    return task_step("preprocess", partitions, files, apps.preprocess.preprocess)
 
 
 def _train_step(name: str, plan: RunPlan, train: TrainConfig, launch, train_dir: Path) -> Step:
@@ -67,8 +70,13 @@ def _train_step(name: str, plan: RunPlan, train: TrainConfig, launch, train_dir:
         "ranks": launch.num_ranks,
         "init_from": init_from,
     }
-    return task_step(name, settings, [paths.train_volume, paths.coordinates] + ([init_from] if init_from else []),
-                     [train_dir / "train_summary.json"], apps.train.train,
+    files = Train(
+        train_volume=paths.train_volume,
+        coordinates=paths.coordinates,
+        init_from=(init_from,) if init_from else (),
+        train_summary=train_dir / "train_summary.json",
+    )
+    return task_step(name, settings, files, apps.train.train,
                      training_command(plan, launch, train_dir), str(train_dir / "train.log"),
                      parsl_resource_specification=launch.resource_specification)  # fmt: skip
 
@@ -79,8 +87,9 @@ def _labelled_parts(plan: RunPlan) -> list[Step]:
     from pipeline.data.staging import role_settings, source_files
 
     select_part = [
-        task_step("stage[select]", role_settings(config.data, "select"), source_files(config.data, "select"),
-              [paths.select_volume], apps.stage.stage_volume),
+        task_step("stage[select]", role_settings(config.data, "select"),
+                  StageVolume(sources=source_files(config.data, "select"), staged=paths.select_volume),
+                  apps.stage.stage_volume),
     ] if config.data.has_select_part else []  # fmt: skip
     return select_part + [_train_part(plan)]
 
@@ -89,5 +98,7 @@ def _train_part(plan: RunPlan) -> Step:
     config, paths = plan.config, plan.paths
     from pipeline.data.staging import role_settings, source_files
 
-    return task_step("stage[train]", role_settings(config.data, "train"), source_files(config.data, "train"),
-                     [paths.train_volume], apps.stage.stage_volume)  # fmt: skip
+    files = StageVolume(sources=source_files(config.data, "train"), staged=paths.train_volume)
+    return task_step(
+        "stage[train]", role_settings(config.data, "train"), files, apps.stage.stage_volume
+    )

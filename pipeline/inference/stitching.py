@@ -48,7 +48,12 @@ from pipeline.core import config_io
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import BlockResultError
 from pipeline.core.stamps import digest
-from pipeline.export.segmentation_layer import SegmentationLayout, SegmentationWriter
+from pipeline.export.folder_layout import SEGMENTATION_LAYER
+from pipeline.export.segmentation_layer import (
+    SegmentationLayout,
+    SegmentationWriter,
+    new_segmentation,
+)
 from pipeline.inference.blocks import (
     Block,
     BlockConfig,
@@ -493,6 +498,61 @@ def save_core_record(path: str | Path, record: dict) -> None:
 
 def load_core_record(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# The tasks' settings (apps/stitch.py; the second pass's tasks too): {"blocks": BlockConfig,
+# "shape": volume zyx, "layout": how the layer written is stored (SegmentationLayout), "reads":
+# which block's result each of a task's results is, "part": k}
+
+
+def task_blocks(
+    settings: dict, results: Sequence[str | Path] = ()
+) -> tuple[BlockGrid, BlockConfig, BlockReader]:
+    """The block grid, the stitching settings and a reader of the task's block results by block
+    index (`settings["reads"]` says which block's result each of `results` is)."""
+    config = config_io.from_dict(BlockConfig, settings["blocks"])
+    blocks = plan_blocks(settings["shape"], config)
+    reads = settings.get("reads", [])
+    return blocks, config, BlockReader(blocks, dict(zip(reads, results, strict=True)))
+
+
+def new_layer(settings: dict, folder: str | Path, staged: str | Path) -> None:
+    """The empty segmentation layer in `folder`: the staged volume's shape and voxel size,
+    stored as `settings["layout"]` says."""
+    from pipeline.data.staging import read_staged
+
+    layout = config_io.from_dict(SegmentationLayout, settings["layout"])
+    new_segmentation(folder, settings["shape"], read_staged(staged).voxel_size_nm, layout)
+
+
+def writer_of(settings: dict, folder: str | Path) -> SegmentationWriter:
+    """The writer of the segmentation layer in `folder` (`new_layer`'s)."""
+    return SegmentationWriter(folder, settings["layout"]["gzip"])
+
+
+def layer_to_check(settings: dict, folder: str | Path, staged: str | Path) -> SegmentationWriter:
+    """The writer of the layer in `folder` that a last task checks; made anew (empty) if it was
+    lost whole, when the check rewrites every part."""
+    if not (Path(folder) / SEGMENTATION_LAYER / "info").is_file():
+        new_layer(settings, folder, staged)
+    return writer_of(settings, folder)
+
+
+def relabel_task_part(
+    settings: dict, folder: str | Path, table: str | Path, results: Sequence[str | Path]
+) -> dict:
+    """Part `settings["part"]` of the layer in `folder` written in stitched ids (`write_part`)
+    from the id table and the results of the blocks that overlap it; its record, with the
+    inference stats of the blocks it owns (`owned_blocks`)."""
+    blocks, _, read = task_blocks(settings, results)
+    offsets, lookup, _ = load_id_table(table)
+    layer, k = writer_of(settings, folder), settings["part"]
+    part = layer_part(k, blocks, layer.layout)
+    record = write_part(k, part, blocks, read, offsets, lookup, layer)
+    owned = owned_blocks(k, part, blocks, layer.layout)
+    record["stats"] = sum((read.inference(i) for i in owned), InferenceStats()).to_dict()
+    return record
 
 
 # ---------------------------------------------------------------------------------------------

@@ -227,8 +227,7 @@ def test_a_refused_placeholder_start_leaves_no_run_dir(tmp_path):
 
 
 def test_a_killed_training_is_reported_as_killed_not_as_an_earlier_runs_error(tmp_path):
-    from parsl.data_provider.files import File
-
+    from apps.contracts import Train
     from apps.train import train
     from pipeline.core.errors import StageFailed
 
@@ -239,8 +238,10 @@ def test_a_killed_training_is_reported_as_killed_not_as_an_earlier_runs_error(tm
     with pytest.raises(StageFailed) as failure:
         # The app's own function, as a worker runs it (Parsl's wrapper would return the error).
         train.func.__wrapped__(
-            {"x": 1}, command, str(log), outputs=[File(str(tmp_path / "summary.json"))]
-        )
+            {"x": 1}, command, str(log),
+            io=Train(train_volume=tmp_path / "train.h5", coordinates=tmp_path / "coordinates.npz",
+                     init_from=(), train_summary=tmp_path / "summary.json"),
+        )  # fmt: skip
     message = str(failure.value)
     assert "was killed by SIGKILL" in message and "[train] step 10" in message
     assert "NaN" not in message and failure.value.retryable
