@@ -40,10 +40,10 @@ class TestTheCopy:
         assert copy_code(tmp_path / "run", checkout) == first
         assert first.stat().st_mtime_ns == made  # not copied again
 
-        (checkout / "pipeline" / "stitching.py").write_text(BROKEN)
+        (checkout / "pipeline" / "inference" / "stitching.py").write_text(BROKEN)
         second = copy_code(tmp_path / "run", checkout)
         assert second != first and second.name == copy_name(checkout)
-        assert (second / "pipeline" / "stitching.py").read_text() == BROKEN
+        assert (second / "pipeline" / "inference" / "stitching.py").read_text() == BROKEN
         assert sorted((tmp_path / "run" / CODE_DIR).iterdir()) == [second]  # nothing else kept
 
 
@@ -58,7 +58,9 @@ def test_a_local_worker_imports_the_runs_copy_not_the_checkout(tmp_path):
              + "\npython -c 'import pipeline.inference.stitching as m; print(m.__file__)'"],
             cwd=ROOT, capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
-        assert shown.strip() == str(code / "pipeline" / "stitching.py"), executor.label
+        assert shown.strip() == str(code / "pipeline" / "inference" / "stitching.py"), (
+            executor.label
+        )
 
 
 @pytest.mark.mpi
@@ -81,13 +83,13 @@ def test_a_checkout_edited_under_a_running_workflow_does_not_reach_its_training(
                 break
         assert seen and seen[-1].rstrip().endswith(" started"), "".join(seen)[-3000:]
         # A `git pull` while the run goes on: the module the training ranks import now fails.
-        (checkout / "pipeline" / "train.py").write_text(BROKEN)
+        (checkout / "pipeline" / "training" / "trainer.py").write_text(BROKEN)
         out, _ = process.communicate(timeout=900)
     assert process.returncode == 0, "".join(seen)[-2000:] + out[-3000:]
     assert task_states(run_dir / "monitoring.db")["train"] == ["exec_done"]
     (code,) = (run_dir / CODE_DIR).iterdir()
-    assert (code / "pipeline" / "train.py").read_bytes() == (
-        ROOT / "pipeline" / "train.py"
+    assert (code / "pipeline" / "training" / "trainer.py").read_bytes() == (
+        ROOT / "pipeline" / "training" / "trainer.py"
     ).read_bytes()
     broken = subprocess.run(
         [sys.executable, "-c", "import pipeline.training.trainer"],
@@ -109,7 +111,7 @@ def test_status_and_a_resume_say_when_the_checkout_has_changed_since_the_last_ru
 
     # As if the last run had had other code: a copy of a checkout with one module edited.
     checkout = checkout_copy(tmp_path / "checkout")
-    stitching = checkout / "pipeline" / "stitching.py"
+    stitching = checkout / "pipeline" / "inference" / "stitching.py"
     stitching.write_text("# an edit\n" + stitching.read_text())
     earlier = copy_code(run_dir, checkout)
     changed = f"imported {earlier}; the checkout's code has changed since"
