@@ -35,14 +35,14 @@ def output_field():
 
 
 @cache
-def _fields(cls: type) -> dict[str, tuple[tuple[str, bool], ...]]:
-    """Per kind, the names of `cls`'s fields in order, each with whether it holds several paths."""
-    kinds: dict[str, list[tuple[str, bool]]] = {_INPUT: [], _OUTPUT: []}
+def _fields(cls: type) -> tuple[tuple[str, bool, bool], ...]:
+    """`cls`'s fields in order, each as (name, whether it holds several paths, whether an input)."""
+    found = []
     for f in dataclasses.fields(cls):
-        if f.metadata.get("io") not in kinds:
+        if f.metadata.get("io") not in (_INPUT, _OUTPUT):
             raise TypeError(f"{cls.__name__}.{f.name}: declare it with input_field or output_field")
-        kinds[f.metadata["io"]].append((f.name, typing.get_origin(f.type) is tuple))
-    return {kind: tuple(names) for kind, names in kinds.items()}
+        found.append((f.name, typing.get_origin(f.type) is tuple, f.metadata["io"] == _INPUT))
+    return tuple(found)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,36 +51,35 @@ class Contract:
     made Paths)."""
 
     def __post_init__(self) -> None:
-        for kind in _fields(type(self)).values():
-            for name, many in kind:
-                value = getattr(self, name)
-                if many and isinstance(value, (str, Path)):
+        # Flattened once here, fields set in the instance's dict (it is frozen): a run of 10^12
+        # voxels plans some 10^5 tasks.
+        values, flat = self.__dict__, ([], [])
+        for name, many, is_input in _fields(type(self)):
+            value = values[name]
+            if many:
+                if isinstance(value, (str, Path)):
                     raise TypeError(
                         f"{type(self).__name__}.{name}: a tuple of paths, not {value!r}"
                     )
                 # A path already a Path is kept, not parsed again (`as_path`): a block's result
                 # is an input of its 26 neighbours' tasks; at 1024³ parsing them again doubled
                 # the steps' building.
-                object.__setattr__(
-                    self, name, tuple(map(as_path, value)) if many else as_path(value)
-                )
+                value = values[name] = tuple(map(as_path, value))
+                flat[not is_input].extend(value)
+            elif not isinstance(value, Path):
+                value = values[name] = Path(value)
+                flat[not is_input].append(value)
+            else:
+                flat[not is_input].append(value)
+        values["_flat"] = (tuple(flat[0]), tuple(flat[1]))
 
     def inputs(self) -> Paths:
         """Every input, in the order of the fields."""
-        return self._flat(_INPUT)
+        return self._flat[0]
 
     def outputs(self) -> Paths:
         """Every output, in the order of the fields."""
-        return self._flat(_OUTPUT)
-
-    def _flat(self, kind: str) -> Paths:
-        flat: list[Path] = []
-        for name, many in _fields(type(self))[kind]:
-            if many:
-                flat.extend(getattr(self, name))
-            else:
-                flat.append(getattr(self, name))
-        return tuple(flat)
+        return self._flat[1]
 
 
 def contract(cls):
