@@ -2,6 +2,7 @@
 How a run resumes after changes and faults: tests/workflow/test_resume.py."""
 
 import json
+import re
 import sys
 import time
 
@@ -189,6 +190,8 @@ def test_account_and_queue_come_from_the_command_line_or_the_environment():
     "command",
     [
         ["workflow.py"],
+        ["workflow.py", "run"],
+        ["workflow.py", "status"],
         ["-m", "pipeline.cli.train"],
         ["-m", "pipeline.cli.infer"],
         ["-m", "pipeline.cli.export"],
@@ -204,6 +207,35 @@ def test_help_imports_neither_tensorflow_nor_parsl(command):
     modules = imported(done.stderr)
     assert "argparse" in modules  # the trace really lists what was imported
     assert {"tensorflow", "parsl", "horovod", "cloudvolume"}.isdisjoint(modules)
+
+
+@pytest.mark.parametrize(
+    "command, own, not_theirs",
+    [
+        ("status", ["--run-dir"], ["--site", "--port", "--resume"]),
+        ("view", ["--run-dir", "--port", "--viewer-port", "--segments"], ["--site", "--resume"]),
+        ("run", ["--site", "--config", "--resume", "--stages"], ["--port", "--segments"]),
+        ("study", ["--site", "--config", "--dry-run"], ["--port", "--segments"]),
+    ],
+)
+def test_each_command_helps_with_its_own_options(command, own, not_theirs):
+    shown = processes.run(
+        [sys.executable, "workflow.py", command, "--help"], cwd=ROOT, timeout=300
+    ).stdout
+    assert shown.startswith(f"usage: workflow.py {command} ")
+    options = set(re.findall(r"^\s+(--[a-z-]+)", shown, re.M))
+    assert set(own) <= options and not set(not_theirs) & options, shown
+
+
+def test_no_command_is_a_run():
+    run_help = processes.run(
+        [sys.executable, "workflow.py", "run", "--help"], cwd=ROOT, timeout=300
+    ).stdout
+    # A run's options with no command given, as `python workflow.py --site local` is used.
+    given = processes.run(
+        [sys.executable, "workflow.py", "--site", "x", "--help"], cwd=ROOT, timeout=300
+    )
+    assert given.stdout == run_help
 
 
 def test_a_running_blocks_progress_reads_as_one_line():
