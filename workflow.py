@@ -112,6 +112,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def view(args: argparse.Namespace) -> int:
+    """`view`: serve the run's export until Ctrl-C; prints the URL to open, a token in it."""
     from pipeline.export.viewer import serve_forever
 
     folder = RunPaths(Path(args.run_dir)).precomputed

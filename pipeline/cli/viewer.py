@@ -2,7 +2,9 @@
 
     python -m pipeline.cli.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]
 
-To view from another machine, fix both ports and tunnel them (pipeline.export.viewer says how).
+Prints the URL to open: it holds a random token (as a Jupyter server's does), without which
+neither server gives anything away to another user of the machine; keep it to yourself. To view
+from another machine, fix both ports and tunnel them (pipeline.export.viewer says how).
 """
 
 import argparse
@@ -19,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.viewer",
         description="Serve an export folder (python -m pipeline.cli.export) on localhost and open it "
-        "in Neuroglancer; prints the URL to open in a browser.",
+        "in Neuroglancer; prints the URL to open in a browser (a token in it: keep it to yourself).",
     )
     add = parser.add_argument
     add("--precomputed", required=True, type=Path, help="export folder")

@@ -1,28 +1,44 @@
 """Serve an export folder (`pipeline.export.layers`) over HTTP and open it in a local Neuroglancer viewer.
 
-Two servers, both on 127.0.0.1 only:
-  * the data server, a small `http.server` subclass: the export folder, read-only, with CORS
-    headers for the Neuroglancer client's origin only (no other web page open in the browser
-    may read the volumes); a `*.gz` file written with `ExportConfig(gzip=True)` is served under
-    its plain name with `Content-Encoding: gzip`, as Neuroglancer asks for the plain name; a
-    single byte range (`Range: bytes=a-b`) is served as a 206 part, as Neuroglancer reads a
-    sharded layer's shard files in parts;
+Two servers, both on 127.0.0.1 only, and both behind a random token in their URLs, as a
+Jupyter server is: 127.0.0.1 is open to every user of a shared login node, so the port alone
+must not give the data away.
+  * the data server, a small `http.server` subclass: the export folder, read-only, under
+    `/<token>/` only (`secrets.token_urlsafe`, new for each server; any other path gets a 403
+    and no data), to a request whose `Host` is `127.0.0.1:PORT` or `localhost:PORT` only (else
+    403: a DNS-rebinding page reaches 127.0.0.1 under its own host name, and sends that), with
+    no folder listing (404), and with CORS headers for the Neuroglancer client's origin only
+    (no other web page open in the browser may read the volumes). The layers' URLs Neuroglancer
+    gets carry the token as a path prefix, which every client of a precomputed URL keeps (a
+    query parameter need not be). A `*.gz` file written with `ExportConfig(gzip=True)` is
+    served under its plain name with `Content-Encoding: gzip`, as Neuroglancer asks for the
+    plain name; a single byte range (`Range: bytes=a-b`) is served as a 206 part, as
+    Neuroglancer reads a sharded layer's shard files in parts;
   * the `neuroglancer` package's server: the Neuroglancer client (bundled, so it works offline)
-    and the viewer state.
+    and the viewer state. Its every path holds a token (the viewer's, 40 random hex digits:
+    `/v/<token>/` for the client, `/events/<token>`, `/state/<token>`, ... for the state, which
+    names the data server's token), anything else is a 404; it does not check `Host` (a
+    DNS-rebinding page cannot guess the token, so it still reads nothing).
+
+The URL printed (`serve_forever`) carries the viewer's token: it is the one to open, and a key
+to the data, so keep it to yourself (out of a log file others can read).
 
 To view from another machine (an HPC login node), fix both ports and tunnel them:
 `ssh -L 8000:127.0.0.1:8000 -L 8001:127.0.0.1:8001 host` (the same port numbers on both ends:
-the data server answers the viewer's origin, which includes its port), then open the printed URL.
+the data server answers the viewer's origin and a `Host` that include its port), then open the
+printed URL on your computer.
 
 CLI: `python -m pipeline.cli.viewer --precomputed DIR [--port 8000] [--viewer-port 8001]`.
 """
 
 import datetime
 import email.utils
+import hmac
 import http.server
 import json
 import os
 import re
+import secrets
 import threading
 import urllib.parse
 from collections.abc import Iterable, Sequence
@@ -38,6 +54,8 @@ from pipeline.core.errors import PrecomputedError
 from pipeline.export.layers import IMAGE_LAYER, PROPERTIES_DIR, SEGMENTATION_LAYER, export_complete
 
 BIND_ADDRESS = "127.0.0.1"
+# The host names a browser on this machine (or at the near end of a tunnel) reaches it by.
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
 # Segments shown when none are asked for: the largest ones, few enough for a quick 3-D view.
 DEFAULT_SEGMENT_COUNT = 20
 # Screen pixels the volume's width spans in the 2-D panel, and the 3-D panel's view height in
@@ -83,11 +101,48 @@ class _FilePart:
         self._file.close()
 
 
+class PrecomputedServer(http.server.ThreadingHTTPServer):
+    """The data server: its files are under `/<token>/` (`url`), for a `Host` naming this
+    machine's loopback and port, readable across origins from `allowed_origins` only."""
+
+    token: str
+    allowed_origins: frozenset[str]
+
+    @property
+    def url(self) -> str:
+        """The base URL of the served folder, token included: `{url}/image` is a layer."""
+        return f"http://{BIND_ADDRESS}:{self.server_address[1]}/{self.token}"
+
+    @property
+    def allowed_hosts(self) -> frozenset[str]:
+        return frozenset(f"{host}:{self.server_address[1]}" for host in LOCAL_HOSTS)
+
+
 class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
     """Static files, whole or one byte range of them; `name` falls back to `name.gz` sent
     gzip-encoded, a range then being of the gzip bytes (RFC 9110: of the encoded representation).
+    A request is answered only if its `Host` is in `server.allowed_hosts` and its path starts
+    with `/<server.token>/` (then served as the rest of the path); a folder is not listed.
     Cross-origin reads are allowed only to the origins in `server.allowed_origins` (the
     viewer's): any other web page open in the user's browser must not read the volumes."""
+
+    server: PrecomputedServer
+
+    def _admitted(self) -> bool:
+        """Whether the request names this server's host and token; strips the token from
+        `self.path`. If not, sends a 403 (no data) and returns False."""
+        host = (self.headers.get("Host") or "").strip().lower()
+        if host not in self.server.allowed_hosts:
+            # A DNS-rebinding page reaches 127.0.0.1 under its own host name.
+            self.send_error(HTTPStatus.FORBIDDEN, "host not allowed")
+            return False
+        prefix = f"/{self.server.token}/".encode()
+        given = self.path[: len(prefix)].encode("latin-1", "replace")
+        if not hmac.compare_digest(given, prefix):  # in constant time: no guessing it by bytes
+            self.send_error(HTTPStatus.FORBIDDEN, "no token: open the URL the viewer printed")
+            return False
+        self.path = self.path[len(prefix) - 1 :]
+        return True
 
     def _allowed_origin(self) -> str | None:
         origin = self.headers.get("Origin")
@@ -104,6 +159,8 @@ class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
         super().end_headers()
 
     def do_OPTIONS(self) -> None:  # a CORS preflight
+        if not self._admitted():
+            return
         if self._allowed_origin() is None:
             self.send_error(403, "origin not allowed")
             return
@@ -114,14 +171,22 @@ class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Access-Control-Allow-Headers", "Range, *")
         self.end_headers()
 
-    def send_head(self) -> BinaryIO | _FilePart | None:
+    def send_head(self) -> BinaryIO | _FilePart | None:  # GET and HEAD
+        if not self._admitted():
+            return None
         path = self.translate_path(self.path)
         if os.path.isfile(path):
             return self._send_file(path, self.guess_type(path))
         gzipped = path + ".gz"
         if not os.path.exists(path) and os.path.isfile(gzipped):
             return self._send_file(gzipped, "application/octet-stream", encoding="gzip")
-        return super().send_head()  # a folder's listing, a redirect to it, or 404
+        # A folder too: its listing would show what the export holds, and no client needs it.
+        self.send_error(HTTPStatus.NOT_FOUND, "File not found")
+        return None
+
+    def list_directory(self, path: str) -> None:
+        """Never a listing (`send_head` does not ask for one; this in case a caller would)."""
+        self.send_error(HTTPStatus.NOT_FOUND, "File not found")
 
     def _send_file(
         self, path: str, content_type: str, encoding: str | None = None
@@ -203,14 +268,16 @@ class PrecomputedRequestHandler(http.server.SimpleHTTPRequestHandler):
 
 def start_data_server(
     folder: str | Path, port: int = 0, allowed_origins: Iterable[str] = ()
-) -> http.server.ThreadingHTTPServer:
-    """Serve `folder` on 127.0.0.1:`port` (0: any free port) from a background thread, readable
-    across origins only from `allowed_origins` (e.g. `viewer_origins(url)`)."""
+) -> PrecomputedServer:
+    """Serve `folder` on 127.0.0.1:`port` (0: any free port) from a background thread, under
+    the server's `url` (a new random token in it), readable across origins only from
+    `allowed_origins` (e.g. `viewer_origins(url)`)."""
     handler = partial(PrecomputedRequestHandler, directory=str(folder))
     try:
-        server = http.server.ThreadingHTTPServer((BIND_ADDRESS, port), handler)
+        server = PrecomputedServer((BIND_ADDRESS, port), handler)
     except OSError as exc:
         raise PrecomputedError(f"cannot serve on {BIND_ADDRESS}:{port} ({exc.strerror})") from None
+    server.token = secrets.token_urlsafe(32)
     server.allowed_origins = frozenset(allowed_origins)
     threading.Thread(target=server.serve_forever, name="precomputed-http", daemon=True).start()
     return server
@@ -218,12 +285,13 @@ def start_data_server(
 
 @dataclass
 class ViewerHandle:
-    """A running viewer: open `url` in a browser; `close()` stops both servers."""
+    """A running viewer: open `url` in a browser (its token in it); `data_url` is the export's
+    base URL (its token in it); `close()` stops both servers."""
 
     url: str
     data_url: str
     viewer: neuroglancer.Viewer
-    server: http.server.ThreadingHTTPServer = field(repr=False)
+    server: PrecomputedServer = field(repr=False)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -285,7 +353,7 @@ def start_viewer(
     except BaseException:
         neuroglancer.stop()
         raise
-    handle = ViewerHandle(url, f"http://{BIND_ADDRESS}:{server.server_address[1]}", viewer, server)
+    handle = ViewerHandle(url, server.url, viewer, server)
     try:
         _show(viewer, handle.data_url, segments, full_resolution)
     except BaseException:
@@ -337,6 +405,7 @@ def serve_forever(
     with start_viewer(precomputed_dir, port, segments, viewer_port) as handle:
         print(f"[view] Neuroglancer: {handle.url}")
         print(f"[view] data: {handle.data_url} (serving {precomputed_dir}; Ctrl-C stops)")
+        print("[view] both URLs hold a token: anyone who has them can read the export")
         try:
             threading.Event().wait()
         except KeyboardInterrupt:

@@ -1,14 +1,18 @@
-"""Viewing an export: the data server (CORS, gzip, byte ranges), the viewer's state, and, with
-headless Chromium, that Neuroglancer really draws the segmentation and its meshes."""
+"""Viewing an export: the data server (its token, Host check and no listing, CORS, gzip, byte
+ranges), the viewer's state and URLs, and, with headless Chromium, that Neuroglancer really
+draws the segmentation and its meshes through the token-bearing URLs."""
 
 import gzip
 import io
 import json
+import re
 import shutil
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -42,11 +46,18 @@ VIEWER_ORIGIN = "http://127.0.0.1:8765"
 
 
 @pytest.fixture
-def data_server(precomputed):
+def served(precomputed):
+    """The data server of the small export."""
     server = viewer.start_data_server(precomputed, allowed_origins=[VIEWER_ORIGIN])
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def data_server(served):
+    """Its base URL, the token in it."""
+    return served.url
 
 
 def fetch(url, method="GET", origin=VIEWER_ORIGIN, headers=None):
@@ -73,6 +84,72 @@ def test_data_server_lets_the_viewer_read_across_origins(precomputed, data_serve
     assert headers["Access-Control-Allow-Origin"] == VIEWER_ORIGIN
 
 
+def test_data_server_url_holds_a_new_random_token(served, precomputed):
+    port = served.server_address[1]
+    assert re.fullmatch(rf"http://127\.0\.0\.1:{port}/[\w-]{{43}}", served.url)  # 32 bytes
+    assert served.url.endswith("/" + served.token)
+    other = viewer.start_data_server(precomputed)
+    try:
+        assert other.token != served.token
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+def test_data_server_refuses_a_request_without_its_token(served, precomputed):
+    """Another user of a shared login node reaches 127.0.0.1:PORT too: no data without the token."""
+    base, token = f"http://127.0.0.1:{served.server_address[1]}", served.token
+    info = (precomputed / "image" / "info").read_bytes()
+    for path in (
+        "/image/info",
+        "/segmentation/info",
+        "/",
+        f"/{'A' * len(token)}/image/info",  # a wrong token
+        f"/{token[:-1]}/image/info",  # a prefix of it
+        f"/{token}image/info",  # not a path segment
+        f"/x/../{token}/image/info",
+        f"/image/info?token={token}",
+    ):
+        for method in ("GET", "HEAD", "OPTIONS"):
+            status, headers, body = fetch(base + path, method)
+            assert status == 403, (path, method)
+            assert b"@type" not in body and info not in body
+            assert "Content-Range" not in headers and "Last-Modified" not in headers
+    status, _, body = fetch(f"{base}/{token}/image/info")
+    assert (status, body) == (200, info)
+
+
+@pytest.mark.parametrize(
+    "host", ["rebound.example", "rebound.example:{port}", "127.0.0.1:1", "127.0.0.2:{port}", ""]
+)
+def test_data_server_refuses_a_foreign_host(served, precomputed, host):
+    """A DNS-rebinding page (its host name resolved to 127.0.0.1) sends its own name in Host;
+    given even the token, it gets nothing."""
+    port = served.server_address[1]
+    for method in ("GET", "HEAD", "OPTIONS"):
+        status, headers, body = fetch(
+            f"{served.url}/image/info", method, headers={"Host": host.format(port=port)}
+        )
+        assert status == 403 and b"@type" not in body, method
+        assert "Last-Modified" not in headers
+    info = (precomputed / "image" / "info").read_bytes()
+    for own in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}"):
+        assert fetch(f"{served.url}/image/info", headers={"Host": own})[::2] == (200, info)
+
+
+def test_data_server_lists_no_folder(served, precomputed):
+    chunks = [p.name for p in (precomputed / "image").rglob("*") if p.is_file()]
+    # The bare token is no path under /<token>/: refused as any other.
+    for folder, refusal in [("", 403)] + [
+        (f, 404) for f in ("/", "/image", "/image/", "/segmentation/mesh/", "/image/../")
+    ]:
+        status, headers, body = fetch(served.url + folder)
+        assert status == refusal, folder
+        assert "Location" not in headers  # not even a redirect to the listing
+        assert b"info" not in body and not any(name.encode() in body for name in chunks)
+        assert b"Directory listing" not in body
+
+
 def test_data_server_lets_no_other_web_page_read_the_volumes(data_server):
     status, headers, _ = fetch(f"{data_server}/segmentation/info", origin="http://evil.example")
     assert status == 200 and "Access-Control-Allow-Origin" not in headers  # the browser blocks it
@@ -92,7 +169,7 @@ def test_data_server_sends_gz_files_under_their_plain_name(volume, tmp_path):
     assert chunk.suffix == ".gz"
     server = viewer.start_data_server(out)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/image/10_10_20/{chunk.stem}"
+        url = f"{server.url}/image/10_10_20/{chunk.stem}"
         status, headers, body = fetch(url)
     finally:
         server.shutdown()
@@ -113,7 +190,7 @@ def shard_server(tmp_path):
     (tmp_path / "0.shard").write_bytes(data)
     (tmp_path / "chunk.gz").write_bytes(gzip.compress(data))
     server = viewer.start_data_server(tmp_path, allowed_origins=[VIEWER_ORIGIN])
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield server.url
     server.shutdown()
     server.server_close()
 
@@ -221,7 +298,7 @@ def test_cloud_volume_reads_a_sharded_segmentation_over_http(tmp_path):
     write_sharded_precomputed(tmp_path / "segmentation", labels, VOXEL, "segmentation")
     server = viewer.start_data_server(tmp_path)
     try:
-        url = f"precomputed://http://127.0.0.1:{server.server_address[1]}/segmentation"
+        url = f"precomputed://{server.url}/segmentation"
         volume = CloudVolume(url, progress=False)
         assert volume.image.is_sharded(0)
         # (x, y, z, channel) from the voxel offset (7, 5, 3).
@@ -251,6 +328,62 @@ def test_viewer_shows_both_layers_from_the_data_server(precomputed):
         assert "Access-Control-Allow-Origin" not in headers
     with viewer.start_viewer(precomputed, segments=[1, 2]) as handle:
         assert sorted(handle.viewer.state.layers["segmentation"].segments) == [1, 2]
+
+
+def test_viewer_urls_hold_tokens(precomputed):
+    """Both servers answer only through their tokens: the data server's in the layers' URLs,
+    Neuroglancer's (the viewer's) in the URL to open."""
+    with viewer.start_viewer(precomputed) as handle:
+        page = urllib.parse.urlsplit(handle.url)
+        origin = f"http://{page.netloc}"
+        data = urllib.parse.urlsplit(handle.data_url)
+        token = handle.server.token
+        assert data.path == f"/{token}" and len(token) >= 43
+        layers = handle.viewer.state.layers
+        for name in ("image", "segmentation"):
+            assert layers[name].source[0].url == f"precomputed://{handle.data_url}/{name}"
+        bare = f"http://{data.netloc}"
+        status, headers, body = fetch(f"{bare}/segmentation/mesh/info", origin=origin)
+        assert status == 403 and b"@type" not in body
+        assert fetch(f"{handle.data_url}/segmentation/mesh/info", origin=origin)[0] == 200
+        # Neuroglancer's server: the client page under the viewer's token only.
+        viewer_token = handle.viewer.token
+        assert re.fullmatch(rf"/v/{viewer_token}/", page.path) and len(viewer_token) >= 40
+        assert fetch(handle.url, origin=origin)[0] == 200
+        wrong = "0" * len(viewer_token)
+        for path in (f"/v/{wrong}/", f"/events/{wrong}", "/", "/v/"):
+            status, _, body = fetch(f"{origin}{path}", origin=origin)
+            assert status == 404 and token.encode() not in body, path
+        first = token
+    with viewer.start_viewer(precomputed) as handle:
+        assert handle.server.token != first
+
+
+def test_serve_forever_prints_the_urls_to_open(precomputed, monkeypatch, capsys):
+    """The printed URLs, tokens in them, are the ones that work."""
+    answers = []
+
+    class Interrupted:  # serve_forever's wait: read the printed URLs, then Ctrl-C
+        def wait(self):
+            out = capsys.readouterr().out
+            page = re.search(r"Neuroglancer: (\S+)", out).group(1)
+            data = re.search(r"data: (\S+)", out).group(1)
+            origin = "http://" + urllib.parse.urlsplit(page).netloc
+            answers.append((page, data))
+            answers.append(fetch(page, origin=origin)[0])
+            answers.append(fetch(f"{data}/image/info", origin=origin)[::2])
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        viewer, "threading", SimpleNamespace(Event=Interrupted, Thread=threading.Thread)
+    )
+    viewer.serve_forever(precomputed)
+    (page, data), page_status, (data_status, info) = answers
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v/[0-9a-f]{40}/", page)
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/[\w-]{43}", data)
+    assert page_status == 200
+    assert (data_status, info) == (200, (precomputed / "image" / "info").read_bytes())
+    assert "[view] stopped" in capsys.readouterr().out
 
 
 def test_viewer_refuses_incomplete_exports_and_unknown_segments(precomputed, tmp_path):
@@ -329,6 +462,9 @@ def test_headless_chromium_renders_the_segmentation_and_its_meshes(precomputed, 
     options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
     options.binary_location = shutil.which("chromium")
     with viewer.start_viewer(precomputed) as handle:
+        # Through the tokens only: the viewer's in the URL opened, the data server's in the
+        # layers' URLs (a request without it would be refused).
+        assert f"/{handle.server.token}/" in handle.viewer.state.layers["image"].source[0].url
         driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
         try:
             driver.get(handle.url)
