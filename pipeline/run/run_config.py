@@ -84,7 +84,18 @@ class RunConfig:
             raise ConfigError(
                 f"train_nodes must be >= 0 (0: the site's job size), got {self.train_nodes}"
             )
+        self._check_model_source()
         self._check_boundary_forest()
+
+    def _check_model_source(self) -> None:
+        """A run segments with a model: one it trains (on the synthetic data or train_raw), or a
+        pretrained one. Checked before a run dir is made or the dry run shows a plan."""
+        if not (self.data.synthetic or self.data.train_raw or self.pretrained_model):
+            raise ConfigError(
+                "the run has no model to segment with: give [data] train_raw and train_labels to "
+                "train one, or pretrained_model (a model folder, as python -m "
+                "pipeline.cli.pretrained writes)"
+            )
 
     def _check_boundary_forest(self) -> None:
         """The fill's forest is learned on the training part or given, not both."""
