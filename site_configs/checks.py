@@ -148,6 +148,24 @@ def check_names_given(site: SiteSpec) -> None:
             raise ConfigError(f"{_where(site)}: {name} must be a non-empty string or None")
 
 
+# What a scheduler takes as an account, a queue (PBS's `queue@server`) or a Slurm partition. Parsl's
+# providers put these into the submit command, which a shell runs (`qsub ... -A ACCOUNT`): anything
+# else (`;`, `$`, spaces, quotes) could run as a command of its own.
+_SCHEDULER_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]*")
+
+
+def check_scheduler_words(site: SiteSpec) -> None:
+    """Account and queues are plain scheduler words, however they were given (site module,
+    --account/--queue, $FFN_ACCOUNT/$FFN_QUEUE, a run's site.json)."""
+    for name in ("account", "queue", "cpu_queue"):
+        value = getattr(site, name)
+        if isinstance(value, str) and not _SCHEDULER_WORD.fullmatch(value):
+            raise ConfigError(
+                f"{_where(site)}: {name} {value!r} is not a scheduler name (letters, digits and "
+                "_ . + @ -): it would reach the submit command's shell"
+            )
+
+
 def check_launcher_options(site: SiteSpec) -> None:
     """`launcher_options` uses only the fields it may (`LAUNCHER_OPTION_FIELDS`)."""
     try:
@@ -169,6 +187,7 @@ CHECKS = (
     check_gpu_order,
     check_workflow_settings,
     check_names_given,
+    check_scheduler_words,
     check_launcher_options,
     check_queues,  # each pool's jobs fit their queue (site_configs.queues)
 )

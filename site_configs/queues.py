@@ -16,12 +16,12 @@ from pipeline.core.errors import ConfigError
 if TYPE_CHECKING:
     from site_configs.spec import SiteSpec
 
-_WALLTIME = re.compile(r"^\d{1,4}:[0-5]\d:[0-5]\d$")
+_WALLTIME = re.compile(r"\d{1,4}:[0-5]\d:[0-5]\d")
 
 
 def is_walltime(value: object) -> bool:
     """Whether `value` is a walltime, "HH:MM:SS" (up to 9999 hours)."""
-    return isinstance(value, str) and bool(_WALLTIME.match(value))
+    return isinstance(value, str) and bool(_WALLTIME.fullmatch(value))
 
 
 def walltime_seconds(walltime: str) -> int:
