@@ -12,7 +12,13 @@ def select_checkpoint(settings: dict, io: SelectCheckpoint, inputs=(), outputs=(
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.data.volumes import read_volume_pair
-    from pipeline.selection.checkpoints import SelectionConfig, select_checkpoint, selection_token
+    from pipeline.selection.checkpoints import (
+        SelectionConfig,
+        checkpoint_files,
+        chosen_checkpoint,
+        select_checkpoint,
+        selection_token,
+    )
 
     def work() -> str:
         volume = read_volume_pair(f"{io.scored_on}:raw", f"{io.scored_on}:labels")
@@ -20,4 +26,10 @@ def select_checkpoint(settings: dict, io: SelectCheckpoint, inputs=(), outputs=(
         select_checkpoint(io.train_summary.parent, volume, config, str(io.selection))
         return selection_token(str(io.selection))
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    # The chosen checkpoint's files (size, mtime) in the stamp: one damaged since (cut short)
+    # runs the selection again, which sets it aside; they leave the task's identity and token as
+    # they were, so a run selected before they were recorded stays up to date.
+    def chosen_files() -> list:
+        return checkpoint_files(chosen_checkpoint(io.selection))
+
+    return run_once(settings, io.inputs(), io.outputs(), work, checked=chosen_files)

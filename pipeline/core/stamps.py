@@ -25,6 +25,12 @@ shutil.copytree), is up to date with its own files and never with the dir it cam
 output's state has its mtime, not its ctime: a copy has new ctimes and would run every task
 again, so a rewrite that puts size and mtime back (`os.utime`) is not seen (no output is read).
 
+A task may also name files it did not make but that its output names (a selection's chosen
+checkpoint): their states are recorded as the stamp's "checked" ({path relative to the outputs'
+folder: state}), and a change to any of them (a checkpoint cut short) makes the task run again.
+They key nothing: the task's identity, its token and what reads it are as without them, and a
+stamp made before they were recorded holds none (it is up to date as it was).
+
 An output named `*.record` (STAMPED_INSIDE_SUFFIX), a JSON object, holds its stamp itself, as
 its "stamp" key, and has no stamp file. Its state is not recorded (embedding the stamp changes
 it): it is trusted while its stamp parses and has the task's identity. Its task wrote it whole,
@@ -491,6 +497,27 @@ def why_stale(
             return f"output missing: {_display(output)}"
         if before != state:
             return f"output changed since it was made: {_display(output)}"
+    return _changed_checked(stamp, as_path(outputs[0]))
+
+
+def checked_states(files: Iterable[str | os.PathLike], folder: Path) -> dict:
+    """{path relative to `folder` (the outputs' folder) with "/", absolute outside it: state}
+    of `files`, the stamp's "checked" (`why_stale`)."""
+    states, folder = {}, Path(os.path.abspath(folder))
+    for file in (Path(os.path.abspath(f)) for f in files):
+        name = os.path.relpath(file, folder) if file.is_relative_to(folder) else str(file)
+        states[name.replace(os.sep, "/")] = output_state(file)
+    return states
+
+
+def _changed_checked(stamp: dict, output: Path) -> str | None:
+    """Why a file of the stamp's "checked" (`checked_states`, relative to the folder of
+    `output`, the task's first) is no longer as recorded, or None."""
+    for name, before in (stamp.get("checked") or {}).items():
+        state = output_state(output.parent / name)
+        if state != before:
+            change = "is missing" if state is None else "changed since it was made"
+            return f"{_display(Path(name))}, which {output.name} names, {change}"
     return None
 
 
@@ -502,11 +529,13 @@ def write_stamp(
     token: str | None = None,
     measured: dict | None = None,
     regions: Sequence[Roi | None] = (),
+    checked: dict | None = None,
 ) -> dict:
     """Record that `outputs`, whose states (`output_state`, by name; none for an output that
     holds its stamp) are `states`, were made from `settings` and `inputs` (call after writing
     them; `regions`: the parts of the inputs read, `input_tokens`); `measured`: what making
-    them cost (seconds, peak memory)."""
+    them cost (seconds, peak memory); `checked`: the states of files they name
+    (`checked_states`)."""
     settings, tokens = _plain(settings), input_tokens(inputs, regions)
     record = {
         "identity": task_identity(settings, tokens),
@@ -516,6 +545,8 @@ def write_stamp(
         "token": token or uuid.uuid4().hex,
         "measured": measured or {},
     }
+    if checked:
+        record["checked"] = checked
     for output in outputs:
         _save_stamp(output, record)
     return record
@@ -566,13 +597,16 @@ def run_once(
     outputs: Iterable[str | os.PathLike],
     work: Callable[[], str | None],
     regions: Sequence[Roi | None] = (),
+    checked: Callable[[], Iterable[str | os.PathLike]] | None = None,
 ) -> str:
     """Run `work` unless the outputs are up to date; stamp them after, with its wall time and
     the peak resident memory of this process while it ran (`measured`: seconds, cpu_seconds,
     peak_rss_mib, start_rss_mib). `work` may return
     a digest of the content it wrote (the token). `regions`: per input the part of it `work`
     reads (a Roi; None or left out: all of it), which alone keys the task where the input keeps
-    its parts' digests (a staged volume, `region_token`). Returns "ran" or "up to date"."""
+    its parts' digests (a staged volume, `region_token`); `checked`, called after `work`: files
+    the outputs name that the task did not make (the stamp's "checked"), a change to which runs
+    it again. Returns "ran" or "up to date"."""
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
     if why_stale(settings, inputs, outputs, regions) is None:
         return "up to date"
@@ -599,7 +633,8 @@ def run_once(
         # starting point is what earlier tasks left behind.
         "start_rss_mib": held_before,
     }
-    write_stamp(settings, inputs, outputs, states, token, measured, regions)
+    named = checked_states(checked(), outputs[0].parent) if checked is not None else None
+    write_stamp(settings, inputs, outputs, states, token, measured, regions, named)
     return "ran"
 
 

@@ -10,12 +10,14 @@ released checkpoint maps onto this model one variable to one layer.
 
 from __future__ import annotations
 
+import glob
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network is built
     import tensorflow as tf
@@ -130,20 +132,35 @@ def logit(p: float) -> float:
     return float(np.log(p / (1.0 - p)))
 
 
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint whose files cannot be read (cut short by a full disk or a killed copy,
+    overwritten): its message names them."""
+
+
 def load_weights(model: tf.keras.Model, checkpoint: str) -> tf.keras.Model:
     """Restore `model`'s weights from a training checkpoint (`.../checkpoints/ckpt-N`), ignoring
-    the optimizer state; a checkpoint of another shape raises CheckpointError."""
+    the optimizer state; a checkpoint of another shape raises CheckpointError, one whose files
+    cannot be read UnreadableCheckpoint (naming them)."""
     import tensorflow as tf
 
-    from pipeline.core.errors import CheckpointError, first_line
+    from pipeline.core.errors import first_line
 
     if not tf.io.gfile.exists(f"{checkpoint}.index"):
         raise CheckpointError(f"{checkpoint}: no such checkpoint (missing {checkpoint}.index)")
     try:
         status = tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial()
         status.assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as exc:
+    except (AssertionError, ValueError) as exc:
         raise CheckpointError(
             f"{checkpoint}: does not match the model ({first_line(exc)})"
+        ) from None
+    # IndexError: a data file cut short ("Read less bytes than requested"), which names no file.
+    except (IndexError, OSError, tf.errors.OpError) as exc:
+        files = sorted(
+            p.name for p in Path(checkpoint).parent.glob(glob.escape(Path(checkpoint).name) + ".*")
+        )
+        raise UnreadableCheckpoint(
+            f"{checkpoint}: cannot be read, a file of it damaged or cut short "
+            f"({', '.join(files) or 'no files'}: {first_line(exc)})"
         ) from None
     return model

@@ -7,6 +7,11 @@ Optionally each checkpoint also segments a central crop of the held-out volume a
 its variation of information, which sees what F1 cannot (movement, merges), at far higher cost;
 `criterion` picks which of the two decides.
 
+A candidate whose files cannot be read (cut short by a full disk or a killed copy) is set aside
+in `checkpoints/unreadable/`, as training does, and the checkpoint before it takes its place; the
+workflow's select task records the chosen checkpoint's files (size, mtime) in its stamp, so a
+chosen checkpoint damaged later runs the selection again (pipeline.core.stamps, "checked").
+
 The choice is written atomically to `selection.json` (`selection_done` is the stage's check) with
 every candidate's scores; `pipeline.inference.flood_fill` accepts that file in place of a checkpoint. A
 checkpoint inside the folder of the selection file (the run dir) is named relative to it, and read
@@ -39,7 +44,14 @@ from pipeline.inference.flood_fill import (
     make_model_predictor,
     segment,
 )
-from pipeline.network.model import ModelConfig, build_model, load_weights, logit, normalize_image
+from pipeline.network.model import (
+    ModelConfig,
+    UnreadableCheckpoint,
+    build_model,
+    load_weights,
+    logit,
+    normalize_image,
+)
 from pipeline.preprocess.partitions import DEFAULT_THRESHOLDS, build_coordinates, compute_partitions
 
 SELECTION_FILE = "selection.json"
@@ -84,10 +96,13 @@ def list_checkpoints(train_dir: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def candidate_checkpoints(train_dir: str | Path, config: SelectionConfig) -> list[Path]:
+def candidate_checkpoints(
+    train_dir: str | Path, config: SelectionConfig, excluding: Sequence[Path] = ()
+) -> list[Path]:
     """The newest `config.last_checkpoints` checkpoints, and with `config.start_as_candidate`
-    a fine-tune's starting weights (step 0) where it wrote them."""
-    found = list_checkpoints(train_dir)
+    a fine-tune's starting weights (step 0) where it wrote them; `excluding`: checkpoints not
+    counted (found unreadable)."""
+    found = [c for c in list_checkpoints(train_dir) if c not in excluding]
     last = config.last_checkpoints
     start = [c for c in found[:-last] if checkpoint_step(c) == 0 and config.start_as_candidate]
     return start + found[-last:]
@@ -101,6 +116,12 @@ def recorded_path(path: str | Path, folder: str | Path) -> str:
         if inside.is_relative_to(root):
             return inside.relative_to(root).as_posix()
     return str(path)
+
+
+def checkpoint_files(checkpoint: str | Path) -> list[Path]:
+    """The files of checkpoint `checkpoint` (`ckpt-N.index`, `ckpt-N.data-...`), sorted."""
+    checkpoint = Path(checkpoint)
+    return sorted(checkpoint.parent.glob(glob.escape(checkpoint.name) + ".*"))
 
 
 def _has_files(checkpoint: Path) -> bool:
@@ -184,22 +205,85 @@ def _recorded_losses(metrics_csv: Path) -> dict[int, float]:
 
 
 def _unusable(model, checkpoint: Path, losses: dict[int, float]) -> str | None:
-    """Why a checkpoint must not be selected (loaded into `model` otherwise), or None."""
+    """Why a checkpoint must not be selected (loaded into `model` otherwise), or None; a
+    checkpoint whose files cannot be read raises UnreadableCheckpoint."""
     loss = losses.get(checkpoint_step(checkpoint))
     if loss is not None and not np.isfinite(loss):
         return f"its recorded training loss is {loss}"
     try:
         load_weights(model, str(checkpoint))
-    except (CheckpointError, IndexError, OSError) as exc:  # IndexError: a truncated data file
+    except UnreadableCheckpoint:
+        raise
+    except CheckpointError as exc:
         return first_line(exc)
     if not all(np.all(np.isfinite(w)) for w in model.get_weights()):
         return "its weights are not all finite"
     return None
 
 
+def set_aside_unreadable(checkpoints: Sequence[Path]) -> Path | None:
+    """Move the files of `checkpoints` (unreadable) to their folder's `unreadable/`, as training
+    does (pipeline.training.trainer), and drop them from the folder's checkpoint state, so that
+    neither a later selection nor a training that goes on takes them. Returns that folder."""
+    import tensorflow as tf
+
+    if not checkpoints:
+        return None
+    directory = checkpoints[0].parent
+    folder = directory / "unreadable"
+    folder.mkdir(exist_ok=True)
+    for checkpoint in checkpoints:
+        for file in checkpoint_files(checkpoint):
+            os.replace(file, folder / file.name)
+    names = {c.name for c in checkpoints}
+    state = tf.train.get_checkpoint_state(str(directory))
+    if state is not None:
+        # Names, not paths, as training writes them: a run dir moved later reads its own.
+        kept = [Path(p).name for p in state.all_model_checkpoint_paths]
+        kept = [name for name in kept if name not in names]
+        latest = Path(state.model_checkpoint_path).name
+        if latest in names:
+            latest = kept[-1] if kept else ""
+        if latest:
+            tf.compat.v1.train.update_checkpoint_state(
+                str(directory), latest, all_model_checkpoint_paths=kept
+            )
+    return folder
+
+
 def _central_crop(shape: Sequence[int], crop: Sequence[int]) -> tuple[slice, ...]:
     size = [min(c, s) for c, s in zip(crop, shape, strict=True)]
     return tuple(slice((s - c) // 2, (s - c) // 2 + c) for s, c in zip(shape, size, strict=True))
+
+
+def _score(
+    checkpoint: Path,
+    predict: Predictor,
+    volume: LabeledVolume,
+    coords: np.ndarray,
+    model_config: ModelConfig,
+    config: SelectionConfig,
+    output: Path,
+) -> dict:
+    """The scores of `checkpoint`, whose weights `predict` holds."""
+    row = {
+        "checkpoint": recorded_path(checkpoint, output.parent),
+        "step": checkpoint_step(checkpoint),
+        "fov_f1": fov_f1(
+            predict,
+            volume,
+            coords,
+            model_config,
+            batch_size=config.batch_size,
+            seed_probability=config.inference.seed_probability,
+            pad_probability=config.inference.pad_probability,
+        ),
+    }
+    if min(config.vi_crop_zyx) > 0:
+        crop = _central_crop(volume.shape, config.vi_crop_zyx)
+        segmentation, _ = segment(volume.raw[crop], predict, model_config, config.inference)
+        row |= score_segmentation(segmentation, volume.labels[crop]).to_dict()
+    return row
 
 
 def select_checkpoint(
@@ -220,37 +304,38 @@ def select_checkpoint(
     model = build_model(model_config)
     predict = make_model_predictor(model)  # reads the model's variables: reloading updates it
     losses = _recorded_losses(Path(train_dir) / "metrics.csv")
-    rows, skipped = [], []
-    for checkpoint in candidates:
-        if reason := _unusable(model, checkpoint, losses):
-            print(f"[select] skipping {checkpoint}: {reason}", flush=True)
-            skipped.append(
-                {"checkpoint": recorded_path(checkpoint, output.parent), "reason": reason}
-            )
-            continue
-        row = {
-            "checkpoint": recorded_path(checkpoint, output.parent),
-            "step": checkpoint_step(checkpoint),
-            "fov_f1": fov_f1(
-                predict,
-                volume,
-                coords,
-                model_config,
-                batch_size=config.batch_size,
-                seed_probability=config.inference.seed_probability,
-                pad_probability=config.inference.pad_probability,
-            ),
-        }
-        if min(config.vi_crop_zyx) > 0:
-            crop = _central_crop(volume.shape, config.vi_crop_zyx)
-            segmentation, _ = segment(volume.raw[crop], predict, model_config, config.inference)
-            row |= score_segmentation(segmentation, volume.labels[crop]).to_dict()
-        rows.append(row)
+    rows, skipped, unreadable, tried = [], [], {}, set()
+    # A checkpoint that cannot be read is not a candidate: the one before takes its place.
+    while todo := [
+        c for c in candidate_checkpoints(train_dir, config, [*unreadable]) if c not in tried
+    ]:
+        for checkpoint in todo:
+            tried.add(checkpoint)
+            try:
+                reason = _unusable(model, checkpoint, losses)
+            except UnreadableCheckpoint as exc:
+                print(f"[select] {first_line(exc)}", flush=True)
+                unreadable[checkpoint] = first_line(exc).removeprefix(f"{checkpoint}: ")
+                continue
+            if reason:
+                print(f"[select] skipping {checkpoint}: {reason}", flush=True)
+                skipped.append(
+                    {"checkpoint": recorded_path(checkpoint, output.parent), "reason": reason}
+                )
+                continue
+            rows.append(_score(checkpoint, predict, volume, coords, model_config, config, output))
     if not rows:
+        reasons = [f"{Path(s['checkpoint']).name}: {s['reason']}" for s in skipped]
+        reasons += [f"{c.name}: {reason}" for c, reason in unreadable.items()]
         raise CheckpointError(
-            f"{train_dir}: none of the last {len(candidates)} checkpoints can be used ("
-            + "; ".join(f"{Path(s['checkpoint']).name}: {s['reason']}" for s in skipped)
-            + ")"
+            f"{train_dir}: none of the last {len(skipped) + len(unreadable)} checkpoints can be "
+            "used (" + "; ".join(reasons) + ")"
+        )
+    rows.sort(key=lambda r: r["step"])
+    skipped.sort(key=lambda s: checkpoint_step(s["checkpoint"]))
+    if folder := set_aside_unreadable([*unreadable]):
+        print(
+            f"[select] set aside in {folder}: {', '.join(c.name for c in unreadable)}", flush=True
         )
     # Ties go to the later checkpoint.
     if config.criterion == "vi":
@@ -267,6 +352,11 @@ def select_checkpoint(
         "held_out_fovs": len(coords),
         "candidates": rows,
         "skipped": skipped,
+        # Not candidates: moved to checkpoints/unreadable/ (where they are named).
+        "set_aside": [
+            {"checkpoint": recorded_path(folder / c.name, output.parent), "reason": reason}
+            for c, reason in unreadable.items()
+        ],
         "config": config_io.to_dict(config),
     }
     with atomic_path(output) as tmp:
@@ -321,7 +411,7 @@ def selection_token(path: str | Path) -> str:
     pipeline.core.stamps token): a selection made again that chose the same weights re-segments
     nothing downstream."""
     checkpoint = chosen_checkpoint(path)
-    files = sorted(checkpoint.parent.glob(checkpoint.name + ".*"))
+    files = checkpoint_files(checkpoint)
     if not files:
         raise CheckpointError(f"{path}: the chosen checkpoint {checkpoint} has no files")
     model = config_io.to_dict(checkpoint_model_config(checkpoint))
