@@ -102,12 +102,33 @@ def choose_site(args: argparse.Namespace, paths: RunPaths) -> tuple[str, SiteSpe
     source, spec = load_site_record(paths.site)
     if args.move_site:
         return args.site or source, None
+    check_own_site_record(paths.site, spec)
     if args.site is not None and _site_source(args.site) != source:
         raise FFNError(
             f"--resume: the run in {paths.root} was made on site {source}; it resumes there "
             f"(leave out --site), or add --move-site to go on on {args.site}"
         )
     return source, spec
+
+
+def check_own_site_record(path: Path, spec: SiteSpec) -> None:
+    """A run's site.json is code that runs on --resume (its worker_init and launch settings reach
+    the job scripts): one written by another user is not taken as it is."""
+    import os
+    import pwd
+
+    owner = path.stat().st_uid
+    if owner == os.getuid():
+        return
+    try:
+        name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        name = f"uid {owner}"
+    raise FFNError(
+        f"--resume: {path} was written by {name}, not you, and runs as code on resume (its "
+        f"worker_init: {spec.worker_init!r}); read it, then go on with your site module's own "
+        "settings: --resume --move-site --site SITE"
+    )
 
 
 # Characters a path may hold where Parsl puts it into a shell line unquoted (LocalProvider runs
@@ -172,6 +193,8 @@ def resolve_run(args: argparse.Namespace) -> ResolvedRun:
     )
     site_from = "as the run recorded it" if recorded is not None else f"from {site.__file__}"
     origin = f"site {spec.name} ({site_from}), settings: {settings}"
+    if recorded is not None:  # site.json runs as code: what its jobs will run first, shown
+        origin += f"; worker_init from {paths.site.name}: {spec.worker_init!r}"
     return ResolvedRun(config, paths, site, _site_source(source), spec, origin)
 
 
