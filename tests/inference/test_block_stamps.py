@@ -59,7 +59,7 @@ def stage(run: dict, roi: str = "") -> str:
 
 
 def infer_task(run: dict, block: Block, k: int) -> Task:
-    """Block k's task as workflow.dag_steps plans it."""
+    """Block k's task as apps.plan.dag.dag_steps plans it."""
     settings = {"start": list(block.start), "stop": list(block.stop)}
     output = block_path(run["staged"].parent.parent / "blocks", block)
     inputs = (run["staged"], run["selection"])
