@@ -4,24 +4,20 @@ A TF1 checkpoint of the reference code holds the network's variables under the `
 scope: `seed_update/conv0_a/{weights,biases}`, `seed_update/conv0_b/...`, one `conv{i}_a` and
 `conv{i}_b` per residual module, and `seed_update/conv_lom/...`. Conv weights are
 `[kz, ky, kx, in, out]` (TF's conv3d on channels-last (z, y, x) data), exactly the layout of a
-Keras Conv3D kernel, and `pipeline.network.model` names its layers after those scopes, so every variable
-maps onto one layer unchanged. Depth and feature count are read from the variables (every one is
+Keras Conv3D kernel, and `pipeline.network.model` names its layers after those scopes, so every
+variable maps onto one layer unchanged. Depth and feature count are read from the variables (every one is
 checked for presence and shape); the field of view, the move deltas and the image normalisation
 are not stored in a checkpoint, so they are arguments (defaults: the FIB-25 model's, from its
 README: FOV 33, 33, 33, deltas 8, 8, 8, mean 128, stddev 33).
 
-`convert_checkpoint` writes the imported model in this project's own format, a train-dir-like
-folder `OUT/checkpoints/ckpt-0` + `OUT/config.json` (as `pipeline.training.trainer` writes them), so
-`pipeline.inference.flood_fill` and `pipeline.selection.checkpoints` take it as they take a trained run. Optimizer
-slots of the TF1 checkpoint (`.../weights/Momentum` etc.) are ignored; only the weights come over.
-`load_pretrained_weights` starts any model of the same depth and width (a training run's) from
-such weights; `write_pretrained_selection` makes a converted model the inference stage's choice.
-`write_tf1_checkpoint` goes the other way, for the reference code.
+`read_convstack_checkpoint` reads one; `load_pretrained_weights` starts any model of the same depth
+and width (a training run's) from such weights, ours or the reference code's;
+`write_tf1_checkpoint` goes the other way, for the reference code. Writing an imported model in
+this project's own format (a model folder `OUT/checkpoints/ckpt-0` + `OUT/config.json`), and such a
+folder as the selection stage's choice: `pipeline.selection.released_models`.
 
 CLI: `python -m pipeline.cli.pretrained --checkpoint ../shared/models/google-ffn-fib25/model.ckpt-27465036
---out data/models/fib25 [--fov-zyx 33 33 33 --deltas-zyx 8 8 8]`. Given one of our own
-checkpoints (`TRAIN_DIR/checkpoints/ckpt-N`) it writes the same folder from it
-(`ship_checkpoint`: the weights only, as `models/demo-synthetic` was made).
+--out data/models/fib25 [--fov-zyx 33 33 33 --deltas-zyx 8 8 8]`.
 """
 
 import os
