@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from apps.run_setup import check_command, check_shell_safe, resolve_run
     from apps.run_workflow import dry_run, start_run
     from pipeline.data.staging import check_sources
-    from site_configs.base import venv_path
     from site_configs.environment import check_environment, describe_environment, read_environment
+    from site_configs.pools import venv_path
 
     resolved = resolve_run(args)
     plan = resolve_plan(resolved.config, resolved.paths, resolved.spec)

@@ -18,7 +18,7 @@ from apps.plan.step import Step, build_dag, executor_labels
 from pipeline.run.run_layout import RunPaths
 
 if TYPE_CHECKING:
-    from site_configs.base import SiteSpec
+    from site_configs.spec import SiteSpec
 
 
 def _watch(futures: dict[str, object], paths: RunPaths, progress_files: dict[str, Path]) -> None:
@@ -101,7 +101,8 @@ def execute(
     import parsl
 
     from pipeline.run.watchdog import start as start_watchdog
-    from site_configs.base import child_pids, only_executors, shutdown, stop_failed_start
+    from site_configs.parsl_config import only_executors
+    from site_configs.teardown import child_pids, shutdown, stop_failed_start
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     dfk, ours = None, child_pids()  # processes this one had before Parsl: not Parsl's to stop

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import pwd
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +22,7 @@ from pipeline.run.run_layout import RunPaths
 
 if TYPE_CHECKING:
     from pipeline.run.run_config import RunConfig
-    from site_configs.base import SiteSpec
+    from site_configs.spec import SiteSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +52,7 @@ def load_site_record(path: Path) -> tuple[str, SiteSpec]:
     """(site module, settings) a run recorded. Runs made before the module was recorded saved the
     settings alone: their site is the known site of that name."""
     from site_configs import known_sites
-    from site_configs.base import SiteSpec
+    from site_configs.spec import SiteSpec
 
     try:
         record = json.loads(path.read_text())
@@ -69,8 +71,6 @@ def load_site_record(path: Path) -> tuple[str, SiteSpec]:
 def _allocation(args: argparse.Namespace, recorded: bool) -> dict[str, str]:
     """--account, --queue, --walltime, --cpu-queue, --cpu-walltime as given; for a site not recorded by the run
     also $FFN_ACCOUNT/$FFN_QUEUE (a resumed run keeps what it recorded over the environment's)."""
-    import os
-
     changes = {
         name: value
         for name in ("account", "queue", "walltime", "cpu_queue", "cpu_walltime")
@@ -114,9 +114,6 @@ def choose_site(args: argparse.Namespace, paths: RunPaths) -> tuple[str, SiteSpe
 def check_own_site_record(path: Path, spec: SiteSpec) -> None:
     """A run's site.json is code that runs on --resume (its worker_init and launch settings reach
     the job scripts): one written by another user is not taken as it is."""
-    import os
-    import pwd
-
     owner = path.stat().st_uid
     if owner == os.getuid():
         return
@@ -164,7 +161,7 @@ def resolve_run(args: argparse.Namespace) -> ResolvedRun:
     from pipeline.data.staging import reads_in_place
     from pipeline.run.run_config import load_run_config
     from site_configs import load_site
-    from site_configs.base import for_run
+    from site_configs.spec import for_run
 
     config = load_run_config(args.config)
     paths = RunPaths(Path(args.run_dir or ROOT / "data" / "runs" / config.name).resolve())

@@ -22,7 +22,7 @@ from pipeline.core import config_io
 
 if TYPE_CHECKING:
     from pipeline.run.run_config import RunConfig
-    from site_configs.base import SiteSpec
+    from site_configs.spec import SiteSpec
 
 
 def dag_steps(plan: RunPlan) -> list[Step]:

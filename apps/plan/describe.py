@@ -35,7 +35,7 @@ def describe_training(config: RunConfig, ranks: int) -> str:
 def describe_dag(plan: RunPlan) -> str:
     config, paths, site = plan.config, plan.paths, plan.site
     from site_configs import describe
-    from site_configs.base import expanded_launch_line
+    from site_configs.launch import expanded_launch_line
 
     blocks = plan.blocks
     baseline = (

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pipeline.inference.blocks import BlockGrid
     from pipeline.inference.flood_fill import InferenceConfig
     from pipeline.run.run_config import RunConfig
-    from site_configs.base import SiteSpec
+    from site_configs.spec import SiteSpec
 
 
 @dataclass(frozen=True)

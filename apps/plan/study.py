@@ -18,7 +18,7 @@ from pipeline.core.errors import ConfigError
 if TYPE_CHECKING:
     from pipeline.run.run_config import RunConfig
     from pipeline.study.study_grid import StudyCell
-    from site_configs.base import SiteSpec
+    from site_configs.spec import SiteSpec
 
 
 # -- a study (`workflow.py study`): the paper's grid of trainings (pipeline.study.study_grid) --
@@ -48,7 +48,7 @@ def study_site(site: SiteSpec, config: RunConfig, allocation: dict[str, str]) ->
     more) the job has the queue's smallest size. ConfigError where no job of the queue holds the
     largest cell."""
     from pipeline.study.study_grid import study_cells
-    from site_configs.base import describe_queues, walltime_seconds
+    from site_configs.queues import describe_queues, walltime_seconds
 
     cells = study_cells(config.study, config.train, study_capacity(site))
     nodes = max(_cell_nodes(site, cell)[0] for cell in cells)
@@ -102,7 +102,7 @@ def describe_study(plan: RunPlan) -> str:
     config, paths, site = plan.config, plan.paths, plan.site
     from pipeline.study.study_grid import rates_for, study_cells
     from site_configs import describe
-    from site_configs.base import walltime_seconds
+    from site_configs.queues import walltime_seconds
 
     study = config.study
     cells = study_cells(study, config.train, study_capacity(site))

@@ -19,7 +19,7 @@ from pipeline.core.errors import ConfigError, LaunchError
 # (set_affinity_gpu_polaris.sh: "assign GPUs in reverse order due to topology").
 GpuOrder = Literal["local_rank", "reverse"]
 GPU_ORDERS: tuple[str, ...] = get_args(GpuOrder)
-# Set by the training's launch line (site_configs.base.MPILaunch.env), read by every rank.
+# Set by the training's launch line (site_configs.launch.MPILaunch.env), read by every rank.
 GPU_ORDER_ENV = "FFN_GPU_ORDER"
 
 

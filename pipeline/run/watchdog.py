@@ -15,7 +15,7 @@ When the workflow is gone it freezes (SIGSTOP) every recorded process still aliv
 descendants, so none starts or detaches another, cancels the run's batch jobs, then SIGTERM, and
 SIGKILL for what is still there `GRACE` seconds later; what it did goes to
 `runinfo/watchdog.log`. On a normal end the workflow's `stop()` (from
-`site_configs.base.shutdown`) writes "stop" to the watchdog's stdin and it exits, killing nothing.
+`site_configs.teardown.shutdown`) writes "stop" to the watchdog's stdin and it exits, killing nothing.
 
 Plain Python and psutil: no Parsl, no TensorFlow, so it starts in a fraction of a second.
 """
