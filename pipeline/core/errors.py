@@ -39,6 +39,19 @@ class ChunkReadError(VolumeReadError):
     """A chunk file of an input volume exists but cannot be decoded (truncated, overwritten)."""
 
 
+class ChunkSizeError(ChunkReadError):
+    """A chunk file's byte length disagrees with its header (Blosc's compressed size) or with
+    the size of a chunk of its array: cut short, or bytes appended. Checked before the chunk is
+    decoded: Blosc decodes a chunk it stored uncompressed (an EM image, which does not compress)
+    from its header alone, without an error, however short the file."""
+
+
+class ChunkDigestError(ChunkReadError):
+    """A chunk file's bytes differ from the digest recorded when the run staged the volume
+    (`[data] chunk_digests`): overwritten in place (the same length) since then, or rewritten
+    during the run."""
+
+
 class VolumeFileMissing(VolumeError, FileNotFoundError):
     """The HDF5 file does not exist."""
 

@@ -8,7 +8,9 @@ under it. The volume to segment, when it is zarr or precomputed (what volumes to
 come as, and what many tasks can read at once), is not copied: its stage writes
 `staged/eval.json` (`reads_in_place`), naming the source's box (`VolumeSpec.box`), its shape,
 voxel size, a checksum of its metadata and the state of the chunk files the box is read from
-(`volumes.chunk_state`); every later stage reads through `read_staged`.
+(`volumes.chunk_state`), and beside it a digest of each zarr chunk of the box
+(`[data] chunk_digests`), which every read checks; every later stage reads through
+`read_staged`.
 """
 
 import dataclasses
@@ -21,15 +23,39 @@ from typing import Any
 import h5py
 import numpy as np
 
-from pipeline.core import config_io
-from pipeline.core import stamps
+from pipeline.core import config_io, stamps
 from pipeline.core.atomic import atomic_path
-from pipeline.core.errors import ConfigError, EmptyLabelsError, MissingChunkError, VolumeDtypeError, VolumeShapeError, VoxelSizeError
+from pipeline.core.errors import (
+    ConfigError,
+    EmptyLabelsError,
+    MissingChunkError,
+    VolumeDtypeError,
+    VolumeShapeError,
+    VoxelSizeError,
+)
 from pipeline.core.roi import Roi, check_apart, check_roi
-from pipeline.core.stamps import VolumeDigest, digest, digest_files, volume_digest, write_brick_digests, write_brick_sidecar
+from pipeline.core.stamps import (
+    VolumeDigest,
+    digest,
+    digest_files,
+    volume_digest,
+    write_brick_digests,
+    write_brick_sidecar,
+)
 from pipeline.data.synthetic import PRESETS, generate
-from pipeline.data.volumes import FILL_MISSING, VolumeHeader, VolumeSpec, VoxelSize, chunk_state, is_zarr, new_volumes, read_bricks, read_header
-from pipeline.data.zarr_volumes import FILL_MISSING_HINT
+from pipeline.data.volumes import (
+    FILL_MISSING,
+    VolumeHeader,
+    VolumeSpec,
+    VoxelSize,
+    chunk_state,
+    is_zarr,
+    new_volumes,
+    read_bricks,
+    read_header,
+)
+from pipeline.data.volumes import chunk_digests as volume_chunk_digests
+from pipeline.data.zarr_volumes import DIGEST, FILL_MISSING_HINT
 
 STAGED_ATTR = "staged_from"
 SCORED_ATTR = "scored_roi"  # z0:z1, y0:y1, x0:x1 within the staged volume
@@ -85,6 +111,17 @@ class DataConfig:
     # as zeros is a silent hole the model segments as nothing, so zeros must be asked for
     # (cloud-volume's `fill_missing`), e.g. for a sparse volume whose empty chunks were not written.
     fill_missing: bool = False
+    # A zarr volume read in place: its staging reads each chunk of the box once and records a
+    # crc32 of its bytes beside the run's staging record (never in your store), and every later
+    # read of a chunk checks it: a chunk whose bytes were overwritten in place since (the same
+    # length: its header still agrees) is an error naming it, not a segmentation of garbage.
+    # zarr stores keep no checksum, and Blosc decodes an image chunk it stored uncompressed (EM
+    # does not compress) whatever its bytes. On by default: the cost is reading the box once
+    # more at staging (fast next to segmenting it) and a crc32 per chunk read, 5 ms per 256^3
+    # voxels against tens for decoding them (BENCHMARKS.md, "Chunk digests"). Volumes the run
+    # copies need none: it writes them itself, deflate-compressed, and zlib checks each chunk's
+    # adler32 when HDF5 decodes it. A chunk's length is checked on every read, with or without.
+    chunk_digests: bool = True
 
     def __post_init__(self) -> None:
         if self.synthetic_preset not in PRESETS:
@@ -110,6 +147,8 @@ class DataConfig:
             raise ConfigError(f"fill_missing must be true or false, got {self.fill_missing!r}")
         if self.fill_missing and self.synthetic:
             raise ConfigError("fill_missing is about chunks of your files: give eval_raw too")
+        if not isinstance(self.chunk_digests, bool):
+            raise ConfigError(f"chunk_digests must be true or false, got {self.chunk_digests!r}")
 
     @property
     def rois(self) -> dict[str, str]:
@@ -157,6 +196,8 @@ def role_settings(data: DataConfig, role: str, context_zyx: Sequence[int] = (0, 
     settings = {"role": role, "raw": raw, "labels": labels, "voxel_size_nm": data.voxel_size_nm}
     if role == "eval" and reads_in_place(data):
         settings["in_place"] = True
+        if not data.chunk_digests:  # only when off: the stamps of runs before it stay valid
+            settings["chunk_digests"] = False
     if data.fill_missing:  # only when set: the stamps of runs without it stay as they were
         settings["fill_missing"] = True
     if not roi:
@@ -262,6 +303,9 @@ def stage_role(path: str | Path, settings: dict) -> str:
         return stage_synthetic(path, preset, seed, tuple(shape) if shape else None)
     stage = stage_in_place if settings.get("in_place") else stage_files
     fill = FILL_MISSING if settings.get("fill_missing") else ""
+    digests = (
+        {"chunk_digests": settings.get("chunk_digests", True)} if settings.get("in_place") else {}
+    )
     return stage(
         path,
         settings["raw"] + fill,
@@ -269,6 +313,7 @@ def stage_role(path: str | Path, settings: dict) -> str:
         settings["voxel_size_nm"],
         settings.get("roi", ""),
         settings.get("context_zyx", (0, 0, 0)),
+        **digests,
     )
 
 
@@ -374,6 +419,7 @@ def stage_in_place(
     voxel_size_nm=None,
     roi: str = "",
     context_zyx: Sequence[int] = (0, 0, 0),
+    chunk_digests: bool = True,
 ) -> str:
     """Validate the user's chunked volume(s) as `stage_files` does, without copying a voxel:
     write the record `path` (JSON) that `read_staged` reads, naming the box of each source to
@@ -385,8 +431,10 @@ def stage_in_place(
     only when a block reads it) unless the specs ask for `fill_missing`. Read in place, the
     voxels are what the source stores: the image must be uint8 and the labels of an integer
     type. A zarr image's chunk states per 128^3 brick go beside the record
-    (`stamps.write_brick_sidecar`): each inference block is keyed on the chunks it reads.
-    Returns the digest of the record."""
+    (`stamps.write_brick_sidecar`): each inference block is keyed on the chunks it reads. With
+    `chunk_digests`, each zarr chunk of the box is read once (its length checked) and the crc32
+    of its bytes kept beside the record (`digest_sidecar`), which `read_staged` hands to every
+    read. Returns the digest of the record."""
     sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
     if sources["raw"].dtype != np.uint8:
         raise VolumeDtypeError(
@@ -416,6 +464,12 @@ def stage_in_place(
             )
     if labels_spec:
         _require_labeled(labels_spec, part)
+    digests = {}
+    for name, spec in boxed.items():
+        found = volume_chunk_digests(spec) if chunk_digests else None
+        if found is not None:  # zarr; a precomputed layer keeps none
+            sha = found.save(digest_sidecar(Path(path), name))
+            digests[name] = {"digest": DIGEST, "sha256": sha}
     record = {
         "raw": boxed["raw"],
         "labels": boxed.get("labels", ""),
@@ -433,6 +487,8 @@ def stage_in_place(
             for name, header in sources.items()
         ],
     }
+    if digests:  # only when recorded: the record of a run without them is as it was
+        record["chunk_digests"] = digests
     if bricks is not None:
         # What a block's token holds besides the states of its chunks: no chunk state.
         raw_source = {k: v for k, v in record["sources"][0].items() if k != "chunks"}  # raw first
@@ -455,15 +511,35 @@ class StagedVolume:
     scored: Roi | None
 
 
+def digest_sidecar(record: Path, name: str) -> Path:
+    """The file beside a staging record `record` that keeps the chunk digests of its source
+    `name` ("raw", "labels")."""
+    return record.with_name(f"{record.name}.chunks-{name}.npz")
+
+
 def read_staged(path: str | Path) -> StagedVolume:
-    """A staged volume: a copy (`.h5`) or the record of one read in place (`.json`)."""
+    """A staged volume: a copy (`.h5`) or the record of one read in place (`.json`), whose
+    specs name the chunk digests kept beside it, where it keeps them (found beside the record
+    where it is now: a run dir moved still reads them)."""
     path = Path(path)
     if path.suffix == ".json":
         record = json.loads(path.read_text())
         scored = record["scored_roi"]
+        digests = record.get("chunk_digests", {})
+        specs = {
+            name: str(
+                dataclasses.replace(
+                    VolumeSpec.parse(record[name]),
+                    chunk_digests=digest_sidecar(path, name),
+                )
+            )
+            if name in digests and record[name]
+            else record[name]
+            for name in ("raw", "labels")
+        }
         return StagedVolume(
-            record["raw"],
-            record["labels"],
+            specs["raw"],
+            specs["labels"],
             tuple(record["voxel_size_nm"]),
             Roi.parse(scored) if scored else None,
         )

@@ -21,11 +21,22 @@ import numpy as np
 import zarr
 
 from pipeline.core.atomic import atomic_path
-from pipeline.core.errors import DatasetMissing, EmptyLabelsError, NonFiniteError, VolumeDtypeError, VolumeError, VolumeFileMissing, VolumeReadError, VolumeShapeError, VoxelSizeError, first_line
+from pipeline.core.errors import (
+    DatasetMissing,
+    EmptyLabelsError,
+    NonFiniteError,
+    VolumeDtypeError,
+    VolumeError,
+    VolumeFileMissing,
+    VolumeReadError,
+    VolumeShapeError,
+    VoxelSizeError,
+    first_line,
+)
+from pipeline.core.roi import ZYX, Roi, grid_starts, index_bounds
 from pipeline.data.precomputed_volumes import PREFIX as PRECOMPUTED_PREFIX
 from pipeline.data.precomputed_volumes import PrecomputedArray, is_precomputed, local_path
-from pipeline.core.roi import ZYX, Roi, grid_starts, index_bounds
-from pipeline.data.zarr_volumes import ZarrInput, create_zarr, is_zarr, open_zarr
+from pipeline.data.zarr_volumes import ChunkDigests, ZarrInput, create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
 # Where real files keep the voxel size (z, y, x) in nm, in the order they are looked for: this
@@ -34,6 +45,9 @@ VOXEL_SIZE_ATTRS = (VOXEL_SIZE_ATTR, "resolution")
 VoxelSize = tuple[float, float, float]
 # A spec ending so reads chunks never written (or lost) as zeros, as `[data] fill_missing` asks.
 FILL_MISSING = "#fill_missing"
+# A zarr spec ending so (before any FILL_MISSING) checks each chunk read against the digests of
+# that file (`zarr_volumes.ChunkDigests`), recorded when the run staged it (`[data] chunk_digests`).
+CHUNK_DIGESTS = "#chunk_digests="
 
 
 @dataclass(frozen=True)
@@ -42,12 +56,15 @@ class VolumeSpec:
     or a precomputed layer's folder (`dataset` empty); with `box`, only that box of it, read as
     a volume of its own (`path.zarr:raw[z0:z1, y0:y1, x0:x1]`): a part read in place. With
     `fill_missing` (written `...#fill_missing`), a chunk of a zarr or precomputed volume that
-    does not exist reads as zeros; without, it is an error naming it (`MissingChunkError`)."""
+    does not exist reads as zeros; without, it is an error naming it (`MissingChunkError`).
+    With `chunk_digests` (written `...#chunk_digests=FILE`), a zarr volume's chunks are checked
+    against the digests kept in FILE (`ChunkDigestError`)."""
 
     path: Path
     dataset: str
     box: Roi | None = None
     fill_missing: bool = False
+    chunk_digests: Path | None = None
 
     @classmethod
     def parse(cls, spec: "str | VolumeSpec") -> "VolumeSpec":
@@ -56,6 +73,9 @@ class VolumeSpec:
         text, box = str(spec), None
         if text.endswith(FILL_MISSING):
             return dataclasses.replace(cls.parse(text[: -len(FILL_MISSING)]), fill_missing=True)
+        if CHUNK_DIGESTS in text:
+            text, _, digests = text.rpartition(CHUNK_DIGESTS)
+            return dataclasses.replace(cls.parse(text), chunk_digests=Path(digests))
         if text.endswith("]") and "[" in text:
             text, _, inner = text[:-1].rpartition("[")
             box = Roi.parse(inner, f"volume spec {spec!r}: box")
@@ -84,6 +104,7 @@ class VolumeSpec:
             else f"{self.path}:{self.dataset}"
         )
         where = f"{where}[{self.box}]" if self.box else where
+        where = f"{where}{CHUNK_DIGESTS}{self.chunk_digests}" if self.chunk_digests else where
         return where + FILL_MISSING if self.fill_missing else where
 
 
@@ -141,6 +162,8 @@ def _whole_dataset(
     without a dataset a precomputed layer (`pipeline.data.precomputed_volumes`)."""
     if writable and (spec.precomputed or not is_zarr(spec.path)):
         raise VolumeError(f"{spec}: only zarr volumes are written part by part in place")
+    if spec.chunk_digests and (spec.precomputed or not is_zarr(spec.path) or writable):
+        raise VolumeError(f"{spec}: chunk digests are checked on zarr volumes read, only")
     if spec.precomputed:
         yield PrecomputedArray(spec.path, VOXEL_SIZE_ATTR, spec.fill_missing)
         return
@@ -148,10 +171,15 @@ def _whole_dataset(
         array = open_zarr(spec.path, spec.dataset, "r+" if writable else "r")
         _require_3d(array.shape, spec)
         with reading(spec):
-            # Read, every chunk a read touches must exist (or `fill_missing`) and decode; a
-            # volume opened to be written is the zarr array itself (its chunks begin unwritten).
+            # Read, every chunk a read touches must exist (or `fill_missing`), agree in length
+            # with its header (and its digest, with `chunk_digests`) and decode; a volume
+            # opened to be written is the zarr array itself (its chunks begin unwritten).
             yield (
-                array if writable else ZarrInput(array, spec.path / spec.dataset, spec.fill_missing)
+                array
+                if writable
+                else ZarrInput(
+                    array, spec.path / spec.dataset, spec.fill_missing, spec.chunk_digests
+                )
             )
         return
     if not spec.path.is_file():
@@ -242,6 +270,18 @@ def chunk_state(spec: "str | VolumeSpec", brick: int = 0) -> dict | None:
     with _whole_dataset(spec) as dataset:
         box = spec.box or Roi.whole(tuple(int(n) for n in dataset.shape))
         return dataset.chunk_state(list(zip(box.start, box.stop, strict=True)), brick)
+
+
+def chunk_digests(spec: "str | VolumeSpec") -> ChunkDigests | None:
+    """The digests of the chunk files a zarr volume's box (its `box`, else all of it) is read
+    from, as they are now (`ZarrInput.chunk_digests`: each chunk file read once, its length
+    checked); None for HDF5 and precomputed volumes."""
+    spec = VolumeSpec.parse(spec)
+    if spec.precomputed or not is_zarr(spec.path):
+        return None
+    with _whole_dataset(dataclasses.replace(spec, chunk_digests=None)) as dataset:
+        box = spec.box or Roi.whole(tuple(int(n) for n in dataset.shape))
+        return dataset.chunk_digests(list(zip(box.start, box.stop, strict=True)))
 
 
 def volume_shape(spec: "str | VolumeSpec") -> ZYX:

@@ -103,13 +103,20 @@ def test_a_chunked_volume_is_staged_as_a_record_and_read_in_place(source, tmp_pa
     settings = role_settings(data, "eval", CONTEXT)
     assert settings["in_place"]
     token = stage_role(tmp_path / "eval.json", settings)
-    # No voxel copied: the record, and its chunk files' states per brick.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "eval.json.bricks.npy"]
+    # No voxel copied: the record, its chunk files' states per brick and a digest of each
+    # chunk of raw and labels (`[data] chunk_digests`, tests/data/test_damaged_chunks.py).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "eval.json",
+        "eval.json.bricks.npy",
+        "eval.json.chunks-labels.npz",
+        "eval.json.chunks-raw.npz",
+    ]
     assert (tmp_path / "eval.json").stat().st_size < 4096
 
     staged = read_staged(tmp_path / "eval.json")
     context = Roi.parse(EVAL_ROI).grown(CONTEXT, (32, 64, 64))
-    assert staged.raw == f"{source['raw_spec']}[{context}]"
+    digests = tmp_path / "eval.json.chunks-raw.npz"
+    assert staged.raw == f"{source['raw_spec']}[{context}]#chunk_digests={digests}"
     assert staged.voxel_size_nm == source["voxel_size"]
     assert staged.scored == Roi.parse(EVAL_ROI).relative_to(context)
     with open_volume(staged.raw) as raw, open_volume(staged.labels) as labels:
