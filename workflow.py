@@ -66,7 +66,7 @@ def status(args: argparse.Namespace) -> int:
     from pipeline.data.staging import reads_in_place
     from pipeline.inference.blocks import block_progress_path
     from pipeline.run.run_config import load_run_config
-    from pipeline.run.run_lock import holder
+    from pipeline.run.run_lock import describe_processes, holder, run_processes
     from pipeline.run.run_report import failed_tasks, task_states
     from pipeline.training.train_metrics import last_metrics
 
@@ -80,6 +80,17 @@ def status(args: argparse.Namespace) -> int:
     print(f"run {config.name} in {paths.root} (site {source})")
     running = holder(paths.root)
     print(f"workflow: {running.describe() if running else 'no workflow has run here'}")
+    if working := run_processes(paths.root):
+        pids = " ".join(str(p.pid) for p, _ in working)
+        left = not (running and running.held)
+        print(
+            f"processes: {describe_processes(working)} of the run alive on this host"
+            + (
+                f", left by a workflow that is gone (pids {pids}): --resume ends them"
+                if left
+                else ""
+            )
+        )
     print(f"code: {describe_code(paths.root)}")
     print("stamps (what is done and valid now):", *describe_plan(steps, plan_run(steps)), sep="\n")
     for step in [s for s in steps if s.task.stage == "infer"]:
@@ -224,3 +235,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+elif __name__ == "__mp_main__":
+    # A process Parsl spawned (its monitoring database and routers) runs this file first, as
+    # multiprocessing's spawn does with the main script: it ends with its workflow, should the
+    # watchdog be gone too (pipeline.core.owner).
+    from pipeline.core.owner import watch_owner
+
+    watch_owner()

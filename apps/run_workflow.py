@@ -89,7 +89,7 @@ def start_run(
     --stages names (None: every stage)."""
     # Imported before the run starts, as the rest this process uses: the checkout may change
     # while it runs (its workers import a copy, pipeline.run.code_copy).
-    from pipeline.run.run_lock import hold
+    from pipeline.run.run_lock import hand_down, hold
     from pipeline.run.run_report import write_report
 
     config, paths = resolved.config, resolved.paths
@@ -98,6 +98,7 @@ def start_run(
         print(f"error: {refusal}", file=sys.stderr)
         return 2
     lock = hold(paths.root)  # noqa: F841  (held until this process ends)
+    hand_down(paths.root)  # what this process starts from now on works for it
     if config.pretrained_model:  # inference only: the model's checkpoint is the selection
         from pipeline.selection.released_models import stage_pretrained_selection
 

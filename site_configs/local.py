@@ -66,6 +66,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings
                 address="127.0.0.1",  # workers are on this machine
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=LocalProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool per block
@@ -84,6 +85,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 cpu_affinity="block",  # pin each worker to its own core(s); sets OMP_NUM_THREADS
                 address="127.0.0.1",
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=LocalProvider(
                     init_blocks=0,  # started by the first task

@@ -99,6 +99,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 mpi_launcher=site.mpi_launcher,  # mpiexec -n .. -ppn .. -hosts <the job's nodes>
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 # address: left to Parsl, which offers all of the login node's addresses
                 provider=PBSProProvider(
@@ -124,6 +125,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 available_accelerators=site.gpus_per_node or None,
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=PBSProProvider(
                     # One worker pool per node, bound to all of the node's cores (as Parsl's own

@@ -5,11 +5,16 @@ site's module loads and the venv; `cpu_worker_init`: that and `CPU_WORKER_ENV`).
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
+
+from pipeline.core.owner import OWNER_ENV
 
 if TYPE_CHECKING:
     from site_configs.spec import SiteSpec
@@ -20,17 +25,34 @@ CPU_LABEL = "cpu"  # single-process tasks (staging, preprocessing, inference blo
 
 
 def _interchange_cmd() -> str:
-    """HTEX starts its interchange as `interchange.py` looked up on PATH; naming the script beside
-    the running interpreter (the venv's bin/) removes that dependency on the caller's PATH. A
-    string, not a list: MPIExecutor's type check accepts only a string, and Popen runs it."""
-    beside = Path(sys.executable).parent / "interchange.py"
-    return str(beside) if beside.is_file() else shutil.which("interchange.py") or "interchange.py"
+    """HTEX starts its interchange as `interchange.py` looked up on PATH; ours is
+    `ffn-interchange` (pipeline/cli/interchange.py: Parsl's, ending with its workflow), named
+    beside the running interpreter (the venv's bin/), so the caller's PATH does not matter. A
+    string, not a list: MPIExecutor's type check accepts only a string, and Popen runs it.
+    Parsl's own where the project is not installed (its watchdog still ends it)."""
+    for name in ("ffn-interchange", "interchange.py"):
+        if (beside := Path(sys.executable).parent / name).is_file():
+            return str(beside)
+    return shutil.which("interchange.py") or "interchange.py"
 
 
 INTERCHANGE_CMD = _interchange_cmd()
 
+
+def _pool_launch_cmd() -> str:
+    """HTEX's command for a worker pool with `ffn-worker-pool` (pipeline/cli/worker_pool.py:
+    Parsl's pool, ended with its workflow) in place of `process_worker_pool.py`, both looked up
+    on the PATH `worker_init` sets; Parsl's own where the project is not installed."""
+    if not (Path(sys.executable).parent / "ffn-worker-pool").is_file():
+        return DEFAULT_LAUNCH_CMD
+    return DEFAULT_LAUNCH_CMD.replace("process_worker_pool.py", "ffn-worker-pool", 1)
+
+
+POOL_LAUNCH_CMD = _pool_launch_cmd()
+
 # Given to every pool's executor. A worker pool whose interchange is gone (its workflow killed:
-# the watchdog, pipeline.run.watchdog, ends the interchange at once) stops its workers after
+# the watchdog, pipeline.run.watchdog, ends the interchange at once, and with the watchdog gone
+# too the interchange ends itself, pipeline/cli/interchange.py) stops its workers after
 # `heartbeat_threshold` seconds without a word from it; Parsl's default, 120 s (heartbeats every
 # 30 s), let a pool on a node the watchdog cannot reach compute on for 2 minutes. Heartbeats
 # every 10 s, three missed: the interchange likewise gives up on a silent pool after 30 s.
@@ -55,6 +77,8 @@ def worker_init(site: SiteSpec, *extra: str) -> str:
         lines.append(f"source {shlex.quote(str(venv))}/bin/activate")
     else:  # a system Python: its bin/ on PATH is the best we can do
         lines.append(f'export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"')
+    if owner := os.environ.get(OWNER_ENV):  # a batch job does not inherit the workflow's env
+        lines.append(f"export {OWNER_ENV}={shlex.quote(owner)}")
     lines.extend(extra)
     return "\n".join(lines)
 

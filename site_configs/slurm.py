@@ -75,6 +75,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 mpi_launcher=site.mpi_launcher,  # srun --ntasks .. --nodelist <the job's nodes>
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=SlurmProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
@@ -97,6 +98,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=SlurmProvider(
                     # One worker pool per node, given all of the node's hardware threads (a job

@@ -91,6 +91,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 max_workers_per_node=site.mpi_tasks_per_block,
                 cores_per_worker=1e-6,  # do not limit them by the MOM node's core count
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=CobaltProvider(
                     launcher=SimpleLauncher(),  # one pool, on the MOM node where the script runs
@@ -111,6 +112,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,
+                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=CobaltProvider(
                     # One worker pool per compute node, given all its hardware threads.

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 
 import psutil
@@ -72,3 +73,64 @@ def run(
                 f"stdout tail:\n{out[-2000:]}\nstderr tail:\n{err[-3000:]}"
             )
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+# -- looking for a run's processes --
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def naming(text: str) -> list[psutil.Process]:
+    """Live processes whose command line holds `text` (not this test's)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if p.pid != os.getpid() and text in " ".join(p.info["cmdline"] or []) and alive(p):
+            found.append(p)
+    return found
+
+
+def family(pid: int, *blocks: int) -> list[psutil.Process]:
+    """`pid`'s descendants, and the run's local `blocks` with their process groups, now."""
+    members = psutil.Process(pid).children(recursive=True)
+    groups = set()
+    for block in blocks:
+        with_children = [psutil.Process(block), *psutil.Process(block).children(recursive=True)]
+        members += [p for p in with_children if p not in members]
+        groups.add(os.getpgid(block))
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) in groups and p not in members:
+                members.append(p)
+        except OSError:
+            continue
+    return members
+
+
+def kill_all(processes_: list[psutil.Process]) -> None:
+    for p in processes_:
+        if alive(p):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def wait_until(condition, timeout: float) -> float:
+    """Seconds `condition()` took to hold, or fail past `timeout`."""
+    began = time.monotonic()
+    while not condition():
+        if time.monotonic() - began > timeout:
+            return float("inf")
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+def describe(processes_: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in processes_:
+        try:
+            out.append(f"{p.pid}: {' '.join(p.cmdline())[:150]}")
+        except psutil.Error:
+            continue
+    return out

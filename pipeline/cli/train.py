@@ -10,6 +10,7 @@ import os
 import sys
 
 from pipeline.cli import HelpFormatter, add_arguments, from_arguments, one_line_errors
+from pipeline.core.owner import leash
 from pipeline.training.train_config import TrainConfig, load_train_config
 from pipeline.training.trainer import TrainInputs, run_training
 
@@ -53,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     base = load_train_config(args.config) if args.config else TrainConfig()
     config = from_arguments(TrainConfig, args, base)
     inputs = TrainInputs(args.raw, args.labels, args.coordinates, args.train_dir, args.init_from)
-    summary = run_training(inputs, config, expected_ranks=args.expected_ranks)
+    # A rank trains for the workflow that started it, and only while it owns the run dir: two
+    # workflows never train into one train/ (pipeline.core.owner).
+    with leash(f"training into {args.train_dir}"):
+        summary = run_training(inputs, config, expected_ranks=args.expected_ranks)
     if summary:
         print(
             f"[train] done: step {summary['step']}, f1 {summary.get('f1', float('nan')):.3f}, {summary['fov_per_s']:.1f} FOV/s"

@@ -1,6 +1,6 @@
 """The run's watchdog process, started by the workflow (pipeline.run.watchdog.start), not by hand:
 
-    python -m pipeline.cli.watchdog --run-dir RUN --pid P --started T [--spare PIDS]
+    python -m pipeline.cli.watchdog --run-dir RUN --pid P --started T [--spare PIDS] [--since T]
 
 It ends every process of the run and cancels its batch jobs when workflow pid P is gone.
 """
@@ -25,13 +25,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--started", required=True, type=float, help="its start time")
     parser.add_argument("--spare", default="", help="pids not of the run, comma-separated")
     parser.add_argument("--period", type=float, default=PERIOD, help="seconds between looks")
+    parser.add_argument(
+        "--since", type=float, help="the run's processes started since (default: now)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     spare = {int(pid) for pid in args.spare.split(",") if pid}
-    return serve(args.run_dir, args.pid, args.started, spare, args.period)
+    return serve(args.run_dir, args.pid, args.started, spare, args.period, args.since)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,14 @@ class DiskFull(OSError):
         return f"{self.filename}: {self.strerror}"
 
 
+class RunDirBusy(FFNError):
+    """Another workflow, or a process of an earlier one, works on the run directory."""
+
+
+class RunDirTaken(FFNError):
+    """The workflow a task works for no longer holds the run dir (gone, or another took it)."""
+
+
 class LaunchError(FFNError):
     """The ranks were not started as one job, or not one per device."""
 

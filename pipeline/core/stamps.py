@@ -61,6 +61,7 @@ import numpy as np
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.memory import peak_memory_mib, reset_peak_memory, resident_memory_mib
+from pipeline.core.owner import leash
 from pipeline.core.roi import Roi, grid_starts
 
 if TYPE_CHECKING:  # h5py is imported where a staged volume is read
@@ -608,8 +609,22 @@ def run_once(
     the outputs name that the task did not make (the stamp's "checked"), a change to which runs
     it again. Returns "ran" or "up to date"."""
     inputs, outputs = [Path(p) for p in inputs], [Path(p) for p in outputs]
-    if why_stale(settings, inputs, outputs, regions) is None:
-        return "up to date"
+    # Working for the workflow that owns the run dir, and only while it does (kill -9 of it and
+    # its watchdog, or another workflow took the run): no two write into one run.
+    with leash(f"the task making {outputs[0] if outputs else 'nothing'}"):
+        if why_stale(settings, inputs, outputs, regions) is None:
+            return "up to date"
+        return _run_and_stamp(settings, inputs, outputs, work, regions, checked)
+
+
+def _run_and_stamp(
+    settings: dict,
+    inputs: list[Path],
+    outputs: list[Path],
+    work: Callable[[], str | None],
+    regions: Sequence[Roi | None],
+    checked: Callable[[], Iterable[str | os.PathLike]] | None,
+) -> str:
     # Gone before the outputs change: a task killed half-way is never taken for done (an output
     # that holds its stamp goes itself).
     for output in outputs:

@@ -17,6 +17,11 @@ SIGKILL for what is still there `GRACE` seconds later; what it did goes to
 `runinfo/watchdog.log`. On a normal end the workflow's `stop()` (from
 `site_configs.teardown.shutdown`) writes "stop" to the watchdog's stdin and it exits, killing nothing.
 
+The watchdog may itself be killed (kill -9 of every python process, the OOM killer): the workflow
+notices within `PERIOD` s and starts another (`Watchdog.keep`), which records the same processes
+(those started since the first). At the end it also finds, by their environment, every process on
+this host working for the workflow (`pipeline.core.owner`), wherever it was reparented.
+
 Plain Python and psutil: no Parsl, no TensorFlow, so it starts in a fraction of a second.
 """
 
@@ -29,12 +34,14 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from pipeline.core.owner import Owner
 from pipeline.run.run_layout import LAYOUT, RunPaths
 
 PERIOD = 1.0  # seconds between two looks at the workflow and its processes
@@ -80,17 +87,37 @@ def local_block(pid: int) -> dict:
 # -- the workflow's side --
 @dataclass
 class Watchdog:
-    """The handle the workflow keeps of its watchdog."""
+    """The handle the workflow keeps of its watchdog, which it starts again if it dies."""
 
     process: subprocess.Popen
     run_dir: Path
+    command: list[str]  # how it was started: a new one starts the same way
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
+    def keep(self) -> None:
+        """Start a new watchdog whenever this one dies, until `stop` (a thread's loop)."""
+        while not self._stopping.wait(PERIOD):
+            with self._lock:
+                if self._stopping.is_set() or (code := self.process.poll()) is None:
+                    continue
+                dead = self.process.pid
+                self.process = _launch(self.command, self.run_dir)
+            print(
+                f"the run's watchdog (pid {dead}) ended ({_ended(code)}): pid "
+                f"{self.process.pid} watches the run now",
+                file=sys.stderr,
+                flush=True,
+            )
+
     def stop(self, timeout: float = 10.0) -> None:
         """A normal end: the watchdog exits and kills nothing."""
+        with self._lock:
+            self._stopping.set()
         if self.process.poll() is None:
             with contextlib.suppress(OSError, ValueError):
                 self.process.stdin.write(STOP)
@@ -106,6 +133,12 @@ class Watchdog:
             _RUNNING.remove(self)
 
 
+def _ended(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit {returncode}"
+
+
 _RUNNING: list[Watchdog] = []
 
 
@@ -119,12 +152,27 @@ def stop_all() -> None:
         watchdog.stop()
 
 
+def _launch(command: list[str], run_dir: Path) -> subprocess.Popen:
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
+    }
+    with open(RunPaths(run_dir).watchdog_log, "ab") as log:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not in the workflow's process group or terminal session
+            cwd=str(_ROOT),
+            env=env,
+        )
+
+
 def start(run_dir: str | Path) -> Watchdog:
     """Start the watchdog of the run in `run_dir` for this process; call before Parsl starts
     anything (it records only processes started after it)."""
     run_dir = Path(run_dir).resolve()
-    paths = RunPaths(run_dir)
-    paths.runinfo.mkdir(parents=True, exist_ok=True)
+    RunPaths(run_dir).runinfo.mkdir(parents=True, exist_ok=True)
     me = psutil.Process()
     # The processes this one has now are not the run's (a program may run the workflow beside
     # processes of its own); only what it starts from now on is.
@@ -141,20 +189,12 @@ def start(run_dir: str | Path) -> Watchdog:
         repr(me.create_time()),
         f"--spare={spare}",
     ]
-    env = os.environ | {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
-    }
-    with open(paths.watchdog_log, "ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # not in the workflow's process group or terminal session
-            cwd=str(_ROOT),
-            env=env,
-        )
-    watchdog = Watchdog(process, run_dir)
+    process = _launch(command, run_dir)
+    # A watchdog started again records what this first one would have: what was started since
+    # it (its start time, on psutil's clock as the processes' start times).
+    since = psutil.Process(process.pid).create_time()
+    watchdog = Watchdog(process, run_dir, [*command, "--since", repr(since)])
+    threading.Thread(target=watchdog.keep, name="watchdog-keeper", daemon=True).start()
     _RUNNING.append(watchdog)
     return watchdog
 
@@ -240,6 +280,22 @@ class Run:
         for process in _descendants(roots):
             self._add(process)
 
+    def working_for_it(self) -> list[psutil.Process]:
+        """The processes on this host whose environment names the workflow as their owner
+        (pipeline.core.owner): the run's, wherever they were reparented."""
+        found = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                owner = Owner.from_env(process.environ())
+                if (
+                    owner is not None
+                    and owner.pid == self.workflow
+                    and abs(owner.created - self.workflow_started) <= 0.05
+                    and process.pid != os.getpid()
+                ):
+                    found.append(process)
+        return found
+
     def live(self) -> list[psutil.Process]:
         return [p for pid, t in self.processes.items() if (p := _same(pid, t)) is not None]
 
@@ -254,6 +310,9 @@ class Run:
         # Freeze first, then look again: a frozen process starts no other, and none of its
         # children can detach before it is recorded.
         frozen: dict[int, psutil.Process] = {}
+        for process in self.working_for_it():
+            with contextlib.suppress(psutil.Error):
+                self.processes.setdefault(process.pid, process.create_time())
         for _ in range(20):
             for process in _descendants([*frozen, *(p.pid for p in self.live())]):
                 self._add(process)
@@ -352,15 +411,24 @@ def watch(run: Run, stdin_fd: int = 0, period: float = PERIOD) -> int:
         run.record()
 
 
-def serve(run_dir: Path, pid: int, started: float, spare: set[int], period: float = PERIOD) -> int:
+def serve(
+    run_dir: Path,
+    pid: int,
+    started: float,
+    spare: set[int],
+    period: float = PERIOD,
+    since: float | None = None,
+) -> int:
     """What the watchdog process does (`python -m pipeline.cli.watchdog`): watch workflow `pid`
-    (started at `started`) until it stops the watchdog (0) or is gone and its run is ended (1)."""
+    (started at `started`) until it stops the watchdog (0) or is gone and its run is ended (1).
+    `since`: the run's processes are those started since (None: since this one started)."""
     # Signals of the workflow's terminal and group do not reach this session; a SIGTERM sent to
     # this process itself (a user's `kill`, the workflow's shutdown) ends it without a cleanup.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # What the workflow starts from now on, on psutil's clock as the processes' start times.
-    since = psutil.Process().create_time()
+    first = since is None
+    since = psutil.Process().create_time() if since is None else since
     run = Run(run_dir.resolve(), pid, started, since, spare=spare)
-    _say(f"watching workflow pid {pid} of {run.run_dir}")
+    _say(f"watching workflow pid {pid} of {run.run_dir}" + ("" if first else " (started again)"))
     return watch(run, period=period)
