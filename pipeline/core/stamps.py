@@ -501,6 +501,14 @@ def why_stale(
     return _changed_checked(stamp, as_path(outputs[0]))
 
 
+def _blind_to_rewrites(outputs: Sequence[Path]) -> bool:
+    """Whether the outputs' stamp holds a folder state made before mtimes were recorded (names
+    and sizes): a file rewritten in place with its size kept would still match it, so a task
+    killed half-way could be taken for done; such a stamp goes before the task works."""
+    recorded = (read_stamp(outputs[0]) or {}).get("outputs", {}) if outputs else {}
+    return any(isinstance(state, list) and len(state) == 3 for state in recorded.values())
+
+
 def checked_states(files: Iterable[str | os.PathLike], folder: Path) -> dict:
     """{path relative to `folder` (the outputs' folder) with "/", absolute outside it: state}
     of `files`, the stamp's "checked" (`why_stale`)."""
@@ -625,10 +633,15 @@ def _run_and_stamp(
     regions: Sequence[Roi | None],
     checked: Callable[[], Iterable[str | os.PathLike]] | None,
 ) -> str:
-    # Gone before the outputs change: a task killed half-way is never taken for done (an output
-    # that holds its stamp goes itself).
+    # A stamp beside its outputs stays while the task works: it records their states, so an
+    # output the task changes (and then is killed) no longer matches it, and one the task never
+    # touched (it failed first: an input cut short) is good again once that input is as it was.
+    # An output that holds its stamp goes (it is its own record), and so do all the stamps where
+    # one records a folder as it was before mtimes were: a rewrite in place would match it.
+    blind = _blind_to_rewrites(outputs)
     for output in outputs:
-        _stamp_file(output).unlink(missing_ok=True)
+        if blind or holds_stamp(output):
+            _stamp_file(output).unlink(missing_ok=True)
     reset_peak_memory()
     held_before = resident_memory_mib()
     started, cpu_started = time.perf_counter(), time.process_time()

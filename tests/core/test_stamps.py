@@ -239,8 +239,34 @@ def test_a_task_killed_half_way_is_not_taken_for_done(tmp_path, source):
 
     with pytest.raises(KeyboardInterrupt):
         run_once({"v": 2}, [source], [output], dies)
-    assert not stamp_path(output).exists()
-    assert why_stale({"v": 1}, [source], [output]) is not None  # not even for the old settings
+    # Not even for the old settings: the output is not the one the stamp saw.
+    assert why_stale({"v": 1}, [source], [output]).startswith("output changed since it was made")
+
+
+def test_a_task_that_fails_before_it_writes_keeps_the_stamps_of_its_outputs(tmp_path, source):
+    """A stage never drops the stamp of an output it did not remake: a task that failed on a
+    damaged input leaves its outputs valid for the input as it was, should it come back (a
+    checkpoint chosen again after one set aside, a volume staged again from the same data)."""
+    staged, result = tmp_path / "staged.h5", tmp_path / "result.txt"
+
+    def stage(content: str):
+        def run() -> str:
+            staged.write_text(content)
+            return f"digest of {content}"  # as staging returns the digest of what it copied
+
+        return run
+
+    def fails_reading() -> None:
+        raise OSError(f"{staged}: Read less bytes than requested")
+
+    run_once({}, [source], [staged], stage("v"))
+    run_once({}, [staged], [result], make("r")[0](result))
+    run_once({"damaged": 1}, [source], [staged], stage("w"))
+    assert why_stale({}, [staged], [result]).startswith("input changed")
+    with pytest.raises(OSError):
+        run_once({}, [staged], [result], fails_reading)
+    run_once({}, [source], [staged], stage("v"))  # the input as it was
+    assert why_stale({}, [staged], [result]) is None
 
 
 def test_a_rebuilt_output_with_the_same_content_digest_keeps_what_reads_it(tmp_path, source):
