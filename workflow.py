@@ -145,6 +145,12 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="with --resume: go on on --site (its current settings) instead of the run's own site",
     )
     add(
+        "--accept-site-record",
+        action="store_true",
+        help="with --resume: take the run's site.json as it is, though another user wrote it or "
+        "it changed since the run (its worker_init runs in every job: read it first)",
+    )
+    add(
         "--config",
         help="TOML of run settings (see configs/) over each section's own defaults "
         "(pipeline/run/run_config.py); relative paths in it are relative to the file; default: the "

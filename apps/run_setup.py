@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pwd
@@ -42,10 +43,17 @@ def save_site_record(path: Path, source: str, spec: SiteSpec) -> None:
     sizes): what `--resume` and `status` go on with."""
     from pipeline.core.atomic import atomic_path
 
+    text = json.dumps({"site": source, "spec": config_io.to_dict(spec)}, indent=2) + "\n"
     with atomic_path(path) as tmp:
-        tmp.write_text(
-            json.dumps({"site": source, "spec": config_io.to_dict(spec)}, indent=2) + "\n"
-        )
+        tmp.write_text(text)
+    digest = _site_digest_path(path)
+    digest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(digest) as tmp:
+        tmp.write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+
+
+def _site_digest_path(site_record: Path) -> Path:
+    return RunPaths(site_record.parent).site_digest
 
 
 def load_site_record(path: Path) -> tuple[str, SiteSpec]:
@@ -91,6 +99,8 @@ def choose_site(args: argparse.Namespace, paths: RunPaths) -> tuple[str, SiteSpe
     (a batch run must never move to the login node because --site was left out)."""
     if args.move_site and not args.resume:
         raise FFNError("--move-site goes with --resume: it moves an earlier run to another site")
+    if args.accept_site_record and not args.resume:
+        raise FFNError("--accept-site-record goes with --resume: it takes a run's site.json")
     if not args.resume:
         return args.site or "local", None
     if not paths.site.is_file():
@@ -102,7 +112,9 @@ def choose_site(args: argparse.Namespace, paths: RunPaths) -> tuple[str, SiteSpe
     source, spec = load_site_record(paths.site)
     if args.move_site:
         return args.site or source, None
-    check_own_site_record(paths.site, spec)
+    if not args.accept_site_record:
+        check_own_site_record(paths.site, spec)
+        check_site_record_unchanged(paths.site, spec)
     if args.site is not None and _site_source(args.site) != source:
         raise FFNError(
             f"--resume: the run in {paths.root} was made on site {source}; it resumes there "
@@ -123,9 +135,27 @@ def check_own_site_record(path: Path, spec: SiteSpec) -> None:
         name = f"uid {owner}"
     raise FFNError(
         f"--resume: {path} was written by {name}, not you, and runs as code on resume (its "
-        f"worker_init: {spec.worker_init!r}); read it, then go on with your site module's own "
-        "settings: --resume --move-site --site SITE"
+        f"worker_init: {spec.worker_init!r}); read it, then take it as it is: --resume "
+        "--accept-site-record, or go on with your site module's own settings: --resume "
+        "--move-site --site SITE"
     )
+
+
+def check_site_record_unchanged(path: Path, spec: SiteSpec) -> None:
+    """A site.json changed since the run wrote it (by hand, by someone else, a run dir received
+    with another's) is not taken as it is: its worker_init runs in every job. A run made before
+    the digest was kept has none to compare with."""
+    try:
+        recorded = _site_digest_path(path).read_text().strip()
+    except FileNotFoundError:
+        return
+    if hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise FFNError(
+            f"--resume: {path} changed since the run wrote it, and runs as code on resume (its "
+            f"worker_init now: {spec.worker_init!r}); read it, then take it as it is: --resume "
+            "--accept-site-record, or go on with your site module's own settings: --resume "
+            "--move-site --site SITE"
+        )
 
 
 # Characters a path may hold where Parsl puts it into a shell line unquoted (LocalProvider runs

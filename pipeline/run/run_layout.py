@@ -66,6 +66,8 @@ LAYOUT = {
     "study_results": "study/results.json",
     "config": "config.json",
     "site": "site.json",
+    # The digest of site.json as the run wrote it: a resume refuses a site.json changed since.
+    "site_digest": "runinfo/site.json.sha256",
     # Parsl's run dir (parsl.log, one folder per run: 000/, 001/, ...), the blocks submitted and
     # the watchdog's log; Parsl's monitoring database beside it.
     "runinfo": "runinfo",
