@@ -66,6 +66,9 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings
                 address="127.0.0.1",  # workers are on this machine
                 interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
+                # CurveZMQ between interchange and pool, as HTEX's default (MPIExecutor's is off): else
+                # anyone who reaches its ports could take tasks or send results the workflow unpickles.
+                encrypted=True,
                 launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
                 **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
                 provider=LocalProvider(

@@ -135,6 +135,19 @@ def test_every_site_shares_run_dir_retries_and_monitoring(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_pool_of_every_site_is_encrypted_and_ends_with_its_workflow(name, tmp_path):
+    """Nobody else gets in: an interchange's ports take only a pool holding the run's CurveZMQ
+    certificate (MPIExecutor's default is off), and interchange and pools are the project's,
+    which end when their workflow is gone (pipeline/cli/interchange.py, worker_pool.py)."""
+    module = load_site(name)
+    config = module.make_config(tmp_path / "run", submittable(module.SITE))
+    for executor in config.executors:
+        assert executor.encrypted, executor.label
+        assert executor.interchange_launch_cmd.endswith("/ffn-interchange"), executor.label
+        assert executor.launch_cmd.startswith("ffn-worker-pool "), executor.label
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_hpc_sites_cap_the_checkpoint_interval_a_lost_node_costs(name):
     """At scale a lost interval costs every node: the batch sites cap the training's seconds
     between checkpoints; a run that asks for less keeps its own; here the run decides."""
