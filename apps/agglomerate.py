@@ -109,7 +109,6 @@ def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outp
     from pipeline.inference.flood_fill import (
         InferenceConfig,
         checkpoint_model_config,
-        predictor_from_checkpoint,
     )
     from pipeline.inference.stitching import block_core
     from pipeline.secondpass.agglomeration import (
@@ -119,7 +118,7 @@ def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outp
         save_decisions,
     )
     from pipeline.secondpass.part_writing import chunks_of, grid_of, layer_reader
-    from pipeline.selection.checkpoints import chosen_checkpoint
+    from pipeline.selection.checkpoints import chosen_checkpoint, chosen_predictor
 
     def work() -> str:
         blocks, config = grid_of(settings)
@@ -131,7 +130,7 @@ def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outp
         with open_volume(read_staged(io.volume).raw) as raw, layer_reader(first_pass) as read:
             decisions = decide_pairs(
                 raw.__getitem__, read, settings["shape"], table,
-                predictor_from_checkpoint(checkpoint, model), model, inference, config,
+                chosen_predictor(io.selection, model), model, inference, config,
             )  # fmt: skip
         save_decisions(io.decisions, decisions)
         return digest_files([io.decisions])

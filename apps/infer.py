@@ -25,9 +25,12 @@ def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
     from pipeline.inference.flood_fill import (
         InferenceConfig,
         checkpoint_model_config,
-        predictor_from_checkpoint,
     )
-    from pipeline.selection.checkpoints import chosen_checkpoint, recorded_checkpoint
+    from pipeline.selection.checkpoints import (
+        chosen_checkpoint,
+        chosen_predictor,
+        recorded_checkpoint,
+    )
 
     volume, selection, output = str(io.volume), str(io.selection), str(io.result)
     block = Block(tuple(settings["start"]), tuple(settings["stop"]))
@@ -45,7 +48,7 @@ def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
         staged = read_staged(volume)
         with open_volume(staged.raw) as raw:
             result = segment_block(
-                raw, block, predictor_from_checkpoint(checkpoint, model), model,
+                raw, block, chosen_predictor(selection, model), model,
                 from_dict(InferenceConfig, settings["inference"]), provenance,
                 block_state_path(io.result.parent, block), block_progress_path(output),
                 scored=staged.scored,

@@ -257,6 +257,12 @@ def _stamp_file(output: str | os.PathLike) -> Path:
     return as_path(output) if holds_stamp(output) else stamp_path(output)
 
 
+def forget(output: str | os.PathLike) -> None:
+    """Take `output` for not made: its stamp goes (an output that holds its stamp, with it), so
+    the next run makes it again."""
+    _stamp_file(output).unlink(missing_ok=True)
+
+
 def _file_state(path: Path) -> list[int]:
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns]

@@ -34,7 +34,7 @@ import numpy as np
 from pipeline.core import config_io
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import CheckpointError, ConfigError, first_line
-from pipeline.core.stamps import digest, digest_files
+from pipeline.core.stamps import digest, digest_files, forget
 from pipeline.data.volumes import LabeledVolume
 from pipeline.evaluation.scores import score_segmentation
 from pipeline.inference.flood_fill import (
@@ -42,6 +42,7 @@ from pipeline.inference.flood_fill import (
     Predictor,
     checkpoint_model_config,
     make_model_predictor,
+    predictor_from_checkpoint,
     segment,
 )
 from pipeline.network.model import (
@@ -395,6 +396,21 @@ def chosen_checkpoint(path: str | Path) -> Path:
     if path.suffix != ".json":
         return path
     return resolve_recorded(recorded_checkpoint(path), path.parent)
+
+
+def chosen_predictor(selection: str | Path, model: ModelConfig) -> Predictor:
+    """The network with the weights selection.json `selection` chose. Weights that cannot be read
+    (cut short since, in a run whose selection predates its stamp's record of the chosen files)
+    are an UnreadableCheckpoint naming them, and the selection no longer counts as done: the next
+    --resume selects again, setting them aside, with no file deleted by hand."""
+    checkpoint = chosen_checkpoint(selection)
+    try:
+        return predictor_from_checkpoint(checkpoint, model)
+    except UnreadableCheckpoint as exc:
+        forget(selection)
+        raise UnreadableCheckpoint(
+            f"{exc}; {Path(selection).name} no longer counts as done: --resume chooses again"
+        ) from None
 
 
 def recorded_checkpoint(path: str | Path) -> str:

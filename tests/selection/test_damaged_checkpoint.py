@@ -16,12 +16,13 @@ from workflow_runs import copy_run, segmentation, workflow
 from pipeline.core.errors import CheckpointError
 from pipeline.core.stamps import read_stamp, run_once, stamp_path, why_stale
 from pipeline.data.volumes import LabeledVolume
-from pipeline.inference.flood_fill import predictor_from_checkpoint
+from pipeline.inference.flood_fill import checkpoint_model_config, predictor_from_checkpoint
 from pipeline.network.model import UnreadableCheckpoint
 from pipeline.selection.checkpoints import (
     SelectionConfig,
     checkpoint_files,
     chosen_checkpoint,
+    chosen_predictor,
     select_checkpoint,
     selection_done,
 )
@@ -88,6 +89,30 @@ def test_loading_a_cut_short_checkpoint_names_its_files(train_dir):
     message = str(error.value)
     assert isinstance(error.value, CheckpointError) and len(message.splitlines()) == 1
     assert message.startswith(f"{checkpoint}: cannot be read") and f"ckpt-10{DATA}" in message
+
+
+def test_weights_cut_short_under_an_older_selection_take_its_stamp_with_them(train_dir):
+    """A run selected before its stamp recorded the chosen files does not notice them cut
+    short until a task loads them: that task names the files, and the selection no longer
+    counts as done, so the next --resume chooses again (no file deleted by hand)."""
+    selection = train_dir / "selection.json"
+
+    def work() -> str:
+        selection.write_text(json.dumps({"checkpoint": "checkpoints/ckpt-10"}))
+        return "token"
+
+    run_once({}, [], [selection], work)  # no `checked`: as such a run's stamp
+    model = checkpoint_model_config(chosen_checkpoint(selection))
+    chosen_predictor(selection, model)  # readable: the selection stays done
+    assert why_stale({}, [], [selection]) is None
+    cut_short(train_dir / "checkpoints" / f"ckpt-10{DATA}")
+    assert why_stale({}, [], [selection]) is None  # nothing to notice it by
+    with pytest.raises(UnreadableCheckpoint) as error:
+        chosen_predictor(selection, model)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and f"ckpt-10{DATA}" in message
+    assert message.endswith("selection.json no longer counts as done: --resume chooses again")
+    assert why_stale({}, [], [selection]) is not None
 
 
 def test_a_stamp_keys_on_the_files_its_output_names_not_its_identity(train_dir, tmp_path):
