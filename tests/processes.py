@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import psutil
 import pytest
@@ -134,3 +135,16 @@ def describe(processes_: list[psutil.Process]) -> list[str]:
         except psutil.Error:
             continue
     return out
+
+
+def gone_within(run: list[psutil.Process], run_dir: Path, limit: float) -> None:
+    """Every process of `run`, and every one naming the run dir, ends within `limit` s (what a
+    failed test finds is killed, not left running)."""
+    try:
+        took = wait_until(
+            lambda: not any(alive(p) for p in run) and not naming(str(run_dir)), limit
+        )
+        left = describe([p for p in run if alive(p)] + naming(str(run_dir)))
+        assert took <= limit, f"still running {limit} s after the kill: {left}"
+    finally:
+        kill_all(run + naming(str(run_dir)))

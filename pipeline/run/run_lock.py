@@ -36,6 +36,7 @@ import psutil
 from pipeline.core.errors import RunDirBusy
 from pipeline.core.owner import OWNER_ENV, Owner, is_running, process_start, read_record
 from pipeline.run.run_layout import RunPaths
+from pipeline.run.watchdog import terminate_then_kill
 
 LOCK_NAME = "workflow.lock"
 TASKS_LOCK_NAME = "tasks.lock"  # in runinfo/: held shared by the tasks and ranks of the holder
@@ -187,15 +188,7 @@ def _end_leftovers(run_dir: Path, owner: Owner) -> None:
         file=sys.stderr,
         flush=True,
     )
-    processes = [p for p, _ in left]
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(processes, timeout=GRACE)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=GRACE)
+    psutil.wait_procs(terminate_then_kill([p for p, _ in left], GRACE), timeout=GRACE)
 
 
 def _wait_for_tasks(owner: Owner, timeout: float = TASKS_WAIT) -> None:

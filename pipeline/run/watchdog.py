@@ -336,15 +336,7 @@ class Run:
         targets = list(frozen.values())
         for process in targets:
             _say(f"stopping {process.pid}: {_command(process)}")
-        for process in targets:
-            with contextlib.suppress(psutil.Error):
-                process.terminate()
-            with contextlib.suppress(psutil.Error):
-                process.resume()
-        _, alive = psutil.wait_procs(targets, timeout=GRACE)
-        for process in alive:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+        alive = terminate_then_kill(targets, GRACE, frozen=True)
         for process in [*self.live(), *_group_members(groups)]:  # started since: no grace now
             with contextlib.suppress(psutil.Error):
                 process.kill()
@@ -352,6 +344,24 @@ class Run:
             f"stopped {len(targets)} process(es) of the run, {len(alive)} of them with SIGKILL; "
             f"{len(self.cancels)} batch job cancel(s)"
         )
+
+
+def terminate_then_kill(
+    processes: list[psutil.Process], grace: float, frozen: bool = False
+) -> list[psutil.Process]:
+    """SIGTERM to each of `processes` (SIGCONT after it, when they were `frozen` with SIGSTOP,
+    so each can act on it), SIGKILL to those still there `grace` seconds later; returns those."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+        if frozen:
+            with contextlib.suppress(psutil.Error):
+                process.resume()
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    return alive
 
 
 def _descendants(roots: list[int]) -> list[psutil.Process]:

@@ -243,18 +243,27 @@ def test_a_task_killed_half_way_is_not_taken_for_done(tmp_path, source):
     assert why_stale({"v": 1}, [source], [output]).startswith("output changed since it was made")
 
 
+def staging_into(staged):
+    """A staging task's work: write `content` into `staged`, return its digest (as staging
+    returns the digest of what it copied)."""
+
+    def stage(content: str):
+        def run() -> str:
+            staged.write_text(content)
+            return f"digest of {content}"
+
+        return run
+
+    return stage
+
+
 def test_a_task_that_fails_before_it_writes_keeps_the_stamps_of_its_outputs(tmp_path, source):
     """A stage never drops the stamp of an output it did not remake: a task that failed on a
     damaged input leaves its outputs valid for the input as it was, should it come back (a
     checkpoint chosen again after one set aside, a volume staged again from the same data)."""
     staged, result = tmp_path / "staged.h5", tmp_path / "result.txt"
 
-    def stage(content: str):
-        def run() -> str:
-            staged.write_text(content)
-            return f"digest of {content}"  # as staging returns the digest of what it copied
-
-        return run
+    stage = staging_into(staged)
 
     def fails_reading() -> None:
         raise OSError(f"{staged}: Read less bytes than requested")
@@ -272,13 +281,7 @@ def test_a_task_that_fails_before_it_writes_keeps_the_stamps_of_its_outputs(tmp_
 def test_a_rebuilt_output_with_the_same_content_digest_keeps_what_reads_it(tmp_path, source):
     staged, result = tmp_path / "staged.h5", tmp_path / "result.txt"
 
-    def stage(content: str):
-        def run() -> str:
-            staged.write_text(content)
-            return f"digest of {content}"  # as staging returns the digest of what it copied
-
-        return run
-
+    stage = staging_into(staged)
     run_once({}, [source], [staged], stage("v"))
     run_once({}, [staged], [result], make("r")[0](result))
     staged.unlink()

@@ -21,11 +21,11 @@ from pathlib import Path
 import processes
 import psutil
 import pytest
-from processes import alive, describe, family, kill_all, naming, wait_until
+from processes import alive, describe, family, gone_within, kill_all, naming, wait_until
 from workflow_runs import ROOT, TINY, copy_run, tiny_variant, workflow
 
-from pipeline.core.owner import EXIT_LOST, OWNER_ENV, Owner, process_start
-from pipeline.run.run_lock import run_processes
+from pipeline.core.owner import EXIT_LOST, OWNER_ENV, process_start
+from pipeline.run.run_lock import owner_of, run_processes
 
 LIMIT_S = 60  # the promise: nothing of a lost run lives longer
 
@@ -57,19 +57,6 @@ def the_run(process: subprocess.Popen, run_dir: Path) -> list[psutil.Process]:
 def watchdog_of(run_dir: Path) -> psutil.Process:
     (dog,) = [p for p in naming(f"pipeline.cli.watchdog --run-dir {run_dir}")]
     return dog
-
-
-def gone_within(run: list[psutil.Process], run_dir: Path, limit: float) -> None:
-    """Every process of `run`, and every one naming the run dir, ends within `limit` s (what a
-    failed test finds is killed, not left running)."""
-    try:
-        took = wait_until(
-            lambda: not any(alive(p) for p in run) and not naming(str(run_dir)), limit
-        )
-        left = describe([p for p in run if alive(p)] + naming(str(run_dir)))
-        assert took <= limit, f"still running {limit} s after the kills: {left}"
-    finally:
-        kill_all(run + naming(str(run_dir)))
 
 
 @pytest.mark.mpi
@@ -159,24 +146,23 @@ def owned_by_this_test(run_dir: Path) -> tuple[dict, dict[str, str]]:
     (run_dir / "runinfo").mkdir(parents=True)
     record = {"pid": os.getpid(), "created": process_start(os.getpid()), "host": os.uname()[1]}
     (run_dir / "workflow.lock").write_text(json.dumps(record))
-    owner = Owner(
-        pid=record["pid"],
-        created=record["created"],
-        host=record["host"],
-        lock=str(run_dir / "workflow.lock"),
-        tasks_lock=str(run_dir / "runinfo" / "tasks.lock"),
-    )
-    env = os.environ | {OWNER_ENV: owner.to_env(), "PYTHONPATH": str(ROOT)}
+    env = os.environ | {OWNER_ENV: owner_of(run_dir, record).to_env(), "PYTHONPATH": str(ROOT)}
     return record, env
+
+
+def task_working(tmp_path: Path, run_dir: Path, seconds: float) -> tuple[list[str], Path, Path]:
+    """The command of a TASK that works `seconds`, its output, and the file it writes when its
+    work begins."""
+    script = tmp_path / "task.py"
+    script.write_text(TASK)
+    output, began = run_dir / "made.txt", tmp_path / "began"
+    return [sys.executable, str(script), str(output), str(began), str(seconds)], output, began
 
 
 def test_a_task_stops_once_another_workflow_takes_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     record, env = owned_by_this_test(run_dir)
-    script = tmp_path / "task.py"
-    script.write_text(TASK)
-    output, began = run_dir / "made.txt", tmp_path / "began"
-    command = [sys.executable, str(script), str(output), str(began), "120"]
+    command, output, began = task_working(tmp_path, run_dir, seconds=120)
     with processes.started(command, cwd=ROOT, env=env) as task:
         assert wait_until(lambda: began.exists() or task.poll() is not None, 60) < 60
         assert task.poll() is None, task.stdout.read()
@@ -194,10 +180,7 @@ def test_a_task_of_a_workflow_that_lost_the_run_dir_does_not_start(tmp_path):
     """Nor does it drop the stamps of outputs it would have made: they are another's now."""
     run_dir = tmp_path / "run"
     record, env = owned_by_this_test(run_dir)
-    script = tmp_path / "task.py"
-    script.write_text(TASK)
-    output, began = run_dir / "made.txt", tmp_path / "began"
-    command = [sys.executable, str(script), str(output), str(began), "0"]
+    command, output, began = task_working(tmp_path, run_dir, seconds=0)
     assert processes.run(command, cwd=ROOT, env=env, timeout=120).stdout.strip() == "ran"
     stamps = sorted(p.name for p in run_dir.iterdir())
     (run_dir / "workflow.lock").write_text(json.dumps(record | {"pid": 1, "created": 0.0}))
@@ -217,14 +200,7 @@ def test_status_counts_a_runs_processes_and_a_resume_ends_those_its_lost_workflo
     as every process of a run has) is counted by `status` and ended by the next `--resume`."""
     run_dir = copy_run(tiny_run, tmp_path / "run")
     record = json.loads((run_dir / "workflow.lock").read_text())  # the workflow that made it
-    lost = Owner(
-        pid=record["pid"],
-        created=record["created"],
-        host=record["host"],
-        lock=str(run_dir / "workflow.lock"),
-        tasks_lock=str(run_dir / "runinfo" / "tasks.lock"),
-    )
-    env = os.environ | {OWNER_ENV: lost.to_env()}
+    env = os.environ | {OWNER_ENV: owner_of(run_dir, record).to_env()}
     with processes.started(["sleep", "600"], env=env) as left:
         status = workflow("status", "--run-dir", str(run_dir)).stdout
         assert (

@@ -17,7 +17,7 @@ from pathlib import Path
 import processes
 import psutil
 import pytest
-from processes import alive, describe, family, kill_all, naming, wait_until
+from processes import alive, describe, family, gone_within, kill_all, naming, wait_until
 from workflow_runs import ROOT, TINY, workflow
 
 from pipeline.run import watchdog
@@ -104,14 +104,7 @@ def kill_and_wait_for_the_run(process: subprocess.Popen, run: list, run_dir: Pat
     gone within LIMIT_S (whatever a failed test finds is killed, not left running)."""
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=10)
-    try:
-        took = wait_until(
-            lambda: not any(alive(p) for p in run) and not naming(str(run_dir)), LIMIT_S
-        )
-        left = describe([p for p in run if alive(p)] + naming(str(run_dir)))
-        assert took <= LIMIT_S, f"still running {LIMIT_S} s after kill -9: {left}"
-    finally:
-        kill_all(run + naming(str(run_dir)))
+    gone_within(run, run_dir, LIMIT_S)
 
 
 def kill_and_check(process: subprocess.Popen, run_dir: Path, record: dict) -> list[psutil.Process]:
