@@ -1,7 +1,7 @@
 """The Parsl `Config` of every site: `build_config`, the one place the run dir, retries
-(`retry_cost`), monitoring, Parsl's log level and the code the workers import are set; each
-block a provider submits recorded for the run's watchdog; and `only_executors`, a Config cut down
-to the pools a run uses.
+(`retry_cost`), monitoring, Parsl's logging (`RunDirLogging`) and the code the workers import are
+set; each block a provider submits recorded for the run's watchdog; and `only_executors`, a Config
+cut down to the pools a run uses.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from parsl.config import Config
@@ -72,8 +72,63 @@ def build_config(run_dir: str | Path, site: SiteSpec, executors: list[ParslExecu
         retry_handler=retry_cost,
         usage_tracking=0,  # no usage reports from compute allocations
         # Passed on by Parsl to the interchange, the monitoring database and the workers.
-        initialize_logging=FileLogging(level=getattr(logging, site.parsl_log_level)),
+        initialize_logging=RunDirLogging(level=getattr(logging, site.parsl_log_level)),
     )
+
+
+class RunDirLogging(FileLogging):
+    """Parsl's FileLogging (each Parsl process logs into a file of its own under the run's
+    runinfo/), except for a record the file cannot take (a full disk or quota where the run dir
+    is): Python's handler prints a traceback per record on the process's stderr, which for the
+    workflow, its interchanges and its monitoring database is the user's console (10,330 lines
+    in one run whose disk filled). Here the record is dropped, and the workflow's own process
+    says so once, in one line. Parsl passes this object, pickled, to every process it starts;
+    they import it from here (the project is installed in the venv, workers import the run's
+    copy of the code)."""
+
+    def initialize_logging(self, *, log_dir: Path, log_name: str) -> Callable[[], None]:
+        log_dir.mkdir(exist_ok=True, parents=True)
+        # "parsl": the workflow's own log (the DataFlowKernel's); others go unsaid.
+        handler = _DroppingFileHandler(log_dir / f"{log_name}.log", say=log_name == "parsl")
+        handler.setLevel(self.level)
+        handler.setFormatter(logging.Formatter(self.format_string, datefmt="%Y-%m-%d %H:%M:%S"))
+        # As FileLogging: Parsl's records, and those of concurrent.futures, whose callbacks'
+        # exceptions are logged and then dropped.
+        loggers = [logging.getLogger("parsl"), logging.getLogger("concurrent.futures")]
+        for logger in loggers:
+            level = logger.level
+            logger.setLevel(self.level if level == logging.NOTSET else min(level, self.level))
+            logger.addHandler(handler)
+
+        def uninitialize() -> None:
+            for logger in loggers:
+                logger.removeHandler(handler)
+
+        return uninitialize
+
+
+class _DroppingFileHandler(logging.FileHandler):
+    """A FileHandler that drops a record its file cannot take (an OSError), with one line on
+    stderr the first time when `say`; any other error in a record is reported as Python does."""
+
+    def __init__(self, filename: Path, say: bool):
+        super().__init__(filename)
+        self.say, self.dropped = say, False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        if self.say and not self.dropped:
+            reason = error.strerror or str(error)
+            print(
+                f"[workflow] Parsl's log {self.baseFilename} cannot be written ({reason}): "
+                "Parsl's log records are dropped while it cannot",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.dropped = True
 
 
 def _import_code_from(code: Path, executor: ParslExecutor) -> None:

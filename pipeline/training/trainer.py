@@ -19,12 +19,15 @@ the rule for the new size (ramping up again where it rises), the coordinates are
 the step where the size changed is kept (`worlds.json` per checkpoint, metrics.csv, the curves).
 """
 
+import contextlib
+import errno
 import json
 import math
 import os
+import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,12 @@ import numpy as np
 
 from pipeline.core import config_io
 from pipeline.core.atomic import atomic_path
-from pipeline.core.errors import CheckpointError, ConfigError, TrainingDiverged
+from pipeline.core.errors import (
+    CheckpointError,
+    CheckpointNotWritten,
+    ConfigError,
+    TrainingDiverged,
+)
 from pipeline.training.examples import BatchStream
 from pipeline.training.lr_scaling import target_learning_rate, world_learning_rate
 from pipeline.training.train_config import TrainConfig
@@ -554,7 +562,8 @@ def _restore_or_start(
         # selection weighs them against the fine-tune's checkpoints, so a fine-tune that made them
         # worse on held-out data is not taken.
         state.checkpoint.save_counter  # noqa: B018 (created on first access; loaders expect it)
-        state.checkpoint.write(str(state.directory / START_CHECKPOINT))
+        with _room_for_checkpoint(world, state.directory, START_CHECKPOINT, streams=False):
+            state.checkpoint.write(str(state.directory / START_CHECKPOINT))
     if world.lead and unreadable:  # every rank has read what it needed
         _set_aside_unreadable(state.manager, state.directory, unreadable, restored)
         state.manager = world.tf.train.CheckpointManager(
@@ -651,7 +660,9 @@ def _start_loop(
 
 
 def _save_checkpoint(world: _World, state: _Checkpointed, loop: _Loop) -> None:
-    """Every rank's stream, then (rank 0) the world sizes so far and the checkpoint."""
+    """Every rank's stream, then (rank 0) the world sizes so far and the checkpoint. A write that
+    finds no room ends the run in one line and leaves nothing of the checkpoint
+    (`_room_for_checkpoint`)."""
     # Identical weights on every rank, so every rank stops here alike.
     if not all(np.all(np.isfinite(v.numpy())) for v in state.model.trainable_variables):
         raise TrainingDiverged(
@@ -660,16 +671,99 @@ def _save_checkpoint(world: _World, state: _Checkpointed, loop: _Loop) -> None:
             f"{state.manager.latest_checkpoint or 'none'}); lower learning_rate"
         )
     name = f"ckpt-{int(state.step.numpy())}"
-    for r, stream in zip(world.ranks, loop.streams, strict=True):
-        write_stream_state(state.directory, name, r, world.size, stream.state())
+    with _room_for_checkpoint(world, state.directory, name, streams=False):
+        for r, stream in zip(world.ranks, loop.streams, strict=True):
+            write_stream_state(state.directory, name, r, world.size, stream.state())
     # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
     started = [stream.examples_started for stream in loop.streams]
     gathered = world.hvd.allgather(world.tf.constant(started, world.tf.int64)).numpy()
     state.examples_started.assign(gathered)
     if world.lead:
-        write_worlds(state.directory, name, loop.worlds)
-        state.manager.save(checkpoint_number=int(state.step.numpy()))
+        with _room_for_checkpoint(world, state.directory, name, streams=True):
+            write_worlds(state.directory, name, loop.worlds)
+            state.manager.save(checkpoint_number=int(state.step.numpy()))
         prune_stream_states(state.directory, state.manager.checkpoints)
+
+
+# How a file system that takes no more reaches a writer: no space or no quota left, or a file past
+# the file-size limit (`ulimit -f`). TensorFlow's errors (ResourceExhausted, OutOfRange) carry
+# only the system's words for it.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def no_room(exc: BaseException) -> int | None:
+    """The errno of a write that found no room, from an OSError or from the message of a
+    TensorFlow error; None for any other error."""
+    if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+        return exc.errno
+    text = str(exc)
+    return next((code for code in _NO_ROOM if os.strerror(code) in text), None)
+
+
+def remove_unfinished_checkpoint(tf, directory: Path, name: str, streams: bool) -> None:
+    """What a failed write of checkpoint `name` leaves, so that no later run sees a half
+    checkpoint: TensorFlow's `<name>_temp/` (the shards it writes before merging them), the
+    merged `<name>.index` and `<name>.data-*` if it got that far, the temporary of the manager's
+    state file, and with `streams` the ranks' streams of it. Nothing when the state file names
+    `name`: it was complete. Only `name`'s files: another writer's are not this one's."""
+    if _recorded_latest(tf, directory) == name:
+        return
+    shutil.rmtree(directory / f"{name}_temp", ignore_errors=True)
+    for path in [*directory.glob(f"{name}.*"), *directory.glob("checkpoint.tmp*")]:
+        path.unlink(missing_ok=True)
+    if streams:
+        shutil.rmtree(directory / STREAMS_DIR / name, ignore_errors=True)
+
+
+def _recorded_latest(tf, directory: Path) -> str | None:
+    """The name of the latest checkpoint the manager's state file records (None: none, or the
+    file cannot be read)."""
+    try:
+        recorded = tf.train.get_checkpoint_state(str(directory))
+    except Exception:  # a state file that cannot be parsed records nothing usable
+        return None
+    return Path(recorded.model_checkpoint_path).name if recorded is not None else None
+
+
+def _what_to_do(code: int, directory: Path, goes_on_from: str | None) -> str:
+    """The rest of a checkpoint's no-room line: what is kept, how much room there is, and where
+    a resumed run goes on from."""
+    resumed = (
+        f"--resume goes on from {goes_on_from}"
+        if goes_on_from
+        else "--resume starts again from step 0"
+    )
+    if code != errno.EFBIG:
+        free = shutil.disk_usage(directory).free if directory.exists() else 0
+        return f"nothing of it kept; {free / 2**20:.1f} MiB free on its file system: free space, then {resumed}"
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return f"nothing of it kept; its file system takes no file that large: {resumed} elsewhere"
+    return (
+        f"nothing of it kept; files here may not grow past {limit / 2**10:.0f} KiB (ulimit -f): "
+        f"raise the limit, then {resumed}"
+    )
+
+
+@contextlib.contextmanager
+def _room_for_checkpoint(
+    world: _World, directory: Path, name: str, streams: bool
+) -> Iterator[None]:
+    """A checkpoint write that finds no room (a full disk or quota, the file-size limit) raises
+    CheckpointNotWritten, one line naming the checkpoint, on the rank it happened to; rank 0
+    first removes what was written of it (`remove_unfinished_checkpoint`; `streams` once every
+    rank's are written). Any other error passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        code = no_room(exc)
+        if code is None:
+            raise
+        if world.lead:
+            remove_unfinished_checkpoint(world.tf, directory, name, streams)
+        goes_on_from = _recorded_latest(world.tf, directory)
+        detail = _what_to_do(code, directory, goes_on_from)
+        raise CheckpointNotWritten(code, str(directory / name), detail) from None
 
 
 def _step_learning_rate(config: TrainConfig, worlds: list[tuple[int, int]], step: int) -> float:
