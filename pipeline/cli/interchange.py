@@ -7,12 +7,25 @@ interchange ends within seconds, and the worker pools it fed stop after their he
 threshold; Parsl's own interchange would go on heartbeating with them for ever.
 """
 
+import argparse
 import runpy
+from collections.abc import Sequence
 
+from pipeline.cli import HelpFormatter
 from pipeline.core.owner import watch_owner
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
+        prog="python -m pipeline.cli.interchange",
+        description="Parsl's HTEX interchange (its settings pickled on stdin, as Parsl starts "
+        "it), ending with the workflow named in $FFN_RUN_OWNER.",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    _parser().parse_args(argv)
     watch_owner()
     runpy.run_module("parsl.executors.high_throughput.interchange", run_name="__main__")
 

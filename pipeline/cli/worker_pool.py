@@ -10,11 +10,14 @@ interchange's heartbeats, and a pool of MPI tasks does not end even then (its re
 waits on a queue no one writes to again).
 """
 
+import argparse
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.cli import HelpFormatter
 from pipeline.core.owner import watch_owner
 
 POOL_SCRIPT = "process_worker_pool.py"
@@ -26,9 +29,21 @@ def pool_script() -> str:
     return str(beside) if beside.is_file() else shutil.which(POOL_SCRIPT) or POOL_SCRIPT
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        formatter_class=HelpFormatter,
+        prog="python -m pipeline.cli.worker_pool",
+        description="Parsl's process_worker_pool.py with the arguments given (Parsl's, passed on "
+        "as they are), ending with the workflow named in $FFN_RUN_OWNER.",
+        usage="%(prog)s [process_worker_pool.py's arguments]",
+        allow_abbrev=False,  # a pool argument is never taken for a prefix of one of ours
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _, pool_arguments = _parser().parse_known_args(argv)
     watch_owner()  # ends this process and the pool below it when the run's owner is lost
-    return subprocess.call([pool_script(), *sys.argv[1:]])
+    return subprocess.call([pool_script(), *pool_arguments])
 
 
 if __name__ == "__main__":
