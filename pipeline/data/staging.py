@@ -412,6 +412,32 @@ def stage_files(
     return sha.hexdigest()
 
 
+def _check_in_place_dtypes(sources: dict, raw_spec: str, labels_spec: str) -> None:
+    """Read in place, the voxels are what the source stores: a uint8 image, integer labels."""
+    if sources["raw"].dtype != np.uint8:
+        raise VolumeDtypeError(
+            f"{raw_spec}: an image read in place must be uint8, got {sources['raw'].dtype} "
+            "(convert it, or give it as HDF5 to have it copied and converted)"
+        )
+    if labels_spec and sources["labels"].dtype.kind not in "iu":
+        raise VolumeDtypeError(
+            f"{labels_spec}: labels read in place must be of an integer type, got "
+            f"{sources['labels'].dtype}"
+        )
+
+
+def _record_chunk_digests(record_path: Path, boxed: dict[str, str]) -> dict:
+    """The crc32 of each zarr chunk of each source's box, kept beside the record; per source
+    the digest's name and the sidecar's sha256 (none for a precomputed layer)."""
+    digests = {}
+    for name, spec in boxed.items():
+        found = volume_chunk_digests(spec)
+        if found is not None:  # zarr; a precomputed layer keeps none
+            sha = found.save(digest_sidecar(record_path, name))
+            digests[name] = {"digest": DIGEST, "sha256": sha}
+    return digests
+
+
 def stage_in_place(
     path: str | Path,
     raw_spec: str,
@@ -436,17 +462,7 @@ def stage_in_place(
     of its bytes kept beside the record (`digest_sidecar`), which `read_staged` hands to every
     read. Returns the digest of the record."""
     sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
-    if sources["raw"].dtype != np.uint8:
-        raise VolumeDtypeError(
-            f"{raw_spec}: an image read in place must be uint8, got {sources['raw'].dtype} "
-            "(convert it, or give it as HDF5 to have it copied and converted)"
-        )
-    if labels_spec:
-        if sources["labels"].dtype.kind not in "iu":
-            raise VolumeDtypeError(
-                f"{labels_spec}: labels read in place must be of an integer type, got "
-                f"{sources['labels'].dtype}"
-            )
+    _check_in_place_dtypes(sources, raw_spec, labels_spec)
     boxed = {name: str(header.spec.part(staged)) for name, header in sources.items()}
     # Per brick of the image too: an inference block is keyed on the chunks it reads.
     chunks = {
@@ -464,12 +480,7 @@ def stage_in_place(
             )
     if labels_spec:
         _require_labeled(labels_spec, part)
-    digests = {}
-    for name, spec in boxed.items():
-        found = volume_chunk_digests(spec) if chunk_digests else None
-        if found is not None:  # zarr; a precomputed layer keeps none
-            sha = found.save(digest_sidecar(Path(path), name))
-            digests[name] = {"digest": DIGEST, "sha256": sha}
+    digests = _record_chunk_digests(Path(path), boxed) if chunk_digests else {}
     record = {
         "raw": boxed["raw"],
         "labels": boxed.get("labels", ""),
