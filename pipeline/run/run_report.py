@@ -1,55 +1,22 @@
 """The run report (`report.md`) and what the monitoring database says about earlier runs.
 
 Per-stage wall times come from Parsl's monitoring database (`monitoring.db`: tables `workflow`,
-`task`, `status`); training speed from `train/metrics.csv`; scores from `evaluation.json`.
+`task`, `status`; the stage of each app, `STAGE_OF_APP`: pipeline.run.monitoring_db);
+node-hours charged and energy per stage from its `block` and `try` tables, the run's
+`site.json` and the tasks' stamps (pipeline.run.run_cost); training speed from
+`train/metrics.csv`; scores from `evaluation.json`.
 """
 
 import json
 import re
-import sqlite3
 from pathlib import Path
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.stamps import read_stamp
+from pipeline.run.monitoring_db import STAGE_OF_APP
+from pipeline.run.monitoring_db import query as _query
+from pipeline.run.run_cost import cost_lines
 from pipeline.run.run_layout import LAYOUT, RunPaths
-
-# Parsl app function names -> the stage names the workflow prints.
-STAGE_OF_APP = {
-    "stage_volume": "stage",
-    "preprocess": "preprocess",
-    "train": "train",
-    "select_checkpoint": "select",
-    "infer_block": "infer",
-    "pair_block": "stitch",
-    "join_blocks": "stitch",
-    "relabel_part": "stitch",
-    "finish_stitch": "stitch",
-    "consensus_pairs": "consensus",
-    "join_consensus_pairs": "consensus",
-    "relabel_consensus_part": "consensus",
-    "finish_consensus": "consensus",
-    "pair_core": "agglomerate",
-    "join_pairs": "agglomerate",
-    "decide_core": "agglomerate",
-    "merge_pairs": "agglomerate",
-    "count_part": "agglomerate",
-    "sum_sizes": "agglomerate",
-    "relabel_merged_part": "agglomerate",
-    "finish_agglomeration": "agglomerate",
-    "count_region": "evaluate",
-    "boundary_forest": "evaluate",
-    "given_boundary_forest": "evaluate",
-    "learned_baseline": "evaluate",
-    "evaluate": "evaluate",
-    "begin_export": "export",
-    "export_region": "export",
-    "export_meshes": "export",
-    "plan_meshes": "export",
-    "merge_meshes": "export",
-    "report_study": "study",
-    "finish_export": "export",
-}
-
 
 # evaluation.json's keys -> the report's rows.
 METHOD_NAMES = {
@@ -104,16 +71,6 @@ def _largest_errors_lines(errors: dict | None) -> list[str]:
                 )
             lines.append("")
     return lines[:-1]
-
-
-def _query(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
-    if not db.is_file():
-        return []
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
-        try:
-            return connection.execute(sql, params).fetchall()
-        except sqlite3.OperationalError:  # no tables yet: monitoring never wrote
-            return []
 
 
 def _run_id(db: Path, run: int) -> str | None:
@@ -392,11 +349,12 @@ def _viewer_lines(run_dir: Path, paths: RunPaths, errors: dict) -> list[str]:
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """report.md: stage times, training speed and quality, FFN against the watershed baseline."""
+    """report.md: stage times, node-hours and energy, training speed and quality, FFN against the watershed baseline."""
     run_dir = Path(run_dir)
     paths = RunPaths(run_dir)
     lines = [f"# FFN run report: {run_dir.name}", ""]
     lines += _stage_lines(paths)
+    lines += cost_lines(paths)
     lines += _study_lines(paths)
     lines += _training_lines(paths)
     lines += _selection_lines(paths)
