@@ -20,6 +20,7 @@ from pipeline.run.code_copy import copy_name, last_copy
 
 def dry_run(command: str, resolved: ResolvedRun, plan: RunPlan, environment, stages) -> int:
     """Print the DAG, the site and, for a run dir that exists, what is up to date; run nothing."""
+    from site_configs.dry_run import describe_block_scripts
     from site_configs.environment import check_environment, describe_environment
 
     print((describe_study if command == "study" else describe_dag)(plan))
@@ -30,6 +31,8 @@ def dry_run(command: str, resolved: ResolvedRun, plan: RunPlan, environment, sta
             print(f"  {warning}")
     except ConfigError as refusal:  # the dry run shows what the run would refuse
         print(f"  a run would be refused: {refusal}")
+    # Each pool's batch script and submit command, as the site's own providers would make them.
+    print(describe_block_scripts(resolved.site, resolved.spec, resolved.paths.root))
     if plan.paths.root.is_dir():
         steps = steps_of(plan)
         print(
