@@ -1,5 +1,6 @@
-"""Running the planned steps through Parsl: its start with SIGINT held, the submission, a line per
-task's start and end and per block's progress, and an orderly stop on SIGINT or SIGTERM."""
+"""Running the planned steps through Parsl: its start with SIGINT and SIGHUP held, the submission,
+a line per task's start and end and per block's progress, and an orderly stop on SIGINT, SIGTERM or
+SIGHUP (a dropped login session), exit 128 + the signal's number."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from apps.plan.describe import _progress_of, describe_progress, progress_seen_before
 from apps.plan.step import Step, build_dag, executor_labels
 from pipeline.run.run_layout import RunPaths
+from site_configs.teardown import tell
 
 if TYPE_CHECKING:
     from site_configs.spec import SiteSpec
@@ -59,7 +61,7 @@ def _watch(futures: dict[str, object], paths: RunPaths, progress_files: dict[str
 
 
 def _say(text: str) -> None:
-    print(f"[workflow {time.strftime('%H:%M:%S')}] {text}", flush=True)
+    tell(f"[workflow {time.strftime('%H:%M:%S')}] {text}", sys.stdout)
 
 
 def _last_train_line(log: Path) -> str:
@@ -71,40 +73,64 @@ def _last_train_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
+# The signals that stop the workflow in order: Ctrl-C; `kill`, `timeout` or a batch system; a
+# dropped login session (the shell, hung up, sends SIGHUP to each of its jobs' process groups).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Those a terminal sends to the whole process group: held back from the processes Parsl starts.
+TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGHUP}
+
+
 class Stopped(Exception):
-    """SIGINT or SIGTERM reached the workflow: its workers are stopped and it exits."""
+    """SIGINT, SIGTERM or SIGHUP reached the workflow: its workers are stopped and it exits."""
 
 
 def _stop(signum: int, frame) -> None:
+    for sig in STOP_SIGNALS:  # a second signal must not cut the shutdown short
+        if signal.getsignal(sig) is _stop:
+            signal.signal(sig, signal.SIG_IGN)
     raise Stopped(signal.Signals(signum).name)
+
+
+def _handle_stop_signals() -> dict[signal.Signals, object]:
+    """`_stop` for each of STOP_SIGNALS, except one this process was started ignoring (`nohup`
+    ignores SIGHUP, a script's background job SIGINT: it goes on as asked); the handlers before."""
+    return {
+        sig: signal.signal(sig, _stop)
+        for sig in STOP_SIGNALS
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
 
 
 @contextlib.contextmanager
 def _sigint_held() -> Iterator[None]:
-    """Hold SIGINT back from the processes and threads Parsl starts meanwhile: they inherit the
-    mask. A terminal's Ctrl-C reaches the whole foreground process group; Parsl's interchange and
-    monitoring processes died of it and its cleanup then waited forever on the dead interchange.
-    Held, it reaches this process alone (after the start, not lost), which stops them in order."""
-    # multiprocessing unblocks SIGINT when it starts its resource tracker: started first here.
+    """Hold SIGINT and SIGHUP back from the processes and threads Parsl starts meanwhile: they
+    inherit the mask. A terminal's Ctrl-C reaches the whole foreground process group, and a
+    dropped login session's SIGHUP each job's; Parsl's interchange and monitoring processes died
+    of them (its cleanup then waited forever on the dead interchange, its monitoring database
+    lost the run's end). Held, they reach this process alone (after the start, not lost), which
+    stops them in order."""
+    # multiprocessing unblocks SIGINT when it starts its resource tracker: started first here,
+    # with SIGHUP held (the tracker must outlive the stop: this process unregisters at its exit).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     resource_tracker.ensure_running()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINAL_SIGNALS)
 
 
 def execute(
     steps: list[Step], reasons: dict[str, str | None], site, spec: SiteSpec, paths: RunPaths
 ) -> int:
-    """Run the planned tasks through Parsl; on SIGINT/SIGTERM stop every worker of the run."""
+    """Run the planned tasks through Parsl; on SIGINT/SIGTERM/SIGHUP stop every worker of the run."""
     import parsl
 
     from pipeline.run.watchdog import start as start_watchdog
     from site_configs.parsl_config import only_executors
     from site_configs.teardown import child_pids, shutdown, stop_failed_start
 
-    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = _handle_stop_signals()
     dfk, ours = None, child_pids()  # processes this one had before Parsl: not Parsl's to stop
     try:
         try:
@@ -142,8 +168,8 @@ def execute(
         n: f.exception() for n, f in futures.items() if f.task_record["status"].name == "failed"
     }
     for name, exc in failed.items():
-        print(f"[workflow] {name} failed: {exc}", file=sys.stderr)
+        tell(f"[workflow] {name} failed: {exc}", sys.stderr)
     if failed:
-        print(f"[workflow] Parsl's logs: {paths.runinfo}", file=sys.stderr)
+        tell(f"[workflow] Parsl's logs: {paths.runinfo}", sys.stderr)
         return 1
     return 0

@@ -25,6 +25,8 @@ def dry_run(command: str, resolved: ResolvedRun, plan: RunPlan, environment, sta
 
     print((describe_study if command == "study" else describe_dag)(plan))
     print(f"  {resolved.origin}")
+    if retired := getattr(resolved.site, "RETIRED", None):  # a site whose machine is gone
+        print(f"  {retired}")
     print(f"  {describe_environment(environment)}")
     try:
         if warning := check_environment(resolved.spec, environment):

@@ -1,11 +1,13 @@
 """Stopping a run's processes: `shutdown` (the end of every run, or a Ctrl-C: the blocks
 cancelled, Parsl cleaned up within a bound, what outlives it killed, the watchdog told to exit),
-`stop_failed_start` (after `parsl.load` raised), and `child_pids`, the processes both spare.
+`stop_failed_start` (after `parsl.load` raised), and `child_pids`, the processes both spare;
+`tell`, a print that a terminal gone (a dropped login session) does not stop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -13,6 +15,23 @@ import time
 import psutil
 
 from pipeline.run import watchdog
+
+
+def tell(text: str, stream=None) -> None:
+    """Print `text` to `stream` (default stdout), unless its terminal is gone: a hung-up terminal
+    (a dropped login session) fails every write with EIO, a closed pipe with EPIPE. Such a stream
+    writes to /dev/null from then on, so the stop that follows goes on, and Python's flush of its
+    streams at exit does not turn the workflow's exit status into 120."""
+    stream = stream or sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except OSError:
+        with contextlib.suppress(OSError, ValueError):  # no file descriptor: nothing to redirect
+            fd = stream.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+            stream.flush()  # what the failed write left in the buffer
 
 
 def _is_resource_tracker(process: psutil.Process, parent: int) -> bool:
@@ -43,9 +62,7 @@ def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
             try:
                 provider.cancel(jobs)
             except Exception as exc:  # noqa: BLE001  (the cleanup below must still run)
-                print(
-                    f"[workflow] could not cancel {executor.label} blocks: {exc}", file=sys.stderr
-                )
+                tell(f"[workflow] could not cancel {executor.label} blocks: {exc}", sys.stderr)
     _parsl_cleanup(dfk)
     _stop(started)
     watchdog.stop_all()
@@ -77,11 +94,11 @@ def _parsl_cleanup(dfk) -> None:
         if ended_at is None and (ended := _ended_interchanges(dfk)):
             ended_at = time.monotonic()
         if ended_at is not None and time.monotonic() - ended_at > CLEANUP_AFTER_INTERCHANGE_S:
-            print(
+            tell(
                 f"[workflow] Parsl's cleanup had not ended {CLEANUP_AFTER_INTERCHANGE_S:.0f} s "
                 f"after the interchange of {', '.join(ended)} ended: the run's processes are "
                 "stopped without it",
-                file=sys.stderr,
+                sys.stderr,
             )
             return
     if failures:

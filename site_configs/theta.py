@@ -9,7 +9,8 @@ Parsl's MPI mode does not know Cobalt, so this site uses the classic pattern (se
     "cpu": HighThroughputExecutor on CobaltProvider(AprunLauncher): a worker pool per KNL node.
 
 Theta was retired at the end of 2023; this module documents how the workflow ran there and is a
-template for other Cobalt/ALPS machines. Set `account` before submitting.
+template for other Cobalt/ALPS machines (`RETIRED`, the line the dry run prints, left out of a
+copy). Set `account` before submitting.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from site_configs import parsl_config, pools
 from site_configs.cobalt import CobaltProvider
 from site_configs.queues import QueueLimit
 from site_configs.spec import SiteSpec, check_scheduler
+
+# A site module's `RETIRED` (optional): one line the dry run prints, that its machine is gone.
+RETIRED = (
+    "Theta was retired by ALCF at the end of 2023: this site is the SC'19 setup, kept as a "
+    "template for other Cobalt/ALPS machines"
+)
 
 # Theta's KNL queues, from ALCF's "Job and Queue Scheduling for Theta" (argonne-lcf/user-guides,
 # docs/theta/queueing-and-running-jobs/job-and-queue-scheduling.md). default's longest walltime
