@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core.atomic import atomic_path
+from pipeline.core.energy import EnergyMeter
 from pipeline.core.memory import peak_memory_mib, reset_peak_memory, resident_memory_mib
 from pipeline.core.owner import leash
 from pipeline.core.roi import Roi, grid_starts
@@ -651,7 +652,8 @@ def _run_and_stamp(
     reset_peak_memory()
     held_before = resident_memory_mib()
     started, cpu_started = time.perf_counter(), time.process_time()
-    token = work()
+    with EnergyMeter() as energy:  # the node's energy counters while it works
+        token = work()
     if token is not None and not isinstance(token, str):
         raise TypeError(f"run_once: work() must return a digest (str) or None, got {token!r}")
     # Read inside the measured window: stamping a folder of many files is part of the task.
@@ -666,6 +668,7 @@ def _run_and_stamp(
         # What the worker held before: a peak grown from there is the task's, a grown
         # starting point is what earlier tasks left behind.
         "start_rss_mib": held_before,
+        **energy.measured(),  # "energy": the readings, or why the node's cannot be read here
     }
     named = checked_states(checked(), outputs[0].parent) if checked is not None else None
     write_stamp(settings, inputs, outputs, states, token, measured, regions, named)

@@ -284,7 +284,16 @@ def attribute(records: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
         ends: list[tuple[float, int]] = []  # heap of the running tasks' ends
         running: Tally = Tally()  # stage: tasks of it running
         nxt = 0
-        for (t0, v0, _), (t1, v1, _) in zip(timeline, timeline[1:], strict=False):
+        t0, v0, _ = timeline[0]
+        for t1, v1, _ in timeline[1:]:
+            delta = v1 - v0
+            if delta < 0:
+                # Far below: the counter wrapped. Just below: a reading another task took a
+                # moment before its timestamp's neighbour's (tasks read concurrently); it is
+                # not a new baseline, or the joules since it would be counted twice.
+                if not wraps[key] or -delta < wraps[key] / 2:
+                    continue
+                delta += wraps[key]
             while nxt < len(begins) and begins[nxt][0] <= t0:
                 task = begins[nxt][1]
                 heapq.heappush(ends, (spans[task][2], task))
@@ -294,16 +303,11 @@ def attribute(records: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
                 _, task = heapq.heappop(ends)
                 running[spans[task][0]] -= 1
             count = sum(running.values())
-            delta = v1 - v0
-            if delta < 0:  # the counter wrapped (or was reset: a driver reloaded)
-                if not wraps[key]:
-                    continue
-                delta += wraps[key]
-            if count <= 0 or t1 <= t0 or not math.isfinite(delta):
-                continue
-            for stage, n in running.items():
-                if n > 0:
-                    joules[stage][kinds[key]] += delta * n / count
+            if count > 0 and t1 > t0 and math.isfinite(delta):
+                for stage, n in running.items():
+                    if n > 0:
+                        joules[stage][kinds[key]] += delta * n / count
+            t0, v0 = t1, v1
     return {stage: dict(by_kind) for stage, by_kind in joules.items()}
 
 

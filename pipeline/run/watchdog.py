@@ -107,12 +107,13 @@ class Watchdog:
                     continue
                 dead = self.process.pid
                 self.process = _launch(self.command, self.run_dir)
-            print(
-                f"the run's watchdog (pid {dead}) ended ({_ended(code)}): pid "
-                f"{self.process.pid} watches the run now",
-                file=sys.stderr,
-                flush=True,
-            )
+            with contextlib.suppress(OSError, ValueError):  # the terminal may be gone
+                print(
+                    f"the run's watchdog (pid {dead}) ended ({_ended(code)}): pid "
+                    f"{self.process.pid} watches the run now",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def stop(self, timeout: float = 10.0) -> None:
         """A normal end: the watchdog exits and kills nothing."""

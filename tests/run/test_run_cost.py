@@ -286,6 +286,15 @@ def test_the_report_gives_each_stage_the_joules_its_nodes_counters_rose_by(
         stamp["measured"] |= meter.measured()
         stamp_path(output).write_text(json.dumps(stamp))
 
+    # The other tasks' own readings (this machine's counters, or why they cannot be read)
+    # left out: those stages are "not recorded", whatever machine made the tiny run.
+    for output, (stage, _) in outputs.items():
+        if stage not in ("train", "infer") and (stamp := read_stamp(output)) is not None:
+            stamp.get("measured", {}).pop("energy", None)
+            if holds_stamp(output):  # an export's record: the stamp is inside it
+                output.write_text(json.dumps(json.loads(output.read_text()) | {"stamp": stamp}))
+            else:
+                stamp_path(output).write_text(json.dumps(stamp))
     [train] = [o for o, (stage, _) in outputs.items() if stage == "train"]
     measure(train, lambda: [node.use(CPU=20.0) or time.sleep(0.03) for _ in range(4)])
     blocks = [o for o, (stage, _) in outputs.items() if stage == "infer"]
@@ -310,10 +319,6 @@ def test_the_report_gives_each_stage_the_joules_its_nodes_counters_rose_by(
     assert "; read: intel-gpu:card0, rapl:package-0, rapl:package-0/dram." in report
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline.core.stamps.run_once does not read EnergyMeter yet: drop this mark with it",
-)
 def test_run_once_keeps_its_nodes_energy_readings_in_the_stamp(tmp_path, monkeypatch):
     from pipeline.core.stamps import run_once
 
