@@ -48,7 +48,7 @@ def viewer(tiny_run, tmp_path):
         str(Path(sys.executable).with_name("parsl-visualize")),
         *("--listen", "127.0.0.1", "--port", str(port), f"sqlite:///{database}"),
     ]
-    with processes.started(command, stdout=subprocess.PIPE) as server:
+    with processes.started(command, cwd=tmp_path, stdout=subprocess.PIPE) as server:
         yield f"http://127.0.0.1:{port}", run_id, server
 
 
