@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.core.errors import ConfigError
-from pipeline.network.devices import GpuOrder
+from pipeline.network.devices import GpuKind, GpuOrder
 from site_configs.checks import check_site
 from site_configs.launch import LAUNCHER_OPTION_FIELDS, MPILaunch, mpi_launch
 from site_configs.queues import QueueLimit
@@ -54,6 +54,11 @@ class SiteSpec:
     # Which GPU each rank of a node takes (pipeline.network.devices): "local_rank" (GPU r) or "reverse"
     # (GPU n-1-r, ALCF's advice for Polaris' NUMA layout). Exported to the ranks as $FFN_GPU_ORDER.
     gpu_order: GpuOrder = "local_rank"
+    # What the GPUs are (pipeline.network.devices): "cuda", NVIDIA's (TensorFlow's CUDA build,
+    # Horovod with NCCL), or "xpu", Intel's, each tile a device TensorFlow lists as "XPU" (Intel's
+    # extension for TensorFlow, Horovod with oneCCL: Aurora). The venv is checked for it
+    # (site_configs.environment.check_environment).
+    gpu_kind: GpuKind = "cuda"
     mpi_tasks_per_block: int = 1  # multi-rank tasks one block runs at once (each on its own nodes)
     max_blocks: int = 1  # batch jobs of the mpi pool alive at once
     launcher_options: str = ""  # extra launcher flags for every multi-rank task; may use the

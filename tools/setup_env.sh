@@ -20,6 +20,16 @@
 #              allreduce, for GPU nodes: needs a CUDA 12 nvcc (the site's CUDA module); NCCL is
 #              $HOROVOD_NCCL_HOME if set, else the nvidia-nccl-cu12 wheel TensorFlow brings.
 #              GPU=0 (default for a new venv): tensorflow-cpu.
+#   GPU=xpu    Intel GPUs (Aurora): the venv is made over the Python of the site's TensorFlow
+#              module, with --system-site-packages, so that it keeps the module's TensorFlow,
+#              Intel's extension for it (intel_extension_for_tensorflow: the tiles are XPU
+#              devices) and Intel's Horovod (oneCCL allreduce); nothing is built, tensorflow-cpu
+#              is not installed, the rest of the lock is (a pin the module holds at another
+#              version goes into the venv, in front of the module's). Load the module first, as
+#              the site's worker_init does (Aurora, docs.alcf.anl.gov/aurora/data-science/python/:
+#              `module load tensorflow; module load mpich/opt/develop-git.6037a7a`); its python3
+#              (PYTHON=) must be 3.11. Goes with MPI=system (the default with GPU=xpu): the
+#              module's Horovod speaks the site's MPI.
 # MPI= or GPU= not given: the venv's recorded flavour. Given and not the venv's: refused, in one
 # line (`make clean-venv` first, or another VENV=).
 #   DRY_RUN=1  print the flavour, the MPI, CUDA and NCCL found, what would be installed and built
@@ -32,7 +42,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 [[ $VENV == /* ]] || VENV="$PWD/$VENV"  # absolute: it goes into PATH and the records
-PYTHON=${PYTHON:-python3.11}
+PYTHON_GIVEN=${PYTHON:-}
 MPI_GIVEN=${MPI:-}
 GPU_GIVEN=${GPU:-}
 DRY_RUN=${DRY_RUN:-0}
@@ -44,7 +54,7 @@ FLAVOUR_FILE="$VENV/.setup-flavour"
 SITE_PACKAGES="$VENV/lib/python3.11/site-packages"  # pyproject: requires-python ==3.11.*
 
 case "$MPI_GIVEN" in "" | wheel | system) ;; *) echo "[setup] MPI must be wheel or system, got '$MPI_GIVEN'" >&2; exit 2 ;; esac
-case "$GPU_GIVEN" in "" | 0 | 1) ;; *) echo "[setup] GPU must be 0 or 1, got '$GPU_GIVEN'" >&2; exit 2 ;; esac
+case "$GPU_GIVEN" in "" | 0 | 1 | xpu) ;; *) echo "[setup] GPU must be 0, 1 or xpu, got '$GPU_GIVEN'" >&2; exit 2 ;; esac
 
 # Why the set-up cannot go on: it stops at once. A dry run keeps the first reason and prints its
 # whole plan before it, so one look shows everything found and missing.
@@ -164,17 +174,70 @@ link_wheel_nccl() {
   ln -sfn libnccl.so.2 "$nccl_home/lib/libnccl.so"
 }
 
+# What the Python of the site's TensorFlow module holds, for GPU=xpu, without importing anything
+# (Intel's extension fails to import where there is no Intel GPU, as on Aurora's login nodes):
+# its version, and TensorFlow's, Intel's extension's and Horovod's distribution and version ("" for
+# one it lacks). Sets module_python, module_tensorflow, module_extension, module_horovod.
+probe_module_python() {
+  local probe
+  module_python="" module_tensorflow="" module_extension="" module_horovod=""
+  if ! command -v "$PYTHON" >/dev/null; then
+    refuse "GPU=xpu: no $PYTHON on PATH; load the site's TensorFlow module first (Aurora: module load tensorflow)"
+    return
+  fi
+  probe=$("$PYTHON" -c '
+import sys
+from importlib import metadata, util
+def dist(top):
+    if util.find_spec(top) is None:
+        return ""
+    for name in metadata.packages_distributions().get(top) or [top]:
+        try:
+            return metadata.metadata(name)["Name"] + " " + metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return top + " (version unknown)"
+print("python=%d.%d" % sys.version_info[:2])
+for key, top in [("tensorflow", "tensorflow"), ("extension", "intel_extension_for_tensorflow"), ("horovod", "horovod")]:
+    print(key + "=" + dist(top))
+') || probe=""
+  module_python=$(sed -n 's/^python=//p' <<<"$probe")
+  module_tensorflow=$(sed -n 's/^tensorflow=//p' <<<"$probe")
+  module_extension=$(sed -n 's/^extension=//p' <<<"$probe")
+  module_horovod=$(sed -n 's/^horovod=//p' <<<"$probe")
+  local where
+  where=$(command -v "$PYTHON")
+  if [[ $module_python != 3.11 ]]; then
+    refuse "GPU=xpu: $where is Python ${module_python:-of no known version}; the project needs 3.11 (pyproject.toml): load the site's TensorFlow module of Python 3.11, or give PYTHON="
+  elif [[ -z $module_tensorflow ]]; then
+    refuse "GPU=xpu: $where has no TensorFlow; load the site's TensorFlow module first (Aurora: module load tensorflow)"
+  elif [[ -z $module_extension ]]; then
+    refuse "GPU=xpu: the TensorFlow of $where ($module_tensorflow) has no Intel extension (intel_extension_for_tensorflow), so it lists no XPU: load the site's TensorFlow module for Intel GPUs"
+  elif [[ -z $module_horovod ]]; then
+    refuse "GPU=xpu: $where has no Horovod (Intel's, with oneCCL); load the site's TensorFlow module that holds it"
+  fi
+}
+
 had=$(recorded_flavour)
 had_mpi="" had_gpu=""
 if [[ -n $had ]]; then
-  if [[ ! $had =~ ^MPI=(wheel|system)\ GPU=([01])$ ]]; then
-    echo "[setup] $FLAVOUR_FILE holds '$had', not 'MPI=wheel|system GPU=0|1'; make clean-venv first" >&2
+  if [[ ! $had =~ ^MPI=(wheel|system)\ GPU=([01]|xpu)$ ]]; then
+    echo "[setup] $FLAVOUR_FILE holds '$had', not 'MPI=wheel|system GPU=0|1|xpu'; make clean-venv first" >&2
     exit 2
   fi
   had_mpi=${BASH_REMATCH[1]} had_gpu=${BASH_REMATCH[2]}
 fi
-MPI=${MPI_GIVEN:-${had_mpi:-wheel}}
 GPU=${GPU_GIVEN:-${had_gpu:-0}}
+# A new venv: the mpich wheel, but the site's MPI with GPU=xpu (the module's Horovod speaks it).
+new_mpi=wheel
+[[ $GPU == xpu ]] && new_mpi=system
+MPI=${MPI_GIVEN:-${had_mpi:-$new_mpi}}
+# The venv's Python: 3.11 from PATH, or with GPU=xpu the python3 of the site's TensorFlow module.
+if [[ $GPU == xpu ]]; then
+  PYTHON=${PYTHON_GIVEN:-python3}
+else
+  PYTHON=${PYTHON_GIVEN:-python3.11}
+fi
 if [[ -n $had && "MPI=$MPI GPU=$GPU" != "$had" ]]; then
   refuse "$VENV was made with $had, not MPI=$MPI GPU=$GPU: make clean-venv first, or give another VENV="
 fi
@@ -198,6 +261,12 @@ else
 fi
 mpi_id=$(hash8 "$mpi_detail")
 cache_name="$mpi_tag-$mpi_id"
+if [[ $GPU == xpu ]]; then
+  [[ $MPI == system ]] || refuse "GPU=xpu: the TensorFlow module's Horovod speaks the site's MPI, not the mpich wheel's; use MPI=system"
+  # TensorFlow, Intel's extension and Horovod are the module's: none from the lock, none built.
+  requirements=$(grep -v -i '^tensorflow-cpu==' <<<"$requirements")
+  probe_module_python
+fi
 if [[ $GPU == 1 ]]; then
   requirements=$(sed "s/^tensorflow-cpu==.*/tensorflow[and-cuda]==$TF_VERSION/" <<<"$requirements")
   find_cuda
@@ -210,8 +279,10 @@ wheel_dir="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$cache_name"
 # The package's extras (pyproject.toml) this flavour installs, for people: the lines above chose them.
 extras=cpu
 [[ $GPU == 1 ]] && extras=gpu
+[[ $GPU == xpu ]] && extras=""  # TensorFlow is the module's
 [[ $MPI == wheel ]] && extras+=,mpi-wheel
 extras+=,test
+extras=${extras#,}
 want=$( (cat tools/setup_env.sh pyproject.toml; echo "$requirements"; echo "MPI=$MPI GPU=$GPU $wheel_dir") | sha256sum | cut -d' ' -f1)
 
 if [[ $DRY_RUN == 1 ]]; then
@@ -228,8 +299,16 @@ if [[ $DRY_RUN == 1 ]]; then
     echo "[setup]   CUDA: ${cuda_home:-none found}${cuda_release:+ (nvcc release $cuda_release)}"
     echo "[setup]   NCCL: $nccl_home ($nccl_from)"
   fi
-  echo "[setup]   build horovod==$HOROVOD_VERSION with ${build_flags[*]}"
-  if [[ -n $mpi_name ]]; then
+  if [[ $GPU == xpu ]]; then
+    echo "[setup]   the venv over $(command -v "$PYTHON" || echo "$PYTHON") (Python ${module_python:-?}, --system-site-packages): the site's TensorFlow module"
+    echo "[setup]   from the module: TensorFlow: ${module_tensorflow:-none}; Intel's extension: ${module_extension:-none}; Horovod: ${module_horovod:-none}"
+    echo "[setup]   build nothing: the module's Horovod allreduces with oneCCL (checked: horovodrun --check-build shows CCL)"
+  else
+    echo "[setup]   build horovod==$HOROVOD_VERSION with ${build_flags[*]}"
+  fi
+  if [[ $GPU == xpu ]]; then
+    :
+  elif [[ -n $mpi_name ]]; then
     echo "[setup]   horovod wheel cache: $wheel_dir"
   else
     echo "[setup]   horovod wheel cache: $WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf$TF_VERSION-system-mpi-<MPI>-<hash> (named after the MPI found)"
@@ -248,7 +327,11 @@ fi
 
 if [[ ! -x "$VENV/bin/python" ]]; then
   echo "[setup] creating $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV"
+  if [[ $GPU == xpu ]]; then  # the module's packages stay visible in the venv
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
 fi
 # Before anything is installed: a set-up stopped half-way still knows the venv's flavour.
 echo "MPI=$MPI GPU=$GPU" >"$FLAVOUR_FILE"
@@ -273,7 +356,9 @@ if [[ $GPU == 1 && $nccl_home == "$SITE_PACKAGES/nvidia/nccl" ]]; then
   link_wheel_nccl
 fi
 
-if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+if [[ $GPU == xpu ]]; then
+  :  # Horovod is the module's (Intel's, with oneCCL)
+elif ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
   echo "[setup] building horovod==$HOROVOD_VERSION against TensorFlow $TF_VERSION and $mpi_name (3 to 15 minutes on 2 cores, once: the wheel is cached)"
   mkdir -p "$wheel_dir.tmp"
   # CMAKE_POLICY_VERSION_MINIMUM: Horovod's bundled gloo declares an old cmake minimum.
@@ -282,7 +367,7 @@ if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     --no-cache-dir -w "$wheel_dir.tmp" "horovod==$HOROVOD_VERSION"
   rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
 fi
-pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+[[ $GPU == xpu ]] || pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
 pip install -q --no-deps --no-build-isolation -e .
 # The package went in without its dependencies: the lock must have brought them all, at its pins.
 if ! problems=$(pip check); then
@@ -291,7 +376,11 @@ if ! problems=$(pip check); then
   exit 1
 fi
 
-build_info=$("$VENV/bin/horovodrun" --check-build)
+if [[ $GPU == xpu ]]; then  # the module's horovodrun is not in the venv's bin/
+  build_info=$("$VENV/bin/python" -c 'import sys; from horovod.runner.launch import run_commandline; sys.argv[1:] = ["--check-build"]; run_commandline()')
+else
+  build_info=$("$VENV/bin/horovodrun" --check-build)
+fi
 if ! grep -q '\[X\] MPI' <<<"$build_info" || ! grep -q '\[X\] Gloo' <<<"$build_info"; then
   echo "[setup] horovod lacks MPI or Gloo support:" >&2
   echo "$build_info" >&2

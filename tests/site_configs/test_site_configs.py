@@ -56,6 +56,7 @@ TASK_TIMEOUT = 300  # seconds for a task, the block's start-up included (a minut
 
 # What each site module must build: the "mpi" executor, its provider, the MPI launcher.
 EXPECTED = {
+    "aurora": (MPIExecutor, PBSProProvider, "mpiexec"),
     "local": (MPIExecutor, LocalProvider, "mpiexec"),
     "polaris": (MPIExecutor, PBSProProvider, "mpiexec"),
     "slurm": (MPIExecutor, SlurmProvider, "srun"),
@@ -76,8 +77,8 @@ def executors(config) -> dict:
 # ---- every site's Config, built without a scheduler ----
 
 
-def test_the_four_sites_are_known():
-    assert known_sites() == ["local", "polaris", "slurm", "theta"]
+def test_the_five_sites_are_known():
+    assert known_sites() == ["aurora", "local", "polaris", "slurm", "theta"]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -647,7 +648,7 @@ def test_a_site_module_written_against_base_still_works(tmp_path):
 
 def test_load_site_unknown_name_lists_the_known_sites():
     with pytest.raises(
-        ConfigError, match="unknown site; known sites: local, polaris, slurm, theta"
+        ConfigError, match="unknown site; known sites: aurora, local, polaris, slurm, theta"
     ):
         load_site("summit")
 
