@@ -136,7 +136,7 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--site",
-        help="local, polaris, slurm, theta, cobalt, or a path to a site module "
+        help="aurora, local, perlmutter, polaris, slurm, theta, or a path to a site module "
         "(default: local; with --resume the site the run recorded)",
     )
     add(
@@ -162,6 +162,16 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="allocation charged by batch jobs (default: $FFN_ACCOUNT, else the site's)",
     )
     add("--queue", help="batch queue or partition (default: $FFN_QUEUE, else the site's)")
+    add(
+        "--qos",
+        help="Slurm only: the QOS of both pools' jobs, sbatch --qos (perlmutter: debug, regular; "
+        "default: the site's)",
+    )
+    add(
+        "--constraint",
+        help="Slurm only: the node features both pools' jobs need, sbatch --constraint "
+        "(perlmutter: gpu, 'gpu&hbm80g'; default: the site's)",
+    )
     add("--walltime", metavar="HH:MM:SS", help="walltime of the training's batch jobs")
     add("--cpu-queue", help="batch queue of the single-process tasks' jobs (default: --queue's)")
     add(

@@ -77,13 +77,12 @@ def load_site_record(path: Path) -> tuple[str, SiteSpec]:
 
 
 def _allocation(args: argparse.Namespace, recorded: bool) -> dict[str, str]:
-    """--account, --queue, --walltime, --cpu-queue, --cpu-walltime as given; for a site not recorded by the run
-    also $FFN_ACCOUNT/$FFN_QUEUE (a resumed run keeps what it recorded over the environment's)."""
-    changes = {
-        name: value
-        for name in ("account", "queue", "walltime", "cpu_queue", "cpu_walltime")
-        if (value := getattr(args, name))
-    }
+    """--account, --queue, --walltime, --cpu-queue, --cpu-walltime, --qos, --constraint as given;
+    for a site not recorded by the run also $FFN_ACCOUNT/$FFN_QUEUE (a resumed run keeps what it
+    recorded over the environment's). Checked with the site's settings (site_configs.checks): a
+    QOS or constraint on a site whose scheduler is not Slurm is refused."""
+    names = ("account", "queue", "walltime", "cpu_queue", "cpu_walltime", "qos", "constraint")
+    changes = {name: value for name in names if (value := getattr(args, name, None))}
     if not recorded:
         for name in ("account", "queue"):
             if name not in changes and (value := os.environ.get(f"FFN_{name.upper()}")):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pipeline.core.errors import ConfigError
 from pipeline.network.devices import GPU_ORDERS
 from site_configs.launch import LAUNCHER_OPTION_FIELDS, LAUNCHERS_FOR
-from site_configs.queues import check_queues, is_walltime
+from site_configs.queues import check_queues, describe_queues, is_walltime, queue_sizes
 
 if TYPE_CHECKING:
     from site_configs.spec import SiteSpec
@@ -141,8 +141,9 @@ def check_workflow_settings(site: SiteSpec) -> None:
 
 
 def check_names_given(site: SiteSpec) -> None:
-    """Queues, account and venv: a name, or None for the scheduler's default (the running venv)."""
-    for name in ("queue", "cpu_queue", "account", "venv"):
+    """Queues, account, QOS, constraint and venv: a name, or None for the scheduler's default (the
+    running venv)."""
+    for name in ("queue", "cpu_queue", "account", "qos", "constraint", "venv"):
         value = getattr(site, name)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ConfigError(f"{_where(site)}: {name} must be a non-empty string or None")
@@ -151,19 +152,82 @@ def check_names_given(site: SiteSpec) -> None:
 # What a scheduler takes as an account, a queue (PBS's `queue@server`) or a Slurm partition. Parsl's
 # providers put these into the submit command, which a shell runs (`qsub ... -A ACCOUNT`): anything
 # else (`;`, `$`, spaces, quotes) could run as a command of its own.
-_SCHEDULER_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]*")
+_WORD = r"[A-Za-z0-9][A-Za-z0-9_.+@-]*"
+_SCHEDULER_WORD = re.compile(_WORD)
+# A Slurm constraint: node features joined by AND (&) and OR (|), as Perlmutter's `gpu&hbm80g`.
+# It reaches only the job script's `#SBATCH --constraint=` line, where `&` and `|` are sbatch's.
+_CONSTRAINT = re.compile(rf"{_WORD}(?:[&|]{_WORD})*")
 
 
 def check_scheduler_words(site: SiteSpec) -> None:
-    """Account and queues are plain scheduler words, however they were given (site module,
-    --account/--queue, $FFN_ACCOUNT/$FFN_QUEUE, a run's site.json)."""
-    for name in ("account", "queue", "cpu_queue"):
+    """Account, queues and QOS are plain scheduler words, and the constraint features joined by &
+    and |, however they were given (site module, --account/--queue/--qos/--constraint,
+    $FFN_ACCOUNT/$FFN_QUEUE, a run's site.json)."""
+    for name in ("account", "queue", "cpu_queue", "qos"):
         value = getattr(site, name)
         if isinstance(value, str) and not _SCHEDULER_WORD.fullmatch(value):
             raise ConfigError(
                 f"{_where(site)}: {name} {value!r} is not a scheduler name (letters, digits and "
                 "_ . + @ -): it would reach the submit command's shell"
             )
+    value = site.constraint
+    if isinstance(value, str) and not _CONSTRAINT.fullmatch(value):
+        raise ConfigError(
+            f"{_where(site)}: constraint {value!r} is not a scheduler name (node features of "
+            "letters, digits and _ . + @ -, joined by & or |): it would reach the job script"
+        )
+
+
+def check_slurm_only(site: SiteSpec) -> None:
+    """A QOS and a constraint are Slurm's (sbatch --qos, --constraint): another scheduler's site
+    refuses them rather than submit without them."""
+    if site.scheduler == "slurm":
+        return
+    for name in ("qos", "constraint"):
+        if (value := getattr(site, name)) is not None:
+            raise ConfigError(
+                f"{_where(site)}: {name} {value!r} is Slurm's (sbatch --{name}) and this site's "
+                f"scheduler is {site.scheduler}: leave out --{name}, and choose the jobs' queue "
+                "with --queue"
+            )
+
+
+def check_qos(site: SiteSpec) -> None:
+    """Each pool's jobs (nodes, walltime) fit the limits the site lists for their QOS, as
+    check_queues does for their queue: a QOS the site does not list is not checked."""
+    known = site.limits_of(site.qos)
+    if not known:
+        return
+    # Where the site's table names QOSes, a queue (a Slurm partition) of the same name is one
+    # given with the wrong option: sbatch would be sent it as --partition.
+    for name in ("queue", "cpu_queue"):
+        if (value := getattr(site, name)) is not None and site.limits_of(value):
+            qoses = ", ".join(dict.fromkeys(limit.name for limit in site.queue_limits))
+            raise ConfigError(
+                f"{_where(site)}: {name} {value!r} is one of the site's QOSes ({qoses}), not a "
+                f"Slurm partition: give it with --qos and leave out --{name.replace('_', '-')}"
+            )
+    jobs = (
+        ("training", site.nodes_per_block, site.walltime),
+        ("cpu", site.cpu_nodes_per_block, site.cpu_job_walltime),
+    )
+    for pool, nodes, walltime in jobs:
+        if any(limit.allows(nodes, walltime) for limit in known):
+            continue
+        fit = [limit for limit in site.queue_limits if limit.allows(nodes, walltime)]
+        flag = "--" if pool == "training" else "--cpu-"
+        if any(limit.min_nodes <= nodes <= limit.max_nodes for limit in known):
+            advice = f"a shorter {flag}walltime or another --qos"
+        elif pool == "training":
+            advice = "another --qos, or --train-nodes that the QOS takes"
+        else:
+            advice = "another --qos"
+        size = f"{nodes} node" + ("" if nodes == 1 else "s")
+        raise ConfigError(
+            f"{_where(site)}: a {pool} job of {size} for {walltime} does not fit QOS "
+            f"{site.qos!r} ({queue_sizes(known)}); QOSes that fit: "
+            f"{describe_queues(fit) or 'none'}; give {advice}"
+        )
 
 
 def check_launcher_options(site: SiteSpec) -> None:
@@ -188,8 +252,10 @@ CHECKS = (
     check_workflow_settings,
     check_names_given,
     check_scheduler_words,
+    check_slurm_only,
     check_launcher_options,
     check_queues,  # each pool's jobs fit their queue (site_configs.queues)
+    check_qos,  # ... and their QOS, where the site lists its QOSes' limits
 )
 
 

@@ -1,4 +1,5 @@
-"""A Slurm cluster with `srun` (defaults for NERSC Perlmutter CPU nodes: 128 cores x 2 threads).
+"""A Slurm cluster with `srun` (a CPU cluster of 2-socket 64-core AMD EPYC nodes: 128 cores x 2
+threads); for NERSC Perlmutter's GPU nodes use `--site perlmutter` (site_configs/perlmutter.py).
 
     "mpi": MPIExecutor(mpi_launcher="srun") on SlurmProvider(SimpleLauncher); one worker pool on
            the job's first node, and a training task runs `$PARSL_MPI_PREFIX python ...`, i.e.
@@ -6,9 +7,16 @@
            --cpus-per-task=64 --cpu-bind=cores --mpi=pmix python ...`.
     "cpu": HighThroughputExecutor on SlurmProvider(SrunLauncher): a worker pool per node.
 
-Before submitting set `account`, and `queue` (the partition) or, on Perlmutter, `queue=None`
-with `scheduler_options="#SBATCH --constraint=cpu\\n#SBATCH --qos=debug"`; with Cray MPICH
-(Perlmutter) give `--mpi=cray_shasta` in `launcher_options` in place of `--mpi=pmix`.
+Before submitting set `account` and `queue` (the partition), with `--account`/`--queue`, and, where
+the cluster asks for them, `--qos` and `--constraint` (both pools' `#SBATCH --qos=`/`--constraint=`).
+
+`srun --mpi=pmix` is the default here: it starts the ranks of a Horovod built against OpenMPI (or
+another PMIx MPI) as one world. Change it in `launcher_options` to what the cluster's MPI takes
+(`srun --mpi=list` names the plugins; the `make env MPI=system` venv's Horovod is built against
+the MPI module loaded): with Cray MPICH (HPE Cray EX machines, Perlmutter among them)
+`--mpi=cray_shasta`, or leave `--mpi` out where that is Slurm's default; with MPICH built for
+PMI-2, `--mpi=pmi2`. A Horovod whose MPI does not take the plugin starts each rank as a world of
+its own, which every training refuses at start, in one line (pipeline.network.devices).
 """
 
 from __future__ import annotations
@@ -34,8 +42,10 @@ SITE = SiteSpec(
     hyperthreads_per_core=2,  # Slurm counts hardware threads: -c = 2 x cores per rank
     mpi_tasks_per_block=1,  # one training per job
     max_blocks=1,  # one training job at a time
-    # NERSC's binding advice, and PMIx to start the ranks as one world under an OpenMPI (or
-    # other PMIx) build of Horovod; with Cray MPICH (Perlmutter) use --mpi=cray_shasta instead.
+    # Bind each rank to its cores, and PMIx to start the ranks as one world under an OpenMPI (or
+    # other PMIx) build of Horovod. Change --mpi to the cluster's MPI: Cray MPICH takes
+    # --mpi=cray_shasta (or no --mpi where Slurm defaults to it: --site perlmutter), an MPICH
+    # built for PMI-2 --mpi=pmi2 (`srun --mpi=list` names them; module docstring).
     launcher_options="--cpus-per-task={cpus_per_rank} --cpu-bind=cores --mpi=pmix",
     cpu_nodes_per_block=1,  # inference/preprocessing jobs of one node...
     cpu_workers_per_node=32,  # ...32 single-process tasks of 4 cores each
@@ -43,13 +53,15 @@ SITE = SiteSpec(
     cpu_queue=None,  # the training's partition
     cpu_walltime=None,  # the training's walltime
     walltime="00:30:00",  # short jobs start sooner; raise for long trainings
-    queue="YOUR_PARTITION",  # partition; None on Perlmutter (use the qos line above instead)
+    queue="YOUR_PARTITION",  # partition; None: the cluster's default partition
+    qos=None,  # sbatch --qos (--qos): None = the account's default QOS
+    constraint=None,  # sbatch --constraint (--constraint): None = any node of the partition
     # None known: partitions differ from cluster to cluster. Add yours, as
     # (QueueLimit(name, min_nodes, max_nodes, "HH:MM:SS"), ...) from `scontrol show partition`
     # (MinNodes, MaxNodes, MaxTime), to have a job that does not fit refused before submitting.
     queue_limits=(),
     account="YOUR_ALLOCATION",  # your allocation: make_config refuses to submit with this
-    scheduler_options="",  # extra #SBATCH lines (constraint, qos, ...)
+    scheduler_options="",  # extra #SBATCH lines (memory, licenses, ...)
     # e.g. "module load python openmpi": the venv's Python, and the MPI Horovod was built
     # against (make env MPI=system), so srun starts the ranks as one world
     worker_init="",
@@ -84,6 +96,8 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
                     partition=site.queue,
                     account=site.account,
+                    qos=site.qos,  # #SBATCH --qos=
+                    constraint=site.constraint,  # #SBATCH --constraint=
                     walltime=site.walltime,
                     nodes_per_block=site.nodes_per_block,
                     scheduler_options=site.scheduler_options,
@@ -111,6 +125,8 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     ),
                     partition=site.cpu_job_queue,
                     account=site.account,
+                    qos=site.qos,  # #SBATCH --qos=
+                    constraint=site.constraint,  # #SBATCH --constraint=
                     walltime=site.cpu_job_walltime,
                     nodes_per_block=site.cpu_nodes_per_block,
                     scheduler_options=site.scheduler_options,

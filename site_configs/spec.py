@@ -80,9 +80,16 @@ class SiteSpec:
     # -- batch jobs (ignored by the local site) --
     walltime: str = "01:00:00"  # HH:MM:SS of the training's batch jobs (and the cpu pool's: above)
     queue: str | None = None  # PBS/Cobalt queue or Slurm partition; None = the scheduler's default
+    # Slurm only (sbatch --qos, --constraint; any other scheduler refuses them): the quality of
+    # service both pools' jobs ask for, and the node features they need. NERSC chooses a job's
+    # limits by its QOS, not its partition (Perlmutter: `-q regular`, `-C gpu`), so a site whose
+    # `queue_limits` name QOSes (site_configs/perlmutter.py) has each job checked against its QOS.
+    qos: str | None = None  # None = the scheduler's default (Perlmutter's: debug)
+    constraint: str | None = None  # e.g. "gpu", "gpu&hbm80g"; None = any node
     # The site's queues and the jobs each accepts: a job that its queue does not accept is refused
     # when the SiteSpec is built, naming the queues that would take it, not by qsub half-way into
-    # a run. A queue not listed here (a reservation, a user's partition) is not checked.
+    # a run. A queue not listed here (a reservation, a user's partition) is not checked. On a
+    # Slurm site the entries may name QOSes: a job is checked against those of its `qos` too.
     queue_limits: tuple[QueueLimit, ...] = ()
     account: str | None = None  # allocation charged; None = the scheduler's default
     scheduler_options: str = ""  # extra '#PBS' / '#COBALT' / '#SBATCH' lines for every job
@@ -189,12 +196,14 @@ def for_run(
     walltime: str | None = None,
     cpu_queue: str | None = None,
     cpu_walltime: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
 ) -> SiteSpec:
     """The site as a run uses it: training jobs of exactly the nodes the training uses (a job of
     `train_nodes` x `mpi_tasks_per_block` nodes; 0: the site's nodes_per_block), and the account,
-    queues and walltimes given (None: the site's). One replace, so one check of all the changes
-    together: a run of 128 nodes fits only with the queue that takes it, which neither change
-    passes alone."""
+    queues, walltimes, QOS and constraint given (None: the site's). One replace, so one check of
+    all the changes together: a run of 128 nodes fits only with the queue (or QOS) that takes it,
+    which neither change passes alone."""
     asked = {
         "train_nodes": train_nodes or None,
         "account": account,
@@ -202,6 +211,8 @@ def for_run(
         "walltime": walltime,
         "cpu_queue": cpu_queue,
         "cpu_walltime": cpu_walltime,
+        "qos": qos,
+        "constraint": constraint,
     }
     asked = {name: value for name, value in asked.items() if value is not None}
     if not asked:

@@ -58,6 +58,7 @@ TASK_TIMEOUT = 300  # seconds for a task, the block's start-up included (a minut
 EXPECTED = {
     "aurora": (MPIExecutor, PBSProProvider, "mpiexec"),
     "local": (MPIExecutor, LocalProvider, "mpiexec"),
+    "perlmutter": (MPIExecutor, SlurmProvider, "srun"),
     "polaris": (MPIExecutor, PBSProProvider, "mpiexec"),
     "slurm": (MPIExecutor, SlurmProvider, "srun"),
     "theta": (HighThroughputExecutor, CobaltProvider, None),  # aprun called by the app itself
@@ -77,8 +78,8 @@ def executors(config) -> dict:
 # ---- every site's Config, built without a scheduler ----
 
 
-def test_the_five_sites_are_known():
-    assert known_sites() == ["aurora", "local", "polaris", "slurm", "theta"]
+def test_the_six_sites_are_known():
+    assert known_sites() == ["aurora", "local", "perlmutter", "polaris", "slurm", "theta"]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -648,7 +649,8 @@ def test_a_site_module_written_against_base_still_works(tmp_path):
 
 def test_load_site_unknown_name_lists_the_known_sites():
     with pytest.raises(
-        ConfigError, match="unknown site; known sites: aurora, local, polaris, slurm, theta"
+        ConfigError,
+        match="unknown site; known sites: aurora, local, perlmutter, polaris, slurm, theta",
     ):
         load_site("summit")
 
