@@ -66,6 +66,7 @@ def status(args: argparse.Namespace) -> int:
     from pipeline.data.staging import reads_in_place
     from pipeline.inference.blocks import block_progress_path
     from pipeline.run.run_config import load_run_config
+    from pipeline.run.run_cost import status_line
     from pipeline.run.run_lock import describe_processes, holder, run_processes
     from pipeline.run.run_report import failed_tasks, task_states
     from pipeline.training.train_metrics import last_metrics
@@ -108,6 +109,8 @@ def status(args: argparse.Namespace) -> int:
         )
     for app, output, error in failed_tasks(db):
         print(f"  failed: {app} -> {output}: {error}")
+    if cost := status_line(paths.root, running=bool(running and running.held)):
+        print(cost)
     if (metrics := last_metrics(paths.train_dir / "metrics.csv")) is not None:
         print(
             f"training: step {metrics['step']:.0f}/{config.train.max_steps}, loss {metrics['loss']:.4f}, "

@@ -1,9 +1,11 @@
 """Where the workflow runs: one small module per site, each making a Parsl Config from a `SiteSpec`.
 
-    local    this machine: LocalProvider, MPIExecutor + the venv's MPICH mpiexec
-    polaris  ALCF Polaris: PBSProProvider, MPIExecutor + PALS mpiexec
-    slurm    a Slurm cluster (Perlmutter CPU defaults): SlurmProvider, MPIExecutor + srun
-    theta    ALCF Theta (retired; SC'19 setup): CobaltProvider (cobalt.py), HTEX + aprun
+    local       this machine: LocalProvider, MPIExecutor + the venv's MPICH mpiexec
+    aurora      ALCF Aurora: PBSProProvider, MPIExecutor + mpiexec, a rank per XPU tile
+    perlmutter  NERSC Perlmutter GPU nodes: SlurmProvider (-C gpu, --qos), MPIExecutor + srun
+    polaris     ALCF Polaris: PBSProProvider, MPIExecutor + PALS mpiexec
+    slurm       a Slurm cluster (PMIx by default): SlurmProvider, MPIExecutor + srun
+    theta       ALCF Theta (retired; SC'19 setup): CobaltProvider (cobalt.py), HTEX + aprun
 
 What the sites share, one module per job: `spec` (SiteSpec, for_run), `checks` (what a SiteSpec
 is checked for when built), `queues` (QueueLimit), `launch` (MPILaunch, the training's launch

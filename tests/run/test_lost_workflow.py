@@ -212,6 +212,7 @@ def test_status_counts_a_runs_processes_and_a_resume_ends_those_its_lost_workflo
         assert left.poll() is not None, "the resume should have ended it"
     status = workflow("status", "--run-dir", str(run_dir)).stdout
     assert "processes:" not in status, status
+    assert "node-hours charged so far: " in status and " train " in status, status
 
 
 def test_status_counts_the_processes_of_a_run_by_their_owner(tmp_path):
