@@ -262,10 +262,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 label=pools.MPI_LABEL,
                 mpi_launcher=site.mpi_launcher,  # mpiexec -n .. -ppn .. -hosts <the job's nodes>
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                encrypted=True,  # CurveZMQ between interchange and pool, as on every site
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 **address,
                 provider=PBSProProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
@@ -288,9 +285,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 cpu_affinity=worker_affinity(site),  # [parsl]: 8 cores (16 threads) per worker
                 available_accelerators=list(ACCELERATORS),  # a tile per worker (ZE_AFFINITY_MASK)
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 **address,
                 provider=PBSProProvider(
                     # One worker pool per node ([parsl]: "Ensures 1 manger per node").

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pipeline.core.errors import ConfigError
 from pipeline.network.devices import GPU_ORDERS
 from site_configs.launch import LAUNCHER_OPTION_FIELDS, LAUNCHERS_FOR
-from site_configs.queues import check_queues, describe_queues, is_walltime, queue_sizes
+from site_configs.queues import check_fit, check_queues, is_walltime
 
 if TYPE_CHECKING:
     from site_configs.spec import SiteSpec
@@ -212,22 +212,7 @@ def check_qos(site: SiteSpec) -> None:
         ("cpu", site.cpu_nodes_per_block, site.cpu_job_walltime),
     )
     for pool, nodes, walltime in jobs:
-        if any(limit.allows(nodes, walltime) for limit in known):
-            continue
-        fit = [limit for limit in site.queue_limits if limit.allows(nodes, walltime)]
-        flag = "--" if pool == "training" else "--cpu-"
-        if any(limit.min_nodes <= nodes <= limit.max_nodes for limit in known):
-            advice = f"a shorter {flag}walltime or another --qos"
-        elif pool == "training":
-            advice = "another --qos, or --train-nodes that the QOS takes"
-        else:
-            advice = "another --qos"
-        size = f"{nodes} node" + ("" if nodes == 1 else "s")
-        raise ConfigError(
-            f"{_where(site)}: a {pool} job of {size} for {walltime} does not fit QOS "
-            f"{site.qos!r} ({queue_sizes(known)}); QOSes that fit: "
-            f"{describe_queues(fit) or 'none'}; give {advice}"
-        )
+        check_fit(site, pool, site.qos, known, nodes, walltime, kind="QOS")
 
 
 def check_launcher_options(site: SiteSpec) -> None:

@@ -65,12 +65,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 mpi_launcher=site.mpi_launcher,  # mpiexec -n .. -ppn .. -hosts localhost
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings
                 address="127.0.0.1",  # workers are on this machine
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                # CurveZMQ between interchange and pool, as HTEX's default (MPIExecutor's is off): else
-                # anyone who reaches its ports could take tasks or send results the workflow unpickles.
-                encrypted=True,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=LocalProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool per block
                     nodes_per_block=1,
@@ -87,9 +82,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 max_workers_per_node=site.cpu_workers_per_node,  # one task per core
                 cpu_affinity="block",  # pin each worker to its own core(s); sets OMP_NUM_THREADS
                 address="127.0.0.1",
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=LocalProvider(
                     init_blocks=0,  # started by the first task
                     min_blocks=0,

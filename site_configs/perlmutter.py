@@ -156,12 +156,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 label=pools.MPI_LABEL,
                 mpi_launcher=site.mpi_launcher,  # srun --ntasks .. --nodelist <the job's nodes>
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                # CurveZMQ between interchange and pool, as HTEX's default (MPIExecutor's is off): else
-                # anyone who reaches its ports could take tasks or send results the workflow unpickles.
-                encrypted=True,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=SlurmProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
                     account=site.account,  # #SBATCH --account= (-A)
@@ -185,9 +180,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 # One A100 per worker (CUDA_VISIBLE_DEVICES): inference blocks run on the GPUs.
                 available_accelerators=site.gpus_per_node or None,
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=SlurmProvider(
                     # One worker pool per node, given all of the node's hardware threads and GPUs
                     # (a job step gets one CPU per task unless told otherwise).

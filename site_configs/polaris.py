@@ -98,12 +98,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 label=pools.MPI_LABEL,
                 mpi_launcher=site.mpi_launcher,  # mpiexec -n .. -ppn .. -hosts <the job's nodes>
                 max_workers_per_block=site.mpi_tasks_per_block,  # concurrent trainings per job
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                # CurveZMQ between interchange and pool, as HTEX's default (MPIExecutor's is off): else
-                # anyone who reaches its ports could take tasks or send results the workflow unpickles.
-                encrypted=True,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 # address: left to Parsl, which offers all of the login node's addresses
                 provider=PBSProProvider(
                     launcher=SimpleLauncher(),  # MPIExecutor needs it: one pool on the first node
@@ -127,9 +122,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 # One A100 per worker (CUDA_VISIBLE_DEVICES): inference blocks run on the GPUs.
                 available_accelerators=site.gpus_per_node or None,
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=PBSProProvider(
                     # One worker pool per node, bound to all of the node's cores (as Parsl's own
                     # parsl/configs/polaris.py does).

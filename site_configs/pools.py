@@ -58,6 +58,16 @@ POOL_LAUNCH_CMD = _pool_launch_cmd()
 # every 10 s, three missed: the interchange likewise gives up on a silent pool after 30 s.
 HEARTBEATS = {"heartbeat_period": 10, "heartbeat_threshold": 30}
 
+# What every executor of every site is given.
+EXECUTOR_SETTINGS = {
+    "interchange_launch_cmd": INTERCHANGE_CMD,  # ours, by path: ends with its workflow
+    "launch_cmd": POOL_LAUNCH_CMD,  # ours: a pool that ends with its workflow
+    # CurveZMQ between interchange and pools, HTEX's default (MPIExecutor's is off): else anyone
+    # who reaches the ports could take tasks, or send results the workflow unpickles.
+    "encrypted": True,
+    **HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+}
+
 
 def venv_path(site: SiteSpec) -> Path | None:
     """The virtual environment workers activate: the site's, or the one running this code."""

@@ -89,20 +89,34 @@ def check_queues(site: SiteSpec) -> None:
 
 
 def _check_job(site: SiteSpec, pool: str, queue: str | None, nodes: int, walltime: str) -> None:
-    known = site.limits_of(queue)
+    check_fit(site, pool, queue, site.limits_of(queue), nodes, walltime)
+
+
+def check_fit(
+    site: SiteSpec,
+    pool: str,
+    name: str | None,
+    known: list[QueueLimit],
+    nodes: int,
+    walltime: str,
+    kind: str = "queue",
+) -> None:
+    """A `pool`'s job of `nodes` for `walltime` fits one of `known`, the limits of the queue (or,
+    `kind` "QOS", the Slurm QOS) `name`; else one line naming those that fit and what to give."""
     if not known or any(limit.allows(nodes, walltime) for limit in known):
         return
     fit = [limit for limit in site.queue_limits if limit.allows(nodes, walltime)]
     # The workflow's options for this pool's jobs (its size: --train-nodes, training only).
     flag = "--" if pool == "training" else "--cpu-"
+    other = "--qos" if kind == "QOS" else f"{flag}queue"
     if any(limit.min_nodes <= nodes <= limit.max_nodes for limit in known):
-        advice = f"a shorter {flag}walltime or another {flag}queue"
+        advice = f"a shorter {flag}walltime or another {other}"
     elif pool == "training":
-        advice = "another --queue, or --train-nodes that the queue takes"
+        advice = f"another {other}, or --train-nodes that the {kind} takes"
     else:
-        advice = "another --cpu-queue"
+        advice = f"another {other}"
     raise ConfigError(
         f"site {site.name!r}: a {pool} job of {_nodes(nodes)} for {walltime} does not fit "
-        f"queue {queue!r} ({queue_sizes(known)}); queues that fit: "
-        f"{describe_queues(fit) or 'none'}; give {advice}"
+        f"{kind} {name!r} ({queue_sizes(known)}); {kind}{'es' if kind == 'QOS' else 's'} that "
+        f"fit: {describe_queues(fit) or 'none'}; give {advice}"
     )

@@ -97,9 +97,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 # Workers only wait for aprun, on a shared MOM node: one per concurrent training.
                 max_workers_per_node=site.mpi_tasks_per_block,
                 cores_per_worker=1e-6,  # do not limit them by the MOM node's core count
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,  # no PATH lookup of interchange.py
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=CobaltProvider(
                     launcher=SimpleLauncher(),  # one pool, on the MOM node where the script runs
                     account=site.account,
@@ -118,9 +116,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                 max_workers_per_node=site.cpu_workers_per_node,
                 cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
-                interchange_launch_cmd=pools.INTERCHANGE_CMD,
-                launch_cmd=pools.POOL_LAUNCH_CMD,  # a pool that ends with its workflow
-                **pools.HEARTBEATS,  # a pool whose interchange is gone stops in 30 s
+                **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=CobaltProvider(
                     # One worker pool per compute node, given all its hardware threads.
                     launcher=AprunLauncher(
