@@ -92,12 +92,14 @@ def _stop(signum: int, frame) -> None:
 
 
 def _handle_stop_signals() -> dict[signal.Signals, object]:
-    """`_stop` for each of STOP_SIGNALS, except one this process was started ignoring (`nohup`
-    ignores SIGHUP, a script's background job SIGINT: it goes on as asked); the handlers before."""
+    """`_stop` for each of STOP_SIGNALS, except SIGHUP where this process was started ignoring
+    it (`nohup`: it goes on as asked); the handlers before. SIGINT and SIGTERM always stop it in
+    order, also where a parent left them ignored (a script's background job, a test runner's
+    worker): a stop asked for must not be taken for none."""
     return {
         sig: signal.signal(sig, _stop)
         for sig in STOP_SIGNALS
-        if signal.getsignal(sig) is not signal.SIG_IGN
+        if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN
     }
 
 

@@ -259,6 +259,23 @@ class Energy:
     pools: dict[str, set] = field(default_factory=dict)  # stage: the pools its tasks ran on
 
 
+def _in_counting_order(
+    timeline: list[tuple[float, float, int]], wrap: float
+) -> list[tuple[float, float, int]]:
+    """A counter's readings (time, joules, task), wraps undone, in the order the counter rose.
+    Tasks read one counter at once: a reading's time and value are taken a moment apart, so two
+    readings close in time may be out of order by time; by value they are not (a counter only
+    rises). A drop of more than half its range is a wrap; a smaller one such a reading."""
+    timeline = sorted(timeline)
+    unwrapped, offset, last = [], 0.0, None
+    for time, value, task in timeline:
+        if last is not None and wrap and value < last - wrap / 2:
+            offset += wrap
+        last = value
+        unwrapped.append((time, value + offset, task))
+    return sorted(unwrapped, key=lambda reading: (reading[1], reading[0]))
+
+
 def attribute(records: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
     """Joules by stage and kind of counter, from (stage, a task's energy record) pairs: the
     joules between consecutive readings of one node's counter (any task's), shared equally by
@@ -278,22 +295,13 @@ def attribute(records: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
                 (s[0], s[1 + index], task) for s in samples if s[1 + index] is not None
             ]
     for key, timeline in timelines.items():
-        timeline.sort()
+        timeline = _in_counting_order(timeline, wraps[key])
         tasks = {task for _, _, task in timeline}
         begins = sorted((spans[t][1], t) for t in tasks)
         ends: list[tuple[float, int]] = []  # heap of the running tasks' ends
         running: Tally = Tally()  # stage: tasks of it running
         nxt = 0
-        t0, v0, _ = timeline[0]
-        for t1, v1, _ in timeline[1:]:
-            delta = v1 - v0
-            if delta < 0:
-                # Far below: the counter wrapped. Just below: a reading another task took a
-                # moment before its timestamp's neighbour's (tasks read concurrently); it is
-                # not a new baseline, or the joules since it would be counted twice.
-                if not wraps[key] or -delta < wraps[key] / 2:
-                    continue
-                delta += wraps[key]
+        for (t0, v0, _), (_, v1, _) in zip(timeline, timeline[1:], strict=False):
             while nxt < len(begins) and begins[nxt][0] <= t0:
                 task = begins[nxt][1]
                 heapq.heappush(ends, (spans[task][2], task))
@@ -302,12 +310,11 @@ def attribute(records: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
             while ends and ends[0][0] <= t0:  # ended at or before t0: not running after it
                 _, task = heapq.heappop(ends)
                 running[spans[task][0]] -= 1
-            count = sum(running.values())
-            if count > 0 and t1 > t0 and math.isfinite(delta):
+            count, delta = sum(running.values()), v1 - v0
+            if count > 0 and math.isfinite(delta):
                 for stage, n in running.items():
                     if n > 0:
                         joules[stage][kinds[key]] += delta * n / count
-            t0, v0 = t1, v1
     return {stage: dict(by_kind) for stage, by_kind in joules.items()}
 
 
