@@ -75,16 +75,32 @@ def process_start(pid: int) -> float:
     return psutil.Process(pid).create_time()
 
 
-def is_running(pid: int, created: float) -> bool:
-    """Whether process `pid` is alive and is the one started at `created`."""
+def same_process(pid: int, created: float | None) -> psutil.Process | None:
+    """The process `pid` if it is the one started at `created` (None: any) and not a zombie."""
     try:
         process = psutil.Process(pid)
-        return (
-            abs(process.create_time() - created) < _SAME_START
-            and process.status() != psutil.STATUS_ZOMBIE
-        )
+        if created is not None and abs(process.create_time() - created) > _SAME_START:
+            return None
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process
     except psutil.Error:
-        return False
+        return None
+
+
+def is_running(pid: int, created: float) -> bool:
+    """Whether process `pid` is alive and is the one started at `created`."""
+    return same_process(pid, created) is not None
+
+
+def working_processes() -> Iterator[tuple[psutil.Process, Owner]]:
+    """The processes on this host (this user's: others' environments cannot be read), but this
+    one, whose environment names the workflow they work for, with it."""
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            owner = Owner.from_env(process.environ())
+            if owner is not None and process.pid != os.getpid():
+                yield process, owner
 
 
 def read_record(path: str | Path) -> dict:

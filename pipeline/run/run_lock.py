@@ -34,7 +34,14 @@ from typing import IO
 import psutil
 
 from pipeline.core.errors import RunDirBusy
-from pipeline.core.owner import OWNER_ENV, Owner, is_running, process_start, read_record
+from pipeline.core.owner import (
+    OWNER_ENV,
+    Owner,
+    is_running,
+    process_start,
+    read_record,
+    working_processes,
+)
 from pipeline.run.run_layout import RunPaths
 from pipeline.run.watchdog import terminate_then_kill
 
@@ -136,13 +143,7 @@ def run_processes(run_dir: Path) -> list[tuple[psutil.Process, Owner]]:
     """The processes on this host working for a workflow of `run_dir` (their environment names
     it: `hand_down`), with that workflow. Only this user's processes can be read."""
     lock = str(run_dir.resolve() / LOCK_NAME)
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            owner = Owner.from_env(process.environ())
-            if owner is not None and owner.lock == lock and process.pid != os.getpid():
-                found.append((process, owner))
-    return found
+    return [(process, owner) for process, owner in working_processes() if owner.lock == lock]
 
 
 def describe_processes(found: list[tuple[psutil.Process, Owner]]) -> str:

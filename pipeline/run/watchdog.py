@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.core.owner import Owner
+from pipeline.core.owner import same_process, working_processes
 from pipeline.run.run_layout import LAYOUT, RunPaths
 
 PERIOD = 1.0  # seconds between two looks at the workflow and its processes
@@ -205,19 +205,6 @@ def _say(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [watchdog {os.getpid()}] {message}", flush=True)
 
 
-def _same(pid: int, created: float | None) -> psutil.Process | None:
-    """The process `pid` if it is the one started at `created` and not a zombie."""
-    try:
-        process = psutil.Process(pid)
-        if created is not None and abs(process.create_time() - created) > 0.05:
-            return None
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return process
-    except psutil.Error:
-        return None
-
-
 @dataclass
 class Run:
     """What the watchdog knows of the run: its processes and batch jobs."""
@@ -233,7 +220,7 @@ class Run:
     _jobs_read: int = 0  # bytes of the jobs file already read
 
     def alive(self) -> bool:
-        return _same(self.workflow, self.workflow_started) is not None
+        return same_process(self.workflow, self.workflow_started) is not None
 
     def _add(self, process: psutil.Process) -> None:
         if process.pid == os.getpid() or process.pid in self.processes or process.pid in self.spare:
@@ -276,7 +263,7 @@ class Run:
         descendants of every recorded process still alive (a detached local block's pool)."""
         self.read_jobs()
         roots = [self.workflow, *(p.pid for p in self.live())]
-        if _same(self.workflow, self.workflow_started) is None:
+        if same_process(self.workflow, self.workflow_started) is None:
             roots.remove(self.workflow)
         for process in _descendants(roots):
             self._add(process)
@@ -284,25 +271,18 @@ class Run:
     def working_for_it(self) -> list[psutil.Process]:
         """The processes on this host whose environment names the workflow as their owner
         (pipeline.core.owner): the run's, wherever they were reparented."""
-        found = []
-        for process in psutil.process_iter():
-            with contextlib.suppress(psutil.Error, OSError):
-                owner = Owner.from_env(process.environ())
-                if (
-                    owner is not None
-                    and owner.pid == self.workflow
-                    and abs(owner.created - self.workflow_started) <= 0.05
-                    and process.pid != os.getpid()
-                ):
-                    found.append(process)
-        return found
+        return [
+            process
+            for process, owner in working_processes()
+            if owner.pid == self.workflow and abs(owner.created - self.workflow_started) <= 0.05
+        ]
 
     def live(self) -> list[psutil.Process]:
-        return [p for pid, t in self.processes.items() if (p := _same(pid, t)) is not None]
+        return [p for pid, t in self.processes.items() if (p := same_process(pid, t)) is not None]
 
     def _groups(self) -> set[int]:
         """The process groups of the run's local blocks whose leader pid is still theirs."""
-        return {g for g, (pid, t) in self.groups.items() if _same(pid, t) is not None}
+        return {g for g, (pid, t) in self.groups.items() if same_process(pid, t) is not None}
 
     def end(self) -> None:
         """Stop every process of the run and cancel its batch jobs."""
