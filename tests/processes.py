@@ -148,3 +148,14 @@ def gone_within(run: list[psutil.Process], run_dir: Path, limit: float) -> None:
         assert took <= limit, f"still running {limit} s after the kill: {left}"
     finally:
         kill_all(run + naming(str(run_dir)))
+
+
+def training_ranks(run_dir: Path) -> list[psutil.Process]:
+    """The training ranks of the run in `run_dir` (not their mpiexec), by the command lines
+    `naming` read: a rank gone since is not asked again (it may be a zombie by then)."""
+    return [
+        p
+        for p in naming(str(run_dir))
+        if "pipeline.cli.train" in " ".join(p.info["cmdline"])
+        and "mpiexec" not in p.info["cmdline"][0]
+    ]

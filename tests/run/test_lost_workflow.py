@@ -21,21 +21,22 @@ from pathlib import Path
 import processes
 import psutil
 import pytest
-from processes import alive, describe, family, gone_within, kill_all, naming, wait_until
+from processes import (
+    alive,
+    describe,
+    family,
+    gone_within,
+    kill_all,
+    naming,
+    training_ranks,
+    wait_until,
+)
 from workflow_runs import ROOT, TINY, copy_run, tiny_variant, workflow
 
 from pipeline.core.owner import EXIT_LOST, OWNER_ENV, process_start
 from pipeline.run.run_lock import owner_of, run_processes
 
 LIMIT_S = 60  # the promise: nothing of a lost run lives longer
-
-
-def training_ranks(run_dir: Path) -> list[psutil.Process]:
-    return [
-        p
-        for p in naming(str(run_dir))
-        if "pipeline.cli.train" in " ".join(p.cmdline()) and "mpiexec" not in p.cmdline()[0]
-    ]
 
 
 def wait_for_training(process: subprocess.Popen, run_dir: Path) -> list[psutil.Process]:

@@ -17,7 +17,16 @@ from pathlib import Path
 import processes
 import psutil
 import pytest
-from processes import alive, describe, family, gone_within, kill_all, naming, wait_until
+from processes import (
+    alive,
+    describe,
+    family,
+    gone_within,
+    kill_all,
+    naming,
+    training_ranks,
+    wait_until,
+)
 from workflow_runs import ROOT, TINY, workflow
 
 from pipeline.run import watchdog
@@ -218,14 +227,6 @@ def _sid(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
-
-
-def training_ranks(run_dir: Path) -> list[psutil.Process]:
-    return [
-        p
-        for p in naming(str(run_dir))
-        if "pipeline.cli.train" in " ".join(p.cmdline()) and "mpiexec" not in p.cmdline()[0]
-    ]
 
 
 @pytest.mark.mpi
