@@ -265,14 +265,15 @@ def _in_counting_order(
     """A counter's readings (time, joules, task), wraps undone, in the order the counter rose.
     Tasks read one counter at once: a reading's time and value are taken a moment apart, so two
     readings close in time may be out of order by time; by value they are not (a counter only
-    rises). A drop of more than half its range is a wrap; a smaller one such a reading."""
-    timeline = sorted(timeline)
-    unwrapped, offset, last = [], 0.0, None
-    for time, value, task in timeline:
-        if last is not None and wrap and value < last - wrap / 2:
-            offset += wrap
+    rises). Each reading is unwrapped to within half the range of the one before it by time: a
+    drop of more than that is a wrap, and a reading taken just before a wrap but timed after one
+    taken just after it goes back below the wrap rather than make a second one."""
+    unwrapped, last = [], None
+    for time, value, task in sorted(timeline):
+        if last is not None and wrap:
+            value += round((last - value) / wrap) * wrap
         last = value
-        unwrapped.append((time, value + offset, task))
+        unwrapped.append((time, value, task))
     return sorted(unwrapped, key=lambda reading: (reading[1], reading[0]))
 
 

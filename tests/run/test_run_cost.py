@@ -262,6 +262,17 @@ def test_a_nodes_joules_are_shared_by_the_tasks_running_on_it_at_once():
     assert joules == pytest.approx({"infer": 50 + 25, "export": 25 + 50 + 20, "train": 2})
 
 
+def test_a_reading_timed_after_a_wrap_but_read_before_it_is_not_a_second_wrap():
+    """Two tasks on one node, its counter 1 J short of wrapping at 60 J: task a reads 59.5 J,
+    then is held up before it takes the time; task b meanwhile reads 0.5 J after the wrap. By
+    time a's reading comes after b's: it lies back below the wrap, it does not wrap again."""
+    counters = [["rapl:package-0", "CPU", 60.0]]
+    a = {"host": "n", "counters": counters, "samples": [[0.0, 59.0], [2.0, 59.5], [4.0, 1.5]]}
+    b = {"host": "n", "counters": counters, "samples": [[1.0, 59.2], [1.5, 0.5], [3.0, 1.0]]}
+    joules = attribute([("infer", a), ("infer", b)])
+    assert joules["infer"]["CPU"] == pytest.approx(2.5)  # 59.0 J to 61.5 J
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_the_report_gives_each_stage_the_joules_its_nodes_counters_rose_by(
