@@ -1,5 +1,5 @@
-"""Shared fixtures and the capability markers: a test marked `mpi` or `browser` is skipped, with
-the reason, when this machine lacks the resource instead of failing. No test is skipped for time:
+"""Shared fixtures and the capability markers: a test marked `mpi`, `browser` or `shared` is
+skipped, with the reason, when this machine lacks the resource instead of failing. No test is skipped for time:
 `make test` runs them all (`make test-quick` leaves out those marked `slow` or `mpi`)."""
 
 import importlib.util
@@ -32,6 +32,17 @@ def _missing_browser() -> str | None:
     return None
 
 
+# The team's real FlyEM file beside the repository (../shared/README.md), which configs/paper.toml
+# and the flyem configs name: a dry run of them checks it is there.
+SHARED_FLYEM = Path(__file__).parents[2] / "shared" / "data" / "flyem_medulla.h5"
+
+
+def _missing_shared() -> str | None:
+    if not SHARED_FLYEM.is_file():
+        return f"{SHARED_FLYEM} is not here (the team's shared folder, ../shared)"
+    return None
+
+
 def _expensive(item: pytest.Item) -> bool:
     return "slow" in item.keywords or "mpi" in item.keywords
 
@@ -41,7 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # so the long runs start at once and the quick tests fill the end, not one worker alone.
     expensive = Counter(item.module.__name__ for item in items if _expensive(item))
     items.sort(key=lambda item: -expensive[item.module.__name__])
-    reasons = {"mpi": _missing_mpi(), "browser": _missing_browser()}
+    reasons = {"mpi": _missing_mpi(), "browser": _missing_browser(), "shared": _missing_shared()}
     for item in items:
         for marker, reason in reasons.items():
             if reason and marker in item.keywords:

@@ -21,12 +21,11 @@ def test_every_example_config_loads(path):
     assert config.name and not config.data.voxel_size_nm  # voxel sizes come from the files
 
 
+@pytest.mark.shared  # the file the flyem configs split
 @pytest.mark.parametrize(
     "path", [p for p in CONFIGS if p.name.startswith("flyem")], ids=lambda p: p.name
 )
 def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, tmp_path, monkeypatch):
-    if not (ROOT.parent / "shared" / "data" / "flyem_medulla.h5").is_file():
-        pytest.skip("../shared/data/flyem_medulla.h5 is not here")
     monkeypatch.chdir(tmp_path)  # the configs name the file relative to themselves, not to here
     config = load_run_config(path)
     fov = FIB25_FOV_ZYX if config.pretrained_model else config.train.model.fov_shape_zyx

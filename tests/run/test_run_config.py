@@ -16,8 +16,6 @@ from pipeline.network.model import ModelConfig, weight_count
 from pipeline.run.run_config import RunConfig, demo_config, load_run_config
 from pipeline.training.train_config import TrainConfig
 
-SHARED_FILE = ROOT.parent / "shared" / "data" / "flyem_medulla.h5"
-
 
 def toml(folder: Path, text: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -129,7 +127,7 @@ def test_the_paper_config_trains_the_papers_472353_weight_ffn():
     assert config.train.checkpoint_every_seconds <= 300  # a lost interval costs every node
 
 
-@pytest.mark.skipif(not SHARED_FILE.is_file(), reason="../shared/data/flyem_medulla.h5 is not here")
+@pytest.mark.shared  # configs/paper.toml's data
 def test_the_paper_config_plans_on_polaris(tmp_path):
     done = workflow(
         "--site", "polaris", "--config", str(ROOT / "configs" / "paper.toml"),

@@ -101,6 +101,7 @@ def worker_init_lines(site, label: str, run_dir: Path) -> list[str]:
 # ---- what the dry run prints ----
 
 
+@pytest.mark.shared  # configs/paper.toml's data
 @pytest.mark.parametrize("name", ["polaris", "slurm", "theta"])
 def test_the_dry_run_prints_each_pools_batch_script_and_submit_command(name, tmp_path):
     run_dir = tmp_path / "run"
@@ -156,6 +157,7 @@ def test_the_dry_run_prints_each_pools_batch_script_and_submit_command(name, tmp
     assert not any(x.startswith(launchers[name]) for x in blocks[MPI_LABEL].lines)
 
 
+@pytest.mark.shared  # configs/paper.toml's data
 def test_the_local_dry_run_shows_the_shell_script_localprovider_runs(tmp_path):
     out = dry_run("local", tmp_path / "run")
     blocks = shown_blocks(out)
@@ -215,6 +217,7 @@ def comparable(text: str) -> str:
     return re.sub(r" -a (\S+) ", lambda m: f" -a {','.join(sorted(m[1].split(',')))} ", text)
 
 
+@pytest.mark.shared  # configs/paper.toml's data
 @pytest.mark.parametrize(
     "name, flavour, queue",
     [("polaris", "pbspro", "debug"), ("slurm", "slurm", "debug"), ("theta", "cobalt", None)],

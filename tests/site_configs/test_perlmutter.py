@@ -239,6 +239,7 @@ def dry_run(*args: str, run_dir: Path, expect: int = 0):
     )  # fmt: skip
 
 
+@pytest.mark.shared  # configs/paper.toml's data
 @pytest.mark.parametrize("nodes", [1, 8, 128])
 def test_the_paper_dry_run_on_regular_prints_the_documented_launch(nodes, tmp_path):
     out = dry_run("--train-nodes", str(nodes), "--qos", "regular", run_dir=tmp_path / "run").stdout
@@ -257,6 +258,7 @@ def test_the_paper_dry_run_on_regular_prints_the_documented_launch(nodes, tmp_pa
     assert printed.count(f"#SBATCH --nodes={nodes}") == 1 + (nodes == 1)
 
 
+@pytest.mark.shared  # configs/paper.toml's data
 @pytest.mark.parametrize("nodes, refused", [(1, False), (8, False), (128, True)])
 def test_the_paper_dry_run_on_debug_fits_or_refuses_in_one_line(nodes, refused, tmp_path):
     run_dir = tmp_path / "run"

@@ -4,6 +4,7 @@ which the project's first design names, still describes and plans a run."""
 import sys
 
 import processes
+import pytest
 from workflow_runs import ROOT, TINY
 
 from site_configs import theta
@@ -21,6 +22,7 @@ def dry_run(site: str, config, tmp_path) -> str:
     return done.stdout
 
 
+@pytest.mark.shared  # configs/paper.toml's data
 def test_the_theta_dry_run_says_in_one_line_that_theta_retired_at_the_end_of_2023(tmp_path):
     assert "\n" not in theta.RETIRED and "end of 2023" in theta.RETIRED
     for config in (TINY, PAPER):
