@@ -8,7 +8,8 @@
     theta       ALCF Theta (retired; SC'19 setup): CobaltProvider (cobalt.py), HTEX + aprun
 
 What the sites share, one module per job: `spec` (SiteSpec, for_run), `checks` (what a SiteSpec
-is checked for when built), `queues` (QueueLimit), `launch` (MPILaunch, the training's launch
+is checked for when built), `queues` (QueueLimit), `affinity` (the cpu pool's workers' CPUs),
+`launch` (MPILaunch, the training's launch
 line), `pools` (executor labels, worker start-up), `parsl_config` (build_config), `teardown`
 (shutdown) and `dry_run` (describe); `base` re-exports them all for site modules written against it.
 
@@ -17,8 +18,8 @@ has `SITE` (a `SiteSpec`) and `make_config(run_dir, site=None) -> parsl.config.C
 of the modules above to start. `make_config` refuses (ConfigError) while `account` or `queue`
 still hold a "YOUR_..." placeholder; `describe(site)` works regardless (for `--dry-run`). A site
 lists its queues' limits (`SiteSpec.queue_limits`, `QueueLimit`): a SiteSpec whose training or
-cpu jobs (nodes, walltime) its queue does not take is refused when built, naming the queues that
-would; `spec.for_run(site, train_nodes=, account=, queue=, walltime=, cpu_queue=, cpu_walltime=)`
+cpu jobs (nodes, walltime, how many at once) its queue does not take is refused when built,
+naming the queues that would; `spec.for_run(site, train_nodes=, account=, queue=, walltime=, cpu_queue=, cpu_walltime=)`
 applies a run's changes together, in one check.
 
 Every Config has the same two executors, so apps can name them on any site:
@@ -84,6 +85,7 @@ __all__ = [
 
 # Modules of this package that are building blocks, not sites.
 _NOT_SITES = {
+    "affinity",
     "base",
     "checks",
     "cobalt",

@@ -63,17 +63,17 @@ HARDWARE_THREADS_PER_NODE = 208  # [parsl]: cpus_per_node=208, "Hardware threads
 # own longest walltime; "You cannot submit to these queues directly". Every queue's shortest
 # walltime is 5 minutes (not checked here: QueueLimit has no minimum). Left out: visualization
 # ("By request only"), the backfill-* queues (prod's, for projects with a negative balance), and
-# the job counts: debug and debug-scaling "Max 1 job running/accruing/queued per-user"; capacity
-# "Max of 512 nodes across all jobs. Max 5 jobs queued or running, 2 jobs running per user"; all
-# "a limit of ten (10) jobs running/accruing per-project". So the training (max_blocks=1) and the
-# cpu pool (cpu_max_blocks=2, in capacity) never hold more jobs than their queues take.
+# the counts that only make jobs wait (capacity: "Max of 512 nodes across all jobs ... 2 jobs
+# running per user"; all: "a limit of ten (10) jobs running/accruing per-project"). The job counts
+# a submission may not pass: debug and debug-scaling "Max 1 job running/accruing/queued per-user";
+# capacity "Max 5 jobs queued or running".
 QUEUES = (
-    QueueLimit("debug", 1, 2, "01:00:00"),
-    QueueLimit("debug-scaling", 2, 256, "01:00:00"),
+    QueueLimit("debug", 1, 2, "01:00:00", max_jobs=1),
+    QueueLimit("debug-scaling", 2, 256, "01:00:00", max_jobs=1),
     QueueLimit("prod", 256, 1024, "12:00:00"),  # routed to small
     QueueLimit("prod", 1025, 1999, "18:00:00"),  # medium
     QueueLimit("prod", 2000, 10624, "24:00:00"),  # large; 10,624 is the "theoretical max"
-    QueueLimit("capacity", 1, 16, "168:00:00"),  # "7 days (168 hrs)"
+    QueueLimit("capacity", 1, 16, "168:00:00", max_jobs=5),  # "7 days (168 hrs)"
 )
 
 # -- the jobs --
@@ -198,6 +198,7 @@ SITE = SiteSpec(
     launcher_options=f"--cpu-bind {CPU_BIND}",
     cpu_nodes_per_block=1,  # inference/preprocessing jobs of one node...
     cpu_workers_per_node=TILES_PER_NODE,  # ...with a worker per tile ([parsl])
+    cpu_affinity=WORKER_AFFINITY,  # [parsl]: each worker 8 cores and their second threads
     cpu_max_blocks=2,  # capacity: "2 jobs running per user"
     # The cpu pool's 1-node jobs: capacity (1-16 nodes, <= 168 h). debug would take them too, but
     # holds 1 job per user, the training's; debug-scaling and prod take none of 1 node.
@@ -229,12 +230,6 @@ def training_exports(site: SiteSpec) -> list[str]:
 def _shell_value(value: str) -> str:
     """`value` for an export line: as it is where it expands variables ($CCL_ROOT), else quoted."""
     return value if "$" in value else shlex.quote(value)
-
-
-def worker_affinity(site: SiteSpec) -> str:
-    """The cpu pool's workers' cores: ALCF's list for its 12 workers a node; Parsl's "block"
-    (the node's cores split in order) for another count, which that list does not fit."""
-    return WORKER_AFFINITY if site.cpu_workers_per_node == TILES_PER_NODE else "block"
 
 
 def login_address() -> str | None:
@@ -282,7 +277,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
             HighThroughputExecutor(
                 label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
-                cpu_affinity=worker_affinity(site),  # [parsl]: 8 cores (16 threads) per worker
+                cpu_affinity=site.cpu_affinity,  # [parsl]: 8 cores (16 threads) per worker
                 available_accelerators=list(ACCELERATORS),  # a tile per worker (ZE_AFFINITY_MASK)
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
                 **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed

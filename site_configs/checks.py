@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.core.errors import ConfigError
 from pipeline.network.devices import GPU_ORDERS
+from site_configs.affinity import worker_cpus
 from site_configs.launch import LAUNCHER_OPTION_FIELDS, LAUNCHERS_FOR
 from site_configs.queues import check_fit, check_queues, is_walltime
 
@@ -105,6 +106,14 @@ def check_nodes(site: SiteSpec) -> None:
         )
     if site.scheduler == "local" and (site.nodes_per_block, site.cpu_nodes_per_block) != (1, 1):
         raise ConfigError(f"{where}: the local scheduler has one node; set nodes_per_block=1")
+
+
+def check_cpu_affinity(site: SiteSpec) -> None:
+    """`cpu_affinity` is one Parsl takes, with a list of CPUs for each worker of a node."""
+    try:
+        worker_cpus(site.cpu_affinity, site.cpu_workers_per_node)
+    except ConfigError as err:
+        raise ConfigError(f"{_where(site)}: {err}") from None
 
 
 def check_walltimes(site: SiteSpec) -> None:
@@ -232,6 +241,7 @@ CHECKS = (
     check_launcher,
     check_counts,
     check_nodes,
+    check_cpu_affinity,
     check_walltimes,
     check_gpu_order,
     check_workflow_settings,

@@ -80,7 +80,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
             HighThroughputExecutor(
                 label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,  # one task per core
-                cpu_affinity="block",  # pin each worker to its own core(s); sets OMP_NUM_THREADS
+                cpu_affinity=site.cpu_affinity,  # each worker on its own CPUs (SiteSpec.cpu_affinity)
                 address="127.0.0.1",
                 **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=LocalProvider(

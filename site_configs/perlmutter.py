@@ -176,7 +176,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
             HighThroughputExecutor(
                 label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
-                cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
+                cpu_affinity=site.cpu_affinity,  # each worker on its own CPUs (SiteSpec.cpu_affinity)
                 # One A100 per worker (CUDA_VISIBLE_DEVICES): inference blocks run on the GPUs.
                 available_accelerators=site.gpus_per_node or None,
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers

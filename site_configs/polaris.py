@@ -7,9 +7,10 @@
 
 Before submitting: set `account` (and `queue` for runs bigger than debug allows: `QUEUES`), and
 create the venv on a file system the compute nodes mount (home, eagle) with the site's MPI and the
-GPU build, after the same module loads as `worker_init`:  `make env MPI=system GPU=1` (README, "On
-an HPC machine"). Local rank r of a node takes A100 3-r (`gpu_order="reverse"`, pipeline.network.devices);
-each worker of the "cpu" pool gets one A100 of its own (CUDA_VISIBLE_DEVICES), for inference.
+GPU build, after the same module loads as `worker_init`: `HOROVOD_CUDA_HOME=<a CUDA 12 toolkit>
+make env MPI=system GPU=1` (the conda module's CUDA_HOME is CUDA 13; docs/hpc-sites.md). Local rank
+r of a node takes A100 3-r (`gpu_order="reverse"`, pipeline.network.devices); each worker of the
+"cpu" pool gets one A100 of its own (CUDA_VISIBLE_DEVICES) and the 8 cores nearest it, for inference.
 """
 
 from __future__ import annotations
@@ -27,22 +28,35 @@ from site_configs.spec import SiteSpec, check_scheduler
 
 # Polaris' queues, from ALCF's "Running Jobs on Polaris" (docs.alcf.anl.gov/polaris/running-jobs/).
 # prod is a routing queue: it sends a job by its size to small, medium or large, each with its own
-# longest walltime (10 to 496 nodes in all). Left out: demand (by request only) and the per-user
-# and per-project job counts (debug: 1 job running; debug-scaling: 1 job in all; prod: 10
-# running per project; preemptable: 20 per project, killed when demand jobs need the nodes).
+# longest walltime (10 to 496 nodes in all). The job counts a submission may not pass: debug-scaling
+# "max 1 job running/accruing/queued per-user", preemptable "Max 20 jobs running/accruing/queued
+# per-project" (killed when demand jobs need the nodes), capacity "Max 2 jobs queued or running".
+# Left out: demand (by request only), and the counts that only make jobs wait (debug: 24 nodes in
+# use by the queue; prod: 10 jobs running per project; capacity: 1 job running per user).
 QUEUES = (
     QueueLimit("debug", 1, 2, "01:00:00"),
-    QueueLimit("debug-scaling", 1, 10, "01:00:00"),
+    QueueLimit("debug-scaling", 1, 10, "01:00:00", max_jobs=1),
     QueueLimit("prod", 10, 24, "03:00:00"),  # routed to small
     QueueLimit("prod", 25, 99, "06:00:00"),  # medium
     QueueLimit("prod", 100, 496, "24:00:00"),  # large
-    QueueLimit("preemptable", 1, 10, "72:00:00"),
+    QueueLimit("preemptable", 1, 10, "72:00:00", max_jobs=20),
+    QueueLimit("capacity", 1, 4, "168:00:00", max_jobs=2),
 )
 # As ALCF's Polaris job scripts ask: `-l select=N:system=polaris` (the machine the nodes come
 # from; ALCF's qsub2pbs leaves `system` for the user to fill in) and `-l place=scatter` (each
 # chunk of the select on a node of its own).
 SELECT_SYSTEM = "system=polaris"
 PLACE = "#PBS -l place=scatter"
+
+# ALCF's "Parsl on Polaris" (docs.alcf.anl.gov/polaris/workflows/parsl/), "optimal binding of
+# threads to GPUs on a Polaris node": worker i, which Parsl gives A100 i (CUDA_VISIBLE_DEVICES),
+# on the 8 cores nearest that GPU and their second hardware threads (GPU 0 is nearest cores
+# 24-31: the order `gpu_order="reverse"` gives the training's ranks). 16 threads a worker.
+WORKER_AFFINITY = "list:24-31,56-63:16-23,48-55:8-15,40-47:0-7,32-39"
+# The same page's launcher for the worker pool: one per node, given the whole node. PALS
+# `mpiexec --cpu-bind none` (what MpiExecLauncher puts before these) leaves the pool unbound, so
+# each worker's list above holds; `--depth` then reserves every hardware thread of the node.
+POOL_LAUNCHER_OPTIONS = "--depth=64 --ppn 1"
 
 SITE = SiteSpec(
     name="polaris",
@@ -59,9 +73,10 @@ SITE = SiteSpec(
     max_blocks=1,  # one training job at a time
     launcher_options="--cpu-bind depth --depth={cpus_per_rank}",  # ALCF: bind ranks by depth
     cpu_nodes_per_block=1,  # inference/preprocessing jobs of one node...
-    cpu_workers_per_node=4,  # ...with 4 single-process tasks of 8 threads each
+    cpu_workers_per_node=4,  # ...with 4 single-process tasks, one per A100...
+    cpu_affinity=WORKER_AFFINITY,  # ...each on the 8 cores nearest its A100 (16 threads)
     cpu_max_blocks=4,  # up to 4 such jobs at once
-    cpu_queue=None,  # the training's queue; with prod (10+ nodes): debug-scaling or preemptable
+    cpu_queue=None,  # the training's queue; with prod (10+ nodes): debug or preemptable
     cpu_walltime=None,  # the training's walltime
     walltime="01:00:00",  # debug queue maximum; prod allows longer
     queue="debug",  # debug (<= 2 nodes, 1 h), debug-scaling (<= 10 nodes), prod, preemptable
@@ -70,7 +85,10 @@ SITE = SiteSpec(
     scheduler_options="#PBS -l filesystems=home:eagle",  # file systems the job needs mounted
     # The Python 3.11 the venv was made with, and Cray MPICH: Horovod was built against it
     # (make env MPI=system), so its PALS mpiexec starts the ranks as one world.
-    worker_init="module use /soft/modulefiles; module load conda; module load cray-mpich",
+    # TMPDIR=/tmp: ALCF's Parsl page, "Known Issues": Parsl in a single-node job fails with
+    # "OSError: AF_UNIX path too long" without it.
+    worker_init="module use /soft/modulefiles; module load conda; module load cray-mpich; "
+    "export TMPDIR=/tmp",
     venv=None,  # the venv running the workflow (on home/eagle, seen by the compute nodes)
     retries=1,  # a training killed at walltime resumes from its checkpoint on the retry
     checkpoint_every_seconds=300.0,  # a lost node costs every node at most 5 minutes of steps
@@ -118,16 +136,15 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
             HighThroughputExecutor(
                 label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
-                cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
+                cpu_affinity=site.cpu_affinity,  # each worker on its GPU's cores (above)
                 # One A100 per worker (CUDA_VISIBLE_DEVICES): inference blocks run on the GPUs.
                 available_accelerators=site.gpus_per_node or None,
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
                 **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=PBSProProvider(
-                    # One worker pool per node, bound to all of the node's cores (as Parsl's own
-                    # parsl/configs/polaris.py does).
+                    # One worker pool per node, as ALCF's Parsl page starts it (above).
                     launcher=MpiExecLauncher(
-                        bind_cmd="--cpu-bind", overrides=f"--depth={site.cpus_per_node} --ppn 1"
+                        bind_cmd="--cpu-bind", overrides=POOL_LAUNCHER_OPTIONS
                     ),
                     account=site.account,
                     queue=site.cpu_job_queue,

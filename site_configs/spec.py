@@ -12,6 +12,7 @@ from typing import Literal
 
 from pipeline.core.errors import ConfigError
 from pipeline.network.devices import GpuKind, GpuOrder
+from site_configs.affinity import threads_per_worker
 from site_configs.checks import check_site
 from site_configs.launch import LAUNCHER_OPTION_FIELDS, MPILaunch, mpi_launch
 from site_configs.queues import QueueLimit
@@ -69,6 +70,10 @@ class SiteSpec:
     cpu_nodes_per_block: int = 1  # nodes in one batch job of the cpu pool
     cpu_workers_per_node: int = 1  # concurrent tasks per node (each gets cpus_per_node / this)
     cpu_max_blocks: int = 1  # batch jobs of the cpu pool alive at once
+    # Where Parsl puts each worker of a node (site_configs.affinity): "block" (the CPUs the pool
+    # may use, split in order; OMP_NUM_THREADS their count), or "list:" and each worker's CPUs
+    # (ALCF's: each worker on the cores nearest its GPU, and their second hardware threads).
+    cpu_affinity: str = "block"
     # Queue and walltime of the cpu pool's jobs; None: the training's `queue` and `walltime`.
     # Their own, because the pools' jobs differ: Polaris' prod takes no job under 10 nodes, so a
     # training there sends its 1-node cpu jobs to another queue; and a long training need not make
@@ -155,8 +160,9 @@ class SiteSpec:
 
     @property
     def cpu_threads_per_worker(self) -> int:
-        """Threads a task of the cpu pool should use (also its OMP_NUM_THREADS there)."""
-        return max(1, self.cpus_per_node // self.cpu_workers_per_node)
+        """Threads a task of the cpu pool uses: its OMP_NUM_THREADS, which Parsl sets to the
+        count of the worker's CPUs (`cpu_affinity`)."""
+        return threads_per_worker(self.cpu_affinity, self.cpu_workers_per_node, self.cpus_per_node)
 
     @property
     def nodes_per_mpi_task(self) -> int:

@@ -114,7 +114,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
             HighThroughputExecutor(
                 label=pools.CPU_LABEL,
                 max_workers_per_node=site.cpu_workers_per_node,
-                cpu_affinity="block",  # each worker on its own cores; sets OMP_NUM_THREADS
+                cpu_affinity=site.cpu_affinity,  # each worker on its own CPUs (SiteSpec.cpu_affinity)
                 prefetch_capacity=0,  # tasks are long; do not queue them behind busy workers
                 **pools.EXECUTOR_SETTINGS,  # our interchange and pools: encrypted, heartbeats, leashed
                 provider=CobaltProvider(

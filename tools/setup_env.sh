@@ -17,7 +17,9 @@
 #              mpich wheel in the venv, so the site's mpiexec/srun/aprun starts the ranks and
 #              Horovod speaks that MPI. Load the same modules in the site's worker_init.
 #   GPU=1      TensorFlow 2.15.1's CUDA build (tensorflow[and-cuda]) and Horovod with NCCL
-#              allreduce, for GPU nodes: needs a CUDA 12 nvcc (the site's CUDA module); NCCL is
+#              allreduce, for GPU nodes: needs a CUDA 12 nvcc (the site's CUDA module, or
+#              HOROVOD_CUDA_HOME=<a CUDA 12 toolkit> where the modules set another: the CUDA 13
+#              CUDA_HOME of ALCF's conda module on Polaris; only the build uses it); NCCL is
 #              $HOROVOD_NCCL_HOME if set, else the nvidia-nccl-cu12 wheel TensorFlow brings.
 #              GPU=0 (default for a new venv): tensorflow-cpu.
 #   GPU=xpu    Intel GPUs (Aurora): the venv is made over the Python of the site's TensorFlow
@@ -143,10 +145,30 @@ find_cuda() {
     refuse "GPU=1: no nvcc on PATH (nor HOROVOD_CUDA_HOME, CUDA_HOME); load the site's CUDA 12 module first"
     return
   fi
-  cuda_release=$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p')
+  cuda_release=$(nvcc_release "$cuda_home")
   if [[ $cuda_release != 12.* ]]; then
-    refuse "GPU=1: $cuda_home/bin/nvcc is CUDA ${cuda_release:-of no known release}; TensorFlow $TF_VERSION and its NCCL wheel are CUDA 12: load a CUDA 12 module"
+    refuse "GPU=1: $cuda_home/bin/nvcc is CUDA ${cuda_release:-of no known release}; TensorFlow $TF_VERSION and its NCCL wheel are CUDA 12: name a CUDA 12 toolkit for the build, HOROVOD_CUDA_HOME=$(cuda_12_beside "$cuda_home"), or load a CUDA 12 module"
   fi
+}
+
+nvcc_release() {
+  "$1/bin/nvcc" --version | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p'
+}
+
+# The CUDA 12 toolkits in the folder of another CUDA's (ALCF's conda module on Polaris sets
+# CUDA_HOME to a CUDA 13 toolkit in /soft/compilers/cudatoolkit, beside CUDA 12 ones), newest
+# first, for the refusal to name: "<path> (or <path>...)", or "<a CUDA 12 toolkit>".
+cuda_12_beside() {
+  local found=() toolkit
+  for toolkit in "$(dirname "$1")"/*; do
+    [[ -x $toolkit/bin/nvcc && $(nvcc_release "$toolkit") == 12.* ]] && found+=("$toolkit")
+  done
+  if ((${#found[@]} == 0)); then
+    echo "<a CUDA 12 toolkit>"
+    return
+  fi
+  mapfile -t found < <(printf '%s\n' "${found[@]}" | sort -rV)
+  echo "${found[0]}${found[1]:+ (or ${found[*]:1})}"
 }
 
 # NCCL for Horovod's FindNCCL (HOROVOD_NCCL_HOME: nccl.h in include/, libnccl in lib/): the

@@ -207,6 +207,7 @@ def printed_launch(out: str, nodes: int) -> list[str]:
     return words[words.index("mpiexec") :]
 
 
+@pytest.mark.shared  # configs/paper.toml's data
 @pytest.mark.parametrize("nodes, queue", [(1, None), (8, "debug-scaling"), (128, "debug-scaling")])
 def test_the_printed_launch_line_is_alcfs_tensorflow_job_script_line(nodes, queue, tmp_path):
     queue_args = ["--queue", queue] if queue else []
@@ -237,7 +238,9 @@ def test_more_nodes_than_debug_takes_is_refused_in_one_line_naming_the_queues(no
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert f"a training job of {nodes} nodes for 01:00:00 does not fit queue 'debug'" in line
-    assert "debug-scaling (2-256 nodes, <= 01:00:00)" in line and "another --queue" in line
+    assert (
+        "debug-scaling (2-256 nodes, <= 01:00:00, <= 1 job)" in line and "another --queue" in line
+    )
     assert not (tmp_path / "run").exists()
 
 

@@ -208,7 +208,8 @@ def test_mpi_system_without_the_sites_mpi_is_refused_in_one_line(tmp_path, wheel
         ),
         (
             "13.0",
-            "is CUDA 13.0; TensorFlow 2.15.1 and its NCCL wheel are CUDA 12: load a CUDA 12 module",
+            "is CUDA 13.0; TensorFlow 2.15.1 and its NCCL wheel are CUDA 12: name a CUDA 12 "
+            "toolkit for the build, HOROVOD_CUDA_HOME=<a CUDA 12 toolkit>, or load a CUDA 12 module",
         ),
     ],
 )
@@ -234,6 +235,37 @@ def test_gpu_finds_cuda_and_the_nccl_of_tensorflows_wheel(tmp_path):
     flags = f"HOROVOD_NCCL_LINK=SHARED HOROVOD_NCCL_HOME={nccl} HOROVOD_GPU_OPERATIONS=NCCL"
     assert f"{flags} HOROVOD_CUDA_HOME={cuda}" in done.stdout
     assert "-cuda12.2-" in cache_dir(done.stdout)
+
+
+def test_polaris_conda_modules_cuda_13_is_refused_naming_the_cuda_12_toolkits_beside_it(tmp_path):
+    """ALCF's conda module on Polaris sets CUDA_HOME to a CUDA 13 toolkit beside CUDA 12 ones
+    (/soft/compilers/cudatoolkit/cuda-13.0.x, cuda-12.x.y); the set-up names those to build with,
+    and goes on with the one named while CUDA_HOME stays the module's."""
+    toolkits = tmp_path / "soft/compilers/cudatoolkit"
+    module_cuda = stand_in_nvcc(toolkits / "cuda-13.0.48", "13.0").parent
+    for release in ("12.2.91", "12.4.1", "12.9.0"):
+        stand_in_nvcc(toolkits / f"cuda-{release}", release.rsplit(".", 1)[0])
+    (toolkits / "cuda-12.0-docs").mkdir()  # no nvcc: not a toolkit
+    venv = tmp_path / "venv"
+    refused = setup(venv, GPU="1", MPI="wheel", DRY_RUN="1", CUDA_HOME=str(module_cuda))
+    assert refused.returncode == 2
+    (line,) = refused.stderr.splitlines()
+    newest, others = toolkits / "cuda-12.9.0", f"{toolkits}/cuda-12.4.1 {toolkits}/cuda-12.2.91"
+    assert line.endswith(f"HOROVOD_CUDA_HOME={newest} (or {others}), or load a CUDA 12 module"), (
+        line
+    )
+    named = toolkits / "cuda-12.4.1"
+    done = setup(
+        venv,
+        GPU="1",
+        MPI="wheel",
+        DRY_RUN="1",
+        CUDA_HOME=str(module_cuda),
+        HOROVOD_CUDA_HOME=str(named),
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"CUDA: {named} (nvcc release 12.4)" in done.stdout
+    assert f"HOROVOD_CUDA_HOME={named}" in done.stdout
 
 
 def test_gpu_takes_the_users_nccl_home(tmp_path):

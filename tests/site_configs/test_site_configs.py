@@ -400,15 +400,16 @@ PROD = f"prod ({PROD_SIZES})"  # a routing queue: the longest walltime grows wit
             "polaris",  # prod takes no job under 10 nodes: the cpu pool needs a queue of its own
             {"train_nodes": 128, "queue": "prod"},
             f"a cpu job of 1 node for 01:00:00 does not fit queue 'prod' ({PROD_SIZES}); queues "
-            "that fit: debug (1-2 nodes, <= 01:00:00), debug-scaling (1-10 nodes, <= 01:00:00), "
-            "preemptable (1-10 nodes, <= 72:00:00); give another --cpu-queue",
+            "that fit: debug (1-2 nodes, <= 01:00:00), preemptable (1-10 nodes, <= 72:00:00, <= "
+            "20 jobs); give another --cpu-queue",  # not debug-scaling, capacity: 4 jobs at once
         ),
         (
             "polaris",
             {"walltime": "02:00:00"},
             "a training job of 2 nodes for 02:00:00 does not fit queue 'debug' (1-2 nodes, <= "
-            "01:00:00); queues that fit: preemptable (1-10 nodes, <= 72:00:00); give a shorter "
-            "--walltime or another --queue",
+            "01:00:00); queues that fit: preemptable (1-10 nodes, <= 72:00:00, <= 20 jobs), or "
+            "with a --cpu-queue of its own: capacity (1-4 nodes, <= 168:00:00, <= 2 jobs); give "
+            "a shorter --walltime or another --queue",
         ),
         (
             "polaris",  # prod routes 16 nodes to small: 3 h at most
@@ -461,7 +462,10 @@ def test_a_run_changes_nodes_queues_and_walltimes_in_one_check(tmp_path):
     assert mpi.account == cpu.account == "abc123"
     text = describe(site)  # --dry-run: both pools' walltimes, and their queues' limits
     assert f"    batch jobs of 12:00:00 in queue {PROD}" in text.splitlines()
-    assert "    batch jobs of 02:00:00 in queue preemptable (1-10 nodes, <= 72:00:00)" in text
+    assert (
+        "    batch jobs of 02:00:00 in queue preemptable (1-10 nodes, <= 72:00:00, <= 20 jobs)"
+        in text
+    )
 
 
 def test_a_queue_the_site_does_not_list_is_not_checked():
@@ -483,7 +487,8 @@ def test_dry_run_shows_each_pools_walltime_the_sites_queues_and_no_checkpoint_fo
     assert "    batch jobs of 00:20:00 in queue debug (1-2 nodes, <= 01:00:00)" in cpu
     assert (
         "  the site's queues: debug (1-2 nodes, <= 01:00:00), debug-scaling (1-10 nodes, "
-        f"<= 01:00:00), {PROD}, preemptable (1-10 nodes, <= 72:00:00)"
+        f"<= 01:00:00, <= 1 job), {PROD}, preemptable (1-10 nodes, <= 72:00:00, <= 20 jobs), "
+        "capacity (1-4 nodes, <= 168:00:00, <= 2 jobs)"
     ) in text.splitlines()
     assert "4 GPU(s) per node, GPU order reverse" in text
     # The Config sets no checkpoint_mode, so Parsl makes no checkpoint folder to point at.
@@ -1014,6 +1019,7 @@ def small(site: SiteSpec, scheduler: FakeScheduler) -> SiteSpec:
         cores_per_node=2,
         hyperthreads_per_core=1,
         cpu_workers_per_node=1,
+        cpu_affinity="block",  # a site's list of each worker's CPUs is for its own nodes
         worker_init=WORKER_INIT,  # no module system here
         monitoring=False,  # the local test covers monitoring
         venv=str(scheduler.venv),
@@ -1042,7 +1048,7 @@ def test_polaris_submits_through_pbs_pro(tmp_path, fake_scheduler, leftovers):
     # The cpu pool's worker pool went through PALS mpiexec, one per node, bound by depth;
     # the training ranks through $PARSL_MPI_PREFIX with the site's binding options.
     mpiexecs = [" ".join(c) for c in pbs.calls("mpiexec")]
-    assert any("--cpu-bind none --depth=2 --ppn 1 -n 1 --hostfile" in c for c in mpiexecs)
+    assert any("--cpu-bind none --depth=64 --ppn 1 -n 1 --hostfile" in c for c in mpiexecs)
     assert any(
         c.startswith("-n 2 -ppn 2 -hosts localhost --cpu-bind depth --depth=1 python ")
         for c in mpiexecs
