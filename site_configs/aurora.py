@@ -221,10 +221,17 @@ SITE = SiteSpec(
 
 def training_exports(site: SiteSpec) -> list[str]:
     """The lines the training's jobs run after the venv: no core files, TRAINING_ENV exported,
-    and (not ALCF's) the kind of device every rank must find ($FFN_GPU_KIND: a rank that finds no
-    XPU stops in one line rather than train on the CPU, pipeline.network.devices.bind_to_gpu)."""
+    and the device kind (`device_kind_export`)."""
     exports = [f"export {name}={_shell_value(value)}" for name, value in TRAINING_ENV]
-    return [*TRAINING_LINES, *exports, f"export {GPU_KIND_ENV}={site.gpu_kind}"]
+    return [*TRAINING_LINES, *exports, device_kind_export(site)]
+
+
+def device_kind_export(site: SiteSpec) -> str:
+    """Not ALCF's: the kind of device every process that runs the network must find, in both
+    pools' jobs ($FFN_GPU_KIND): a rank, or an inference worker, that finds no XPU (Intel's
+    extension not loaded) stops in one line rather than run on the CPU
+    (pipeline.network.devices.required_devices)."""
+    return f"export {GPU_KIND_ENV}={site.gpu_kind}"
 
 
 def _shell_value(value: str) -> str:
@@ -292,7 +299,7 @@ def make_config(run_dir: Path, site: SiteSpec | None = None) -> Config:
                     cpus_per_node=HARDWARE_THREADS_PER_NODE,
                     select_options=SELECT_OPTIONS,
                     scheduler_options=scheduler_options,
-                    worker_init=pools.cpu_worker_init(site),
+                    worker_init=pools.cpu_worker_init(site, device_kind_export(site)),
                     init_blocks=0,  # requested when the first task is ready
                     min_blocks=0,
                     max_blocks=site.cpu_max_blocks,

@@ -104,6 +104,7 @@ def worker_init(site: SiteSpec, *extra: str) -> str:
 CPU_WORKER_ENV = {"MALLOC_ARENA_MAX": "2"}
 
 
-def cpu_worker_init(site: SiteSpec) -> str:
-    """`worker_init` for a pool of the cpu executor: the site's lines, then `CPU_WORKER_ENV`."""
-    return worker_init(site, *(f"export {k}={v}" for k, v in CPU_WORKER_ENV.items()))
+def cpu_worker_init(site: SiteSpec, *extra: str) -> str:
+    """`worker_init` for a pool of the cpu executor: the site's lines, then `CPU_WORKER_ENV`
+    (and `extra` lines)."""
+    return worker_init(site, *(f"export {k}={v}" for k, v in CPU_WORKER_ENV.items()), *extra)

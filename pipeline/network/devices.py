@@ -118,13 +118,10 @@ def _masked_to_one(kind: str, environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def bind_to_gpu(
-    tf, local_rank: int, order: GpuOrder = "local_rank", environ: Mapping[str, str] | None = None
-) -> str:
-    """Make this rank's device (a GPU, or an XPU tile) the only one TensorFlow sees (before its
-    first op); returns which device the rank got, for the log. A rank the launcher showed one
-    device only takes that one, whatever its local rank. A rank that finds no device of the kind
-    its site's jobs export as $FFN_GPU_KIND stops (LaunchError) rather than train on the CPU."""
+def required_devices(tf, who: str, environ: Mapping[str, str] | None = None) -> tuple[str, list]:
+    """This process's accelerators (device type, devices), Intel's extension loaded first. A
+    process of a site whose jobs export $FFN_GPU_KIND that finds none of that kind stops
+    (LaunchError, naming `who`: "local rank 3", "inference") rather than run on the CPU."""
     environ = os.environ if environ is None else environ
     expected = gpu_kind(environ)
     kind, devices, extension_error = visible_devices(tf)
@@ -138,9 +135,21 @@ def bind_to_gpu(
         else:
             why = "is this venv's TensorFlow the CUDA build (make env MPI=system GPU=1)?"
         raise LaunchError(
-            f"local rank {local_rank}: TensorFlow lists no {wanted} device, but the site's ranks "
-            f"run on {wanted}s ({GPU_KIND_ENV}={expected}) and it would train on the CPU: {why}"
+            f"{who}: TensorFlow lists no {wanted} device, but the site's jobs run on {wanted}s "
+            f"({GPU_KIND_ENV}={expected}) and it would run on the CPU: {why}"
         )
+    return kind, devices
+
+
+def bind_to_gpu(
+    tf, local_rank: int, order: GpuOrder = "local_rank", environ: Mapping[str, str] | None = None
+) -> str:
+    """Make this rank's device (a GPU, or an XPU tile) the only one TensorFlow sees (before its
+    first op); returns which device the rank got, for the log. A rank the launcher showed one
+    device only takes that one, whatever its local rank. A rank that finds no device of the kind
+    its site's jobs export as $FFN_GPU_KIND stops (LaunchError) rather than train on the CPU."""
+    environ = os.environ if environ is None else environ
+    kind, devices = required_devices(tf, f"local rank {local_rank}", environ)
     if not devices:
         return "the CPU (no GPU or XPU)"
     masked = _masked_to_one(kind, environ) if len(devices) == 1 else None

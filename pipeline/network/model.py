@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core.errors import CheckpointError, ConfigError
+from pipeline.network.devices import required_devices
 
 if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network is built
     import tensorflow as tf
@@ -83,9 +84,13 @@ def _kernel_init() -> tf.keras.initializers.Initializer:
 
 
 def build_model(config: ModelConfig) -> tf.keras.Model:
+    """Build the residual conv stack; returns a Keras model mapping (image, seed) to new logits.
+    TensorFlow is shown this process's accelerators first (pipeline.network.devices): Intel's
+    extension loaded, so that the network runs on an XPU where there is one, and a process of a
+    site whose jobs require a kind of device stopped where it finds none."""
     import tensorflow as tf
 
-    """Build the residual conv stack; returns a Keras model mapping (image, seed) to new logits."""
+    required_devices(tf, "the network")
     dtype = "mixed_bfloat16" if config.precision == "mixed_bfloat16" else "float32"
 
     def conv(name: str, activation: str | None) -> tf.keras.layers.Conv3D:

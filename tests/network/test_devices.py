@@ -17,6 +17,7 @@ from pipeline.network.devices import (
     gpu_kind,
     gpu_order,
 )
+from pipeline.network.model import ModelConfig, build_model
 
 
 class FakeDevices:
@@ -142,13 +143,28 @@ def test_a_rank_of_an_xpu_site_that_finds_no_xpu_stops_instead_of_training_on_th
     with pytest.raises(LaunchError) as error:
         bind(FakeDevices(xpus=12, needs_extension=True), 2, FFN_GPU_KIND="xpu")  # no extension
     message = str(error.value)
-    assert message.startswith("local rank 2: TensorFlow lists no XPU device, but the site's ranks")
+    assert message.startswith("local rank 2: TensorFlow lists no XPU device, but the site's jobs")
     assert "FFN_GPU_KIND=xpu" in message and "make env MPI=system GPU=xpu" in message
     assert "\n" not in message
     with pytest.raises(LaunchError, match="lists no XPU device"):
         bind(FakeDevices(gpus=4), 0, FFN_GPU_KIND="xpu")  # a CUDA venv on an XPU site
     with pytest.raises(LaunchError, match="lists no GPU device.*GPU=1"):
         bind(FakeDevices(xpus=12), 0, FFN_GPU_KIND="cuda")
+
+
+SMALL = ModelConfig(fov_shape_zyx=(9, 9, 9), deltas_zyx=(2, 2, 2), depth=1, features=4)
+
+
+def test_the_network_is_not_built_on_the_cpu_where_the_sites_jobs_require_xpus(monkeypatch):
+    """An inference worker of an XPU site (its jobs export FFN_GPU_KIND=xpu) whose TensorFlow
+    lists no XPU, as this machine's: the network is refused before its first variable, in one
+    line, rather than segment on the CPU."""
+    monkeypatch.setenv("FFN_GPU_KIND", "xpu")
+    with pytest.raises(LaunchError) as error:
+        build_model(SMALL)
+    assert str(error.value).startswith("the network: TensorFlow lists no XPU device")
+    monkeypatch.delenv("FFN_GPU_KIND")
+    assert build_model(SMALL)  # the CPU
 
 
 def test_an_extension_that_does_not_load_is_named_in_the_ranks_one_line(stand_in_extension):

@@ -360,7 +360,9 @@ def test_the_jobs_ask_for_aurora_nodes_as_alcf_recommends(tmp_path, fake_schedul
         assert argv[:4] == ["-q", queue, "-A", "test_account"]
     mpi_script = jobs[MPI_LABEL][1].splitlines()
     assert f"export CCL_WORKER_AFFINITY={aurora.CCL_WORKER_AFFINITY}" in mpi_script
-    assert "export FFN_GPU_KIND=xpu" not in jobs[CPU_LABEL][1].splitlines()
+    # Both pools' processes that run the network must find an XPU (inference on the cpu pool).
+    for label in (MPI_LABEL, CPU_LABEL):
+        assert "export FFN_GPU_KIND=xpu" in jobs[label][1].splitlines()
 
 
 # Each rank binds its device as the training does (pipeline.network.devices.bind_to_gpu), in a
