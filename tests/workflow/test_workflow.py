@@ -177,12 +177,12 @@ def test_dry_run_opens_every_input_before_anything_is_submitted(
 def test_account_and_queue_come_from_the_command_line_or_the_environment():
     import os
 
-    env = os.environ | {"FFN_QUEUE": "debug-scaling"}
+    env = os.environ | {"FFN_QUEUE": "preemptable"}
     done = processes.run(
         [sys.executable, "workflow.py", "--site", "polaris", "--dry-run", "--account", "abc123"],
         cwd=ROOT, env=env, timeout=900,
     )  # fmt: skip
-    assert "account: abc123" in done.stdout and "queue: debug-scaling" in done.stdout
+    assert "account: abc123" in done.stdout and "queue: preemptable" in done.stdout
     assert "placeholder" not in done.stdout
 
 
