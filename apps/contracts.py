@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from pipeline.core.stamps import as_path
+from pipeline.core.roi import Roi
+from pipeline.core.stamps import NO_VOXELS, Part, as_path
 
 Paths = tuple[Path, ...]
 
@@ -80,6 +81,12 @@ class Contract:
     def outputs(self) -> Paths:
         """Every output, in the order of the fields."""
         return self._flat[1]
+
+    def parts(self, settings: dict) -> tuple:
+        """Per input, in the order of `inputs()`, the part of it the task reads, which alone
+        keys it (`stamps.run_once`'s `regions`; None, or none given: all of it). The planner
+        and the app both ask, so that they key the task alike."""
+        return ()
 
 
 def contract(cls):
@@ -152,6 +159,12 @@ class InferBlock(Contract):
     selection: Path = input_field()
     result: Path = output_field()
 
+    def parts(self, settings: dict) -> tuple:
+        """Of the staged volume the block's box, which holds its context (the overlaps)."""
+        from pipeline.inference.blocks import Block, infer_regions
+
+        return infer_regions(Block(tuple(settings["start"]), tuple(settings["stop"])))
+
 
 @contract
 class GroundTruthBlock(Contract):
@@ -160,6 +173,10 @@ class GroundTruthBlock(Contract):
 
     volume: Path = input_field()
     result: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        """Of the staged volume the labels in the block's box."""
+        return (Part(Roi(tuple(settings["start"]), tuple(settings["stop"])), "labels"),)
 
 
 # -- stitching (apps/stitch.py) --
@@ -183,6 +200,10 @@ class JoinBlocks(Contract):
     pairs: Paths = input_field()
     table: Path = output_field()
 
+    def parts(self, settings: dict) -> tuple:
+        """Of the staged volume no voxel: its shape and voxel size, for the new layer."""
+        return (NO_VOXELS,)
+
 
 @contract
 class RelabelPart(Contract):
@@ -192,6 +213,12 @@ class RelabelPart(Contract):
     table: Path = input_field()
     results: Paths = input_field()
     record: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        """Of the id table the ids of the blocks it reads."""
+        from pipeline.inference.stitching import table_part
+
+        return (table_part(settings),)
 
 
 @contract
@@ -205,6 +232,10 @@ class FinishStitch(Contract):
     results: Paths = input_field()
     summary: Path = output_field()
     full_resolution: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        """Of the staged volume no voxel: its shape and voxel size, for a layer lost whole."""
+        return (NO_VOXELS,)
 
 
 # -- the split consensus of two passes (apps/consensus.py) --
@@ -359,6 +390,11 @@ class CountRegion(Contract):
     segmentation: Path = input_field()
     counts: Path = output_field()
 
+    def parts(self, settings: dict) -> tuple:
+        """The region's labels and segmentation."""
+        region = Roi.parse(settings["region"])
+        return Part(region, "labels"), Part(region)
+
 
 @contract
 class BoundaryForest(Contract):
@@ -412,6 +448,10 @@ class BeginExport(Contract):
     segmentation: Path = input_field()
     begun: Path = output_field()
 
+    def parts(self, settings: dict) -> tuple:
+        """No voxel of either: their shapes, voxel sizes and how the layer is stored."""
+        return NO_VOXELS, NO_VOXELS
+
 
 @contract
 class ExportRegion(Contract):
@@ -422,6 +462,11 @@ class ExportRegion(Contract):
     volume: Path = input_field()
     segmentation: Path = input_field()
     record: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        """The region's image and segmentation."""
+        region = Roi.parse(settings["region"])
+        return None, Part(region), Part(region)
 
 
 @contract

@@ -32,7 +32,8 @@ def count_region(settings: dict, folder: str, io: CountRegion, inputs=(), output
         counts = count_region(staged.labels, segmentation_spec(folder), region, staged.scored)
         counts.save(str(io.counts))
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    # Keyed on the region's voxels: a region changed elsewhere keeps it.
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
 
 
 @python_app(executors=[CPU_LABEL])

@@ -44,7 +44,9 @@ def begin_export(settings: dict, folder: str, io: BeginExport, inputs=(), output
             tmp.write_text(json.dumps({"voxel_size_nm": voxel_size}))
         # No content digest: a new (empty) export must make every later export task run again.
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    # Keyed on what the volume and the layer are, not their voxels: a changed voxel does not
+    # empty the export.
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
 
 
 @python_app(executors=[CPU_LABEL])
@@ -64,7 +66,8 @@ def export_region(settings: dict, folder: str, io: ExportRegion, inputs=(), outp
             io.record, region, region_step(folder, settings["index"], region, read, config)
         )
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    # Keyed on the region's voxels: a region changed elsewhere keeps it.
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
 
 
 @python_app(executors=[CPU_LABEL])

@@ -18,7 +18,6 @@ def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
         Block,
         block_progress_path,
         block_state_path,
-        infer_regions,
         segment_block,
         write_block_result,
     )
@@ -56,8 +55,8 @@ def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
         write_block_result(output, result)
         return digest_arrays({"labels": result.labels})
 
-    # Keyed on the bricks of the volume the block reads: a voxel changed elsewhere keeps it.
-    return run_once(settings, io.inputs(), io.outputs(), work, infer_regions(block))
+    # Keyed on the chunks of the volume the block reads: a voxel changed elsewhere keeps it.
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
 
 
 @python_app(executors=[CPU_LABEL])
@@ -77,4 +76,4 @@ def ground_truth_block(settings: dict, io: GroundTruthBlock, inputs=(), outputs=
         write_block_result(io.result, result)
         return digest_arrays({"labels": result.labels})
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))

@@ -32,17 +32,35 @@ def pair_block(settings: dict, io: PairBlock, inputs=(), outputs=()):
 
 @python_app(executors=[CPU_LABEL])
 def join_blocks(settings: dict, folder: str, io: JoinBlocks, inputs=(), outputs=()):
-    """The id table of every block's pairs. Also makes the new, empty segmentation layer in
-    `folder` that the relabel tasks write into."""
-    from pipeline.core.stamps import run_once
-    from pipeline.inference.stitching import join_ids, load_block_pairs, new_layer, save_id_table
+    """The id table of every block's pairs, each object's stitched id the name of its
+    component (`stable_lookup`). Also makes the segmentation layer in `folder` that the
+    relabel tasks write into, new and empty unless the one there is stored as asked
+    (`keep_layer`)."""
+    from pipeline.core.stamps import run_once, save_cells
+    from pipeline.inference.stitching import (
+        join_ids,
+        keep_layer,
+        layer_identity,
+        load_block_pairs,
+        save_id_table,
+        stable_lookup,
+        table_cells,
+        task_blocks,
+    )
 
-    def work() -> None:
-        save_id_table(io.table, *join_ids([load_block_pairs(p) for p in io.pairs]))
-        new_layer(settings, folder, io.volume)
-        # No content digest: a new (empty) volume must make every relabel task run again.
+    def work() -> str:
+        found = [load_block_pairs(p) for p in io.pairs]
+        offsets, components, merges = join_ids(found)
+        lookup = stable_lookup(offsets, components, found)
+        save_id_table(io.table, offsets, lookup, merges)
+        keep_layer(settings, folder, io.volume)
+        # The token: the ids per block, so a relabel task runs again only where its blocks'
+        # ids changed (a layer made anew: its stamps say where they are, the check rewrites).
+        blocks, _, _ = task_blocks(settings)
+        identity = layer_identity(settings, io.volume)
+        return save_cells(io.table, table_cells(blocks, offsets, lookup, identity))
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
 
 
 @python_app(executors=[CPU_LABEL])
@@ -57,7 +75,8 @@ def relabel_part(settings: dict, folder: str, io: RelabelPart, inputs=(), output
         save_core_record(io.record, record)
         return digest(record["chunks"])
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    # Keyed on its blocks' ids in the table: a table changed elsewhere keeps it.
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
 
 
 @python_app(executors=[CPU_LABEL])
@@ -69,9 +88,11 @@ def finish_stitch(settings: dict, folder: str, io: FinishStitch, inputs=(), outp
     import json
 
     from pipeline.core.atomic import atomic_path
-    from pipeline.core.stamps import run_once
+    from pipeline.core.stamps import run_once, save_cells
     from pipeline.inference.stitching import (
+        LayerCells,
         check_cores,
+        layer_identity,
         layer_to_check,
         load_core_record,
         load_id_table,
@@ -82,7 +103,9 @@ def finish_stitch(settings: dict, folder: str, io: FinishStitch, inputs=(), outp
         blocks, _, read = task_blocks(settings, io.results)
         layer = layer_to_check(settings, folder, io.volume)
         records = (load_core_record(p) for p in io.records)
-        checked = check_cores(records, layer, blocks, read, load_id_table(io.table))
+        identity = layer_identity(settings, io.volume)
+        cells = LayerCells(settings["shape"], layer.layout.chunk_zyx, identity)
+        checked = check_cores(records, layer, blocks, read, load_id_table(io.table), cells)
         record = {
             "stitch": dataclasses.asdict(checked.stitch),
             "repaired_parts": checked.repaired,
@@ -90,6 +113,8 @@ def finish_stitch(settings: dict, folder: str, io: FinishStitch, inputs=(), outp
         }
         with atomic_path(io.summary) as tmp:
             tmp.write_text(json.dumps(record, indent=2))
-        return checked.token
+        # The token: the parts' files per chunk, so a task reading a region of the layer (an
+        # export or evaluation region) runs again only where a part changed.
+        return save_cells(io.full_resolution, cells.cells())
 
-    return run_once(settings, io.inputs(), io.outputs(), work)
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))

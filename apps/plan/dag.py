@@ -30,7 +30,7 @@ def dag_steps(plan: RunPlan) -> list[Step]:
     run() writes its checkpoint as the selection."""
     config, paths = plan.config, plan.paths
     from pipeline.data.staging import role_settings, source_files
-    from pipeline.inference.blocks import block_path, infer_regions
+    from pipeline.inference.blocks import block_path
 
     steps = [
         task_step("stage[eval]", role_settings(config.data, "eval", plan.eval_context),
@@ -67,8 +67,9 @@ def dag_steps(plan: RunPlan) -> list[Step]:
             }
             files = InferBlock(volume=paths.eval_volume, selection=paths.selection,
                                result=block_path(one.blocks_dir, block))  # fmt: skip
-            steps.append(task_step(f"infer[{one.prefix}{i}]", settings, files, apps.infer.infer_block,
-                                   regions=infer_regions(block)))  # fmt: skip
+            steps.append(
+                task_step(f"infer[{one.prefix}{i}]", settings, files, apps.infer.infer_block)
+            )
         steps += stitch_steps(plan, one)
     if config.agglomeration.consensus:
         steps += consensus_steps(plan)

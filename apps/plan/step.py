@@ -68,13 +68,13 @@ def task_step(
     contract: Contract,
     app: object,
     *args,
-    regions: tuple = (),
     **kwargs,
 ) -> Step:
     """The step of task `name` (its stage: the name up to "["), run by `app`; its inputs and
-    outputs are `contract`'s, in the order of its fields; `regions`: the parts of its inputs it
-    reads, as its app tells `stamps.run_once`."""
+    outputs are `contract`'s, in the order of its fields, and the parts of its inputs it reads
+    are too (`Contract.parts`, which its app tells `stamps.run_once`)."""
     stage = name.partition("[")[0]
+    regions = contract.parts(settings)
     task = Task(name, stage, settings, contract.inputs(), contract.outputs(), regions)
     return Step(task, app, contract, args, kwargs)
 

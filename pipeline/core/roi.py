@@ -182,25 +182,31 @@ def chunk_box(
     return [(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, chunks, shape, strict=True)]
 
 
-class BrickStates:
-    """Per brick of a box (edge `brick`, on a grid from the box's start), a digest of the states
-    of the chunk files that hold its voxels: the XOR of one sha256 per chunk, so the chunks may
-    come in any order and a brick holds 32 bytes whatever the number of chunks it meets."""
+class ChunkStates:
+    """Per chunk of an array that a box meets (on the array's chunk grid `chunks`, from its
+    origin), a digest of the state of its file: a sha256 per chunk, XORed with that of any file
+    that holds voxels of every chunk (a shard), so files may come in any order."""
 
-    def __init__(self, bounds: Sequence[tuple[int, int]], brick: int) -> None:
-        self.start = [a for a, _ in bounds]
-        self.brick = brick
-        self.grid = np.zeros([-(-(b - a) // brick) for a, b in bounds] + [32], np.uint8)
+    def __init__(self, bounds: Sequence[tuple[int, int]], chunks: Sequence[int]) -> None:
+        self.cell = tuple(int(c) for c in chunks)
+        # Where the first chunk starts, in the array's coordinates and relative to the box (what
+        # a task's region, in the box's coordinates, is placed by).
+        self.start = [a // c * c for (a, _), c in zip(bounds, self.cell, strict=True)]
+        self.origin = tuple(s - a for s, (a, _) in zip(self.start, bounds, strict=True))
+        extent = [
+            -(-(b - s) // c) for (_, b), s, c in zip(bounds, self.start, self.cell, strict=True)
+        ]
+        self.grid = np.zeros([*extent, 32], np.uint8)
 
     def add(self, chunk: Sequence[tuple[int, int]] | None, state: str) -> None:
-        """A chunk's box (array coordinates; parts outside the box are not counted), or None
-        for a file that holds voxels of any brick (a shard): then every brick."""
+        """A chunk's box (array coordinates; a chunk outside the box is not counted), or None
+        for a file that holds voxels of any chunk (a shard): then every chunk."""
         one = np.frombuffer(hashlib.sha256(state.encode()).digest(), np.uint8)
         if chunk is None:
             self.grid ^= one
             return
         met = tuple(
-            slice(max(a - s, 0) // self.brick, max(-(-(b - s) // self.brick), 0))
-            for (a, b), s in zip(chunk, self.start, strict=True)
+            slice(max(a - s, 0) // c, max(-(-(b - s) // c), 0))
+            for (a, b), s, c in zip(chunk, self.start, self.cell, strict=True)
         )
         self.grid[met] ^= one

@@ -36,9 +36,15 @@ its "stamp" key, and has no stamp file. Its state is not recorded (embedding the
 it): it is trusted while its stamp parses and has the task's identity. Its task wrote it whole,
 atomically; one truncated or edited by hand no longer parses or has no stamp, and runs again.
 
-A task that reads a part of a staged volume (an inference block) says which (`regions`): it is
-keyed on the digests of the bricks of that part (`region_token`), which staging keeps in the
-staged file, so a voxel changed elsewhere leaves it up to date.
+A task that reads a part of an input says which (`regions`, a `Part` per input): it is keyed on
+the digests of the cells of that part (`region_token`) where the input keeps them, so a voxel
+changed elsewhere leaves it up to date. A staged copy keeps its arrays' 128^3 bricks' digests;
+a volume read in place, a cell per chunk of its source (the chunk's crc32, `[data]
+chunk_digests`, else its file's state); an output of a task that saves them (`save_cells`: the
+stitching's id table per block, its layer per chunk), their digest being its token. So one
+chunk edited re-runs the inference blocks whose boxes hold it, the parts of the layer that read
+those blocks, and the export and evaluation regions over them. A stamp made before its task
+read parts (or these parts) stays up to date while its inputs' whole tokens are as they were.
 
 `plan()` decides for a whole DAG before anything is submitted (the workflow prints it);
 `run_once()` is what each task does on its worker, where the inputs rebuilt earlier in the same
@@ -137,84 +143,199 @@ def digest_volumes(arrays: dict[str, np.ndarray], extra: object = None) -> str:
     return volume_digest(arrays, extra).hexdigest()
 
 
+@dataclass(frozen=True)
+class Part:
+    """What of an input a task reads, which alone keys it where the input keeps digests of its
+    cells (`region_token`): the voxels `roi` of its array `array` (of a staged volume "raw" or
+    "labels"; an output that keeps one grid, `save_cells`, has one array), or with `roi` None
+    none of them, only what the array is (its shape, voxel size, dtype): a task that makes a
+    layer of the volume's shape. A bare Roi in a task's regions is Part(roi) of the image."""
+
+    roi: Roi | None
+    array: str = "raw"
+
+
+# A task that reads no voxel of an input, only what it is.
+NO_VOXELS = Part(None)
+
+
+@dataclass(frozen=True, eq=False)
+class Cells:
+    """Digests of the cells of a grid over an array: `grid` (cells along each axis, then a
+    cell's digest bytes), cells of shape `cell` from `origin` (the first cell's start in the
+    array's coordinates, <= 0: a chunk grid's, from the source's origin, over a box of it), and
+    `identity`, what the array is besides its voxels (shape, voxel size, dtype, scored part)."""
+
+    identity: str
+    origin: tuple[int, ...]
+    cell: tuple[int, ...]
+    grid: np.ndarray
+
+    def token(self, roi: Roi | None) -> str:
+        """Token of the part `roi` of the array: its identity and the digests of the cells
+        `roi` meets (with `roi` None, its identity alone)."""
+        if roi is None:
+            return digest({"volume": self.identity})
+        met = tuple(
+            slice(max(0, (a - o) // c), max(0, -(-(b - o) // c)))
+            for a, b, o, c in zip(roi.start, roi.stop, self.origin, self.cell, strict=True)
+        )
+        sha = hashlib.sha256(self.grid[met].tobytes()).hexdigest()
+        return digest({"volume": self.identity, "bricks": sha})
+
+    def digest(self) -> str:
+        """Of everything the cells say: the token of the output that keeps them (`save_cells`)."""
+        grid = hashlib.sha256(np.ascontiguousarray(self.grid).tobytes()).hexdigest()
+        return digest(
+            {
+                "identity": self.identity,
+                "origin": list(self.origin),
+                "cell": list(self.cell),
+                "shape": list(self.grid.shape),
+                "grid": grid,
+            }
+        )
+
+
 # The dataset of a staged HDF5 volume that keeps its image's brick digests (`write_brick_digests`),
-# so that a task reading a part of it is keyed on that part only (`region_token`).
+# so that a task reading a part of it is keyed on that part only (`region_token`); another
+# array's are in the dataset of that name with "_NAME" added (`_brick_dataset`).
 BRICK_DIGESTS = "brick_sha256"
+
+
+def _brick_dataset(name: str) -> str:
+    return BRICK_DIGESTS if name == "raw" else f"{BRICK_DIGESTS}_{name}"
 
 
 def write_brick_digests(staged: "h5py.File", sha: VolumeDigest, name: str = "raw") -> None:
     """Keep array `name`'s brick digests in the staged file being written (so they appear with
     it, atomically): 32 bytes a brick, 16 MB at 10^12 voxels; with the array's `identity` and
     the brick size they are on."""
-    dataset = staged.create_dataset(BRICK_DIGESTS, data=sha.brick_grid(name))
+    dataset = staged.create_dataset(_brick_dataset(name), data=sha.brick_grid(name))
     dataset.attrs["identity"] = sha.identity(name)
     dataset.attrs["brick"] = BRICK
 
 
-def write_brick_sidecar(record: Path, grid: np.ndarray, identity: str) -> dict:
-    """Keep the brick states of a volume read in place (`ZarrInput.chunk_state`'s "bricks")
-    beside its staging record `record` (`_sidecar`), atomically; returns what the record says of
-    them (their sha256, the identity and the brick size), written after them, so a record never
-    takes the states of another staging for its own."""
-    with atomic_path(_sidecar(record)) as tmp, open(tmp, "wb") as out:
-        np.save(out, grid)
-    sha = hashlib.sha256(grid.tobytes()).hexdigest()
-    return {"sha256": sha, "identity": identity, "brick": BRICK}
+def write_cell_sidecar(record: Path, name: str, cells: Cells) -> dict:
+    """Keep the cells of array `name` of a volume read in place beside its staging record
+    `record` (`_cell_sidecar`), atomically; returns what the record says of them (the grid's
+    sha256, the identity, the cell and the origin), written after them, so a record never takes
+    the cells of another staging for its own."""
+    with atomic_path(_cell_sidecar(record, name)) as tmp, open(tmp, "wb") as out:
+        np.save(out, cells.grid)
+    sha = hashlib.sha256(cells.grid.tobytes()).hexdigest()
+    return {
+        "sha256": sha,
+        "identity": cells.identity,
+        "cell": list(cells.cell),
+        "origin": list(cells.origin),
+    }
 
 
-def _sidecar(record: Path) -> Path:
+def _cell_sidecar(record: Path, name: str) -> Path:
+    return record.with_name(f"{record.name}.cells-{name}.npy")
+
+
+def _brick_sidecar(record: Path) -> Path:
+    """Where a record of an older version kept its image's brick states (128^3 bricks)."""
     return record.with_name(record.name + ".bricks.npy")
 
 
-def _sidecar_digests(record: Path) -> tuple[str, int, np.ndarray] | None:
-    entry = json.loads(record.read_text()).get("brick_digests")
-    if not entry:
+def _record_cells(record: Path, name: str) -> Cells | None:
+    """The cells of array `name` a staging record keeps beside it (`write_cell_sidecar`; of an
+    older version, its image's bricks), None where it keeps none or they are not its own."""
+    held = json.loads(record.read_text())
+    entry = (held.get("cell_digests") or {}).get(name)
+    if entry:
+        sidecar, origin, cell = _cell_sidecar(record, name), entry["origin"], entry["cell"]
+    elif name == "raw" and held.get("brick_digests"):
+        entry = held["brick_digests"]
+        sidecar, origin, cell = _brick_sidecar(record), [0, 0, 0], [entry["brick"]] * 3
+    else:
         return None
     try:
-        grid = np.load(_sidecar(record))
+        grid = np.load(sidecar)
     except (OSError, ValueError):
         return None
     if hashlib.sha256(grid.tobytes()).hexdigest() != entry["sha256"]:
         return None  # not the states this record was written with
-    return str(entry["identity"]), int(entry["brick"]), grid
+    return Cells(str(entry["identity"]), tuple(origin), tuple(cell), grid)
 
 
-@functools.lru_cache(maxsize=4)
-def _brick_digests(path: Path, state: tuple[int, ...]) -> tuple[str, int, np.ndarray] | None:
-    """(identity, brick size, brick digests) a staged volume keeps (a copy's dataset, a record's
-    sidecar), None if it keeps none. Read whole once per state of the file: the plan asks for
-    every block of the volume."""
+def _dataset_cells(path: Path, name: str) -> Cells | None:
+    """The brick digests of array `name` a staged HDF5 volume keeps (`write_brick_digests`)."""
     import h5py  # here: the workflow imports this module before it needs HDF5
 
-    if path.suffix == ".json":
-        return _sidecar_digests(path)
     if not h5py.is_hdf5(path):
         return None
     with h5py.File(path, "r") as staged:
-        if BRICK_DIGESTS not in staged:
+        if _brick_dataset(name) not in staged:
             return None
-        dataset = staged[BRICK_DIGESTS]
-        return str(dataset.attrs["identity"]), int(dataset.attrs["brick"]), dataset[()]
+        dataset = staged[_brick_dataset(name)]
+        brick = int(dataset.attrs["brick"])
+        return Cells(str(dataset.attrs["identity"]), (0, 0, 0), (brick,) * 3, dataset[()])
 
 
-def region_token(path: str | os.PathLike, region: Roi) -> str | None:
-    """Token of the part `region` of a staged volume that a task reads: the volume's identity
-    (voxel size, scored part, dtype, shape) and the digests of the bricks `region` meets, so a
-    voxel changed elsewhere leaves it as it was (read in place: the states of the chunk files
-    the part is read from). None when the volume keeps no brick digests (staged before they
-    were kept; a precomputed layer read in place): then the whole volume's token."""
-    path = Path(path)
+CELLS_SUFFIX = ".cells.npz"
+
+
+def cells_path(output: str | os.PathLike) -> Path:
+    """Where an output that keeps its cells (`save_cells`) keeps them: beside it."""
+    output = as_path(output)
+    return output.with_name(output.name + CELLS_SUFFIX)
+
+
+def save_cells(output: str | os.PathLike, cells: Cells) -> str:
+    """Keep `cells`, the digests of the parts of `output` (an id table per block, a layer per
+    chunk), beside it, atomically; returns their digest, which its task returns as its token
+    (`run_once`): the cells are trusted only while the output's stamp has that token, and a
+    task reading a part of `output` is keyed on that part's cells (`region_token`)."""
+    with atomic_path(cells_path(output)) as tmp, open(tmp, "wb") as out:
+        np.savez(
+            out, identity=cells.identity, origin=cells.origin, cell=cells.cell, grid=cells.grid
+        )
+    return cells.digest()
+
+
+def _saved_cells(output: Path, token: str | None) -> Cells | None:
     try:
-        stat = path.stat()
+        with np.load(cells_path(output)) as held:
+            origin, cell = (tuple(int(v) for v in held[k]) for k in ("origin", "cell"))
+            cells = Cells(str(held["identity"]), origin, cell, held["grid"])
+    except (OSError, ValueError, KeyError):
+        return None
+    return cells if cells.digest() == token else None  # another making's, or not its own
+
+
+@functools.lru_cache(maxsize=8)
+def _held_cells(path: Path, name: str, token: str | None, state: tuple[int, ...]) -> Cells | None:
+    """The cells of array `name` of `path` (`region_token`), read whole once per state of the
+    file that keeps them: the plan asks for every block of the volume."""
+    if cells_path(path).is_file():
+        return _saved_cells(path, token)
+    if path.suffix == ".json":
+        return _record_cells(path, name)
+    return _dataset_cells(path, name) if path.is_file() else None
+
+
+def region_token(
+    path: str | os.PathLike, region: Roi | Part, token: str | None = None
+) -> str | None:
+    """Token of the part `region` of an output that a task reads (a Roi: of a staged volume's
+    image): the output's identity and the digests of the cells the part meets, so a voxel
+    changed elsewhere leaves it as it was. A staged copy keeps its arrays' 128^3 bricks' digests;
+    a volume read in place the crc32 of each chunk of the source (`[data] chunk_digests`), else
+    its chunk files' states; an output saved with `save_cells` (its stamp's token `token`) its
+    cells. None when the output keeps none (staged before they were kept, made before its task
+    saved them, a shard file of a precomputed layer): then the output's token."""
+    path, part = Path(path), region if isinstance(region, Part) else Part(region)
+    held = cells_path(path) if cells_path(path).is_file() else path
+    try:
+        stat = held.stat()
     except OSError:
         return None
-    held = _brick_digests(path, (stat.st_size, stat.st_mtime_ns, stat.st_ino))
-    if held is None:
-        return None
-    identity, brick, grid = held
-    met = Roi(tuple(a // brick for a in region.start), tuple(-(-b // brick) for b in region.stop))
-    sha = hashlib.sha256(grid[met.slices].tobytes()).hexdigest()
-    return digest({"volume": identity, "bricks": sha})
+    cells = _held_cells(path, part.array, token, (stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return None if cells is None else cells.token(part.roi)
 
 
 def digest_arrays(arrays: dict[str, np.ndarray], extra: object = None) -> str:
@@ -370,7 +491,7 @@ def read_stamp(output: str | os.PathLike) -> dict | None:
 
 def input_token(
     path: str | os.PathLike,
-    region: Roi | None = None,
+    region: Roi | Part | None = None,
     stamps: Callable[[str | os.PathLike], dict | None] = read_stamp,
 ) -> str:
     """A task's output is keyed by its stamp's token, or with `region`, the part of it a task
@@ -379,12 +500,12 @@ def input_token(
     stamp = stamps(path)
     if not stamp or "token" not in stamp:
         return source_token(path)
-    return (region is not None and region_token(path, region)) or stamp["token"]
+    return (region is not None and region_token(path, region, stamp["token"])) or stamp["token"]
 
 
 def input_tokens(
     inputs: Sequence[Path],
-    regions: Sequence[Roi | None] = (),
+    regions: Sequence[Roi | Part | None] = (),
     stamps: Callable[[str | os.PathLike], dict | None] = read_stamp,
 ) -> list[str]:
     """`input_token` of each input; `regions`: per input the part of it read (None, or past
@@ -442,6 +563,23 @@ def _identities(settings: dict, input_tokens: Sequence[str], stamped: dict) -> I
                 yield digest({"settings": older | then, "inputs": list(input_tokens)})
 
 
+def _keyed(
+    settings: dict,
+    inputs: Sequence[Path],
+    regions: Sequence[Roi | Part | None],
+    stamps: Callable[[str | os.PathLike], dict | None],
+    tokens: Sequence[str],
+    stamped: dict,
+) -> Iterator[str]:
+    """`_identities` with the tokens of the parts of the inputs the task reads, then, where it
+    reads parts, with those of the whole inputs: as a version that did not key it on parts (or
+    on these parts: a stitching's or an export's task before issue 60) stamped it, so that an
+    upgrade runs nothing again while the inputs are as they were. Lazily."""
+    yield from _identities(settings, tokens, stamped)
+    if any(r is not None for r in regions):
+        yield from _identities(settings, input_tokens(inputs, (), stamps), stamped)
+
+
 def _plain(settings: dict) -> dict:
     """As the settings read back from a stamp (tuples become lists)."""
     return json.loads(json.dumps(settings, default=str))
@@ -468,7 +606,7 @@ def why_stale(
     settings: dict,
     inputs: Sequence[Path],
     outputs: Sequence[Path],
-    regions: Sequence[Roi | None] = (),
+    regions: Sequence[Roi | Part | None] = (),
     stamps: Callable[[str | os.PathLike], dict | None] = read_stamp,
 ) -> str | None:
     """None when the task's outputs are up to date, else the reason it must run; `regions`: the
@@ -481,7 +619,7 @@ def why_stale(
         return "outputs not stamped (interrupted, or made by an older version)"
     tokens = input_tokens(inputs, regions, stamps)
     stamped = stamp.get("settings") or {}
-    if stamp["identity"] not in _identities(settings, tokens, stamped):
+    if stamp["identity"] not in _keyed(settings, inputs, regions, stamps, tokens, stamped):
         changes = _changed_settings(stamped, settings)
         if changes:
             return "settings changed: " + "; ".join(changes)
@@ -544,7 +682,7 @@ def write_stamp(
     states: dict,
     token: str | None = None,
     measured: dict | None = None,
-    regions: Sequence[Roi | None] = (),
+    regions: Sequence[Roi | Part | None] = (),
     checked: dict | None = None,
 ) -> dict:
     """Record that `outputs`, whose states (`output_state`, by name; none for an output that
@@ -612,7 +750,7 @@ def run_once(
     inputs: Iterable[str | os.PathLike],
     outputs: Iterable[str | os.PathLike],
     work: Callable[[], str | None],
-    regions: Sequence[Roi | None] = (),
+    regions: Sequence[Roi | Part | None] = (),
     checked: Callable[[], Iterable[str | os.PathLike]] | None = None,
 ) -> str:
     """Run `work` unless the outputs are up to date; stamp them after, with its wall time and
@@ -637,7 +775,7 @@ def _run_and_stamp(
     inputs: list[Path],
     outputs: list[Path],
     work: Callable[[], str | None],
-    regions: Sequence[Roi | None],
+    regions: Sequence[Roi | Part | None],
     checked: Callable[[], Iterable[str | os.PathLike]] | None,
 ) -> str:
     # A stamp beside its outputs stays while the task works: it records their states, so an
@@ -684,7 +822,7 @@ class Task:
     settings: dict
     inputs: tuple[Path, ...]
     outputs: tuple[Path, ...]
-    regions: tuple[Roi | None, ...] = ()  # per input the part the task reads (run_once)
+    regions: tuple[Roi | Part | None, ...] = ()  # per input the part the task reads (run_once)
 
 
 def plan(

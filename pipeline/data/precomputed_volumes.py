@@ -18,8 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.errors import ChunkReadError, MissingChunkError, VolumeFileMissing, VolumeReadError, VolumeShapeError, first_line
-from pipeline.core.roi import BrickStates, chunk_box, chunk_grid, index_bounds
+from pipeline.core.errors import (
+    ChunkReadError,
+    MissingChunkError,
+    VolumeFileMissing,
+    VolumeReadError,
+    VolumeShapeError,
+    first_line,
+)
+from pipeline.core.roi import ChunkStates, chunk_box, chunk_grid, index_bounds
 
 PREFIX = "precomputed://"
 FILE_SCHEME = "file://"
@@ -141,20 +148,20 @@ class PrecomputedArray:
         shard = spec.compute_shard_location(compressed_morton_code(point, grid)).shard_number
         return f"shard {self._volume.key}/{shard}.shard (chunk {chunk})"
 
-    def chunk_state(self, bounds: Sequence[tuple[int, int]], brick: int = 0) -> dict:
+    def chunk_state(self, bounds: Sequence[tuple[int, int]], cells: bool = False) -> dict:
         """What scale 0's chunk files are now, without reading them: their number, bytes and a
         digest of every file's name, size, mtime_ns and ctime_ns. The whole scale's folder is
         listed (one scandir, a stat per file; a sharded layer's shard files alike), not only the
         files of `bounds`; the digest is a sum of one sha256 per file, so neither order nor
-        memory grows with the millions of files a large layer holds. With `brick`, also
-        "bricks": per brick of `bounds` (`BrickStates`) the states of the chunk files over it,
-        placed by their names (x0-x1_y0-y1_z0-z1); a shard file, whose chunks its name does not
-        tell, counts in every brick."""
+        memory grows with the millions of files a large layer holds. With `cells`, also
+        "cells": per chunk of `bounds` on scale 0's chunk grid (`ChunkStates`) the state of its
+        file, placed by its name (x0-x1_y0-y1_z0-z1); a shard file, whose chunks its name does
+        not tell, counts in every chunk."""
         files = size = total = 0
-        bricks = BrickStates(bounds, brick) if brick else None
+        states = ChunkStates(bounds, self.chunks) if cells else None
         found = {"files": 0, "bytes": 0, "state_sha256": f"{total:064x}"}
         if not self.folder.is_dir():  # no chunk written yet
-            return found if bricks is None else found | {"bricks": bricks.grid}
+            return found if states is None else found | {"cells": states}
         with os.scandir(self.folder) as listing:
             for entry in listing:
                 if not entry.is_file():
@@ -165,10 +172,10 @@ class PrecomputedArray:
                     1 << 256
                 )
                 files, size = files + 1, size + stat.st_size
-                if bricks is not None:
-                    bricks.add(self._chunk_bounds(entry.name), one)
+                if states is not None:
+                    states.add(self._chunk_bounds(entry.name), one)
         found = {"files": files, "bytes": size, "state_sha256": f"{total:064x}"}
-        return found if bricks is None else found | {"bricks": bricks.grid}
+        return found if states is None else found | {"cells": states}
 
     def _chunk_bounds(self, name: str) -> list[tuple[int, int]] | None:
         """The (z, y, x) box in array coordinates of an unsharded chunk file's name, None for

@@ -9,8 +9,9 @@ come as, and what many tasks can read at once), is not copied: its stage writes
 `staged/eval.json` (`reads_in_place`), naming the source's box (`VolumeSpec.box`), its shape,
 voxel size, a checksum of its metadata and the state of the chunk files the box is read from
 (`volumes.chunk_state`), and beside it a digest of each zarr chunk of the box
-(`[data] chunk_digests`), which every read checks; every later stage reads through
-`read_staged`.
+(`[data] chunk_digests`), which every read checks, and per source a cell per chunk of the box
+(`_keep_cells`), on which a task reading a part of the volume is keyed; every later stage reads
+through `read_staged`.
 """
 
 import dataclasses
@@ -33,14 +34,13 @@ from pipeline.core.errors import (
     VolumeShapeError,
     VoxelSizeError,
 )
-from pipeline.core.roi import Roi, check_apart, check_roi
+from pipeline.core.roi import ChunkStates, Roi, check_apart, check_roi
 from pipeline.core.stamps import (
     VolumeDigest,
     digest,
     digest_files,
     volume_digest,
     write_brick_digests,
-    write_brick_sidecar,
 )
 from pipeline.data.synthetic import PRESETS, generate
 from pipeline.data.volumes import (
@@ -55,7 +55,7 @@ from pipeline.data.volumes import (
     read_header,
 )
 from pipeline.data.volumes import chunk_digests as volume_chunk_digests
-from pipeline.data.zarr_volumes import DIGEST, FILL_MISSING_HINT
+from pipeline.data.zarr_volumes import DIGEST, FILL_MISSING_HINT, ChunkDigests
 
 STAGED_ATTR = "staged_from"
 SCORED_ATTR = "scored_roi"  # z0:z1, y0:y1, x0:x1 within the staged volume
@@ -329,7 +329,7 @@ def stage_synthetic(path: str | Path, preset: str, seed: int, shape_zyx=None) ->
     with new_volumes(path, layout, config.voxel_size_nm, {STAGED_ATTR: provenance}) as datasets:
         for name, array in arrays.items():
             datasets[name][...] = array
-        write_brick_digests(datasets["raw"].file, sha)
+            write_brick_digests(datasets[name].file, sha, name)
     return sha.hexdigest()
 
 
@@ -371,9 +371,10 @@ def stage_files(
     """Validate the user's volume(s) and copy them, or their `roi` with `context_zyx` around it,
     in; labels are optional (then nothing is scored). The staged region is copied brick by brick
     (`volumes.read_bricks`), so the memory of staging does not grow with the volume. The scored
-    part within the staged volume is its attribute `scored_roi`; the image's brick digests
-    are its dataset `stamps.BRICK_DIGESTS`, on which each inference block is keyed. Returns
-    the digest of the content read."""
+    part within the staged volume is its attribute `scored_roi`; each array's brick digests are
+    a dataset of it (`stamps.write_brick_digests`), on which a task reading a part of the array
+    (an inference block, an evaluation region) is keyed. Returns the digest of the content
+    read."""
     sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
     shape, voxel_size = sources["raw"].shape, sources["raw"].voxel_size_nm
     provenance = json.dumps(
@@ -408,7 +409,8 @@ def stage_files(
                     labeled = bool(brick[tuple(map(slice, low, high))].any())
         if labels_spec and not labeled:
             raise EmptyLabelsError(f"{labels_spec}: no labeled voxel in the ROI {part}")
-        write_brick_digests(datasets["raw"].file, sha)
+        for name in sources:  # a task reading a part of an array is keyed on its bricks
+            write_brick_digests(datasets[name].file, sha, name)
     return sha.hexdigest()
 
 
@@ -426,16 +428,69 @@ def _check_in_place_dtypes(sources: dict, raw_spec: str, labels_spec: str) -> No
         )
 
 
-def _record_chunk_digests(record_path: Path, boxed: dict[str, str]) -> dict:
-    """The crc32 of each zarr chunk of each source's box, kept beside the record; per source
-    the digest's name and the sidecar's sha256 (none for a precomputed layer)."""
-    digests = {}
+def _chunk_digests(boxed: dict[str, str]) -> dict[str, ChunkDigests]:
+    """The crc32 of each zarr chunk of each source's box (`volumes.chunk_digests`: each chunk
+    read once); none of a precomputed layer."""
+    found = {name: volume_chunk_digests(spec) for name, spec in boxed.items()}
+    return {name: digests for name, digests in found.items() if digests is not None}
+
+
+def _save_chunk_digests(record_path: Path, found: dict[str, ChunkDigests]) -> dict:
+    """Keep `found` beside the record; per source the digest's name and the sidecar's sha256."""
+    return {
+        name: {"digest": DIGEST, "sha256": digests.save(digest_sidecar(record_path, name))}
+        for name, digests in found.items()
+    }
+
+
+def _array_identity(record: dict, name: str) -> str:
+    """What array `name` of a record is besides its voxels: its box of its source, the staged
+    shape, voxel size and scored part, its source's shape, dtype and metadata (not the states
+    of its chunks)."""
+    source = record["sources"][0 if name == "raw" else 1]
+    kept = {k: record[k] for k in ("shape_zyx", "voxel_size_nm", "scored_roi")}
+    unchunked = {k: v for k, v in source.items() if k != "chunks"}
+    return digest(kept | {"array": name, "spec": record[name], "source": unchunked})
+
+
+def _chunk_cells(
+    states: ChunkStates, digests: ChunkDigests | None, box: Roi, identity: str
+) -> stamps.Cells:
+    """The cells a task reading a part of a source's box is keyed on, a cell per chunk: its
+    crc32 where staging recorded one (`[data] chunk_digests`: content, so a chunk written again
+    with the same bytes runs nothing again), else its file's state (`chunk_state`)."""
+    if digests is None:
+        return stamps.Cells(identity, states.origin, states.cell, states.grid)
+    origin = tuple(
+        o * c - a for o, c, a in zip(digests.origin, digests.chunks, box.start, strict=True)
+    )
+    grid = digests.digests.astype("<u8").view(np.uint8).reshape(*digests.digests.shape, 8)
+    return stamps.Cells(identity, origin, digests.chunks, grid)
+
+
+def _keep_cells(path: Path, record: dict, states: dict, found: dict[str, ChunkDigests]) -> dict:
+    """The record's "cell_digests": per source its chunks' cells (`_chunk_cells`; the source's
+    box as the record names it), kept beside the record (`stamps.write_cell_sidecar`)."""
+    kept = {}
+    for name, cells in states.items():
+        box, identity = VolumeSpec.parse(record[name]).box, _array_identity(record, name)
+        kept[name] = stamps.write_cell_sidecar(
+            path, name, _chunk_cells(cells, found.get(name), box, identity)
+        )
+    return kept
+
+
+def _refuse_missing_chunks(chunks: dict[str, dict | None], boxed: dict[str, str]) -> None:
+    """A chunk of the box that is missing is an error before any block reads the box, unless
+    the spec asks for `fill_missing`."""
     for name, spec in boxed.items():
-        found = volume_chunk_digests(spec)
-        if found is not None:  # zarr; a precomputed layer keeps none
-            sha = found.save(digest_sidecar(record_path, name))
-            digests[name] = {"digest": DIGEST, "sha256": sha}
-    return digests
+        state, parsed = chunks[name] or {}, VolumeSpec.parse(spec)
+        if state.get("missing") and not parsed.fill_missing:
+            raise MissingChunkError(
+                f"{parsed.path / parsed.dataset}: chunk {state['first_missing']} is missing "
+                f"({state['missing']} of the {state['chunks']} chunks of {spec}; "
+                f"{FILL_MISSING_HINT})"
+            )
 
 
 def stage_in_place(
@@ -451,36 +506,27 @@ def stage_in_place(
     write the record `path` (JSON) that `read_staged` reads, naming the box of each source to
     read (its `roi` with `context_zyx` around it), the scored part within it, the voxel size,
     the sha256 of each source's metadata files and the state of the chunk files of the box
-    (`volumes.chunk_state`: per zarr chunk its size, mtime and ctime, digested; a stat per
-    chunk, no chunk read), so that the record's digest, which the blocks key on, changes when a
-    chunk they read changes. A chunk of the box that is missing is an error here already (not
-    only when a block reads it) unless the specs ask for `fill_missing`. Read in place, the
-    voxels are what the source stores: the image must be uint8 and the labels of an integer
-    type. A zarr image's chunk states per 128^3 brick go beside the record
-    (`stamps.write_brick_sidecar`): each inference block is keyed on the chunks it reads. With
-    `chunk_digests`, each zarr chunk of the box is read once (its length checked) and the crc32
-    of its bytes kept beside the record (`digest_sidecar`), which `read_staged` hands to every
-    read. Returns the digest of the record."""
+    (`volumes.chunk_state`: per chunk its size, mtime and ctime, digested; a stat per chunk, no
+    chunk read), so that the record's digest changes when a chunk of the box changes. A chunk
+    of the box that is missing is an error here already (not only when a block reads it)
+    unless the specs ask for `fill_missing`. Read in place, the voxels are what the source
+    stores: the image must be uint8 and the labels of an integer type. With `chunk_digests`,
+    each zarr chunk of the box is read once (its length checked) and the crc32 of its bytes
+    kept beside the record (`digest_sidecar`), which `read_staged` hands to every read. Per
+    source, a cell per chunk of the box goes beside the record too (`_keep_cells`: a chunk's
+    crc32, else its file's state): a task reading a part of the volume (an inference block, an
+    export or evaluation region) is keyed on the chunks it reads. Returns the digest of the
+    record."""
     sources, part, staged = _source_part(raw_spec, labels_spec, voxel_size_nm, roi, context_zyx)
     _check_in_place_dtypes(sources, raw_spec, labels_spec)
     boxed = {name: str(header.spec.part(staged)) for name, header in sources.items()}
-    # Per brick of the image too: an inference block is keyed on the chunks it reads.
-    chunks = {
-        name: chunk_state(spec, stamps.BRICK if name == "raw" else 0)
-        for name, spec in boxed.items()
-    }
-    bricks = (chunks["raw"] or {}).pop("bricks", None)
-    for name, spec in boxed.items():
-        state, parsed = chunks[name] or {}, VolumeSpec.parse(spec)
-        if state.get("missing") and not parsed.fill_missing:  # before any block reads the box
-            raise MissingChunkError(
-                f"{parsed.path / parsed.dataset}: chunk {state['first_missing']} is missing "
-                f"({state['missing']} of the {state['chunks']} chunks of {spec}; "
-                f"{FILL_MISSING_HINT})"
-            )
+    chunks = {name: chunk_state(spec, cells=True) for name, spec in boxed.items()}
+    # Kept beside the record, not in it: a cell per chunk of the box.
+    cells = {name: state.pop("cells") for name, state in chunks.items() if state}
+    _refuse_missing_chunks(chunks, boxed)
     if labels_spec:
         _require_labeled(labels_spec, part)
-    digests = _record_chunk_digests(Path(path), boxed) if chunk_digests else {}
+    found = _chunk_digests(boxed) if chunk_digests else {}
     record = {
         "raw": boxed["raw"],
         "labels": boxed.get("labels", ""),
@@ -498,14 +544,10 @@ def stage_in_place(
             for name, header in sources.items()
         ],
     }
-    if digests:  # only when recorded: the record of a run without them is as it was
-        record["chunk_digests"] = digests
-    if bricks is not None:
-        # What a block's token holds besides the states of its chunks: no chunk state.
-        raw_source = {k: v for k, v in record["sources"][0].items() if k != "chunks"}  # raw first
-        unchunked = {k: record[k] for k in ("raw", "shape_zyx", "voxel_size_nm", "scored_roi")}
-        identity = digest(unchunked | {"source": raw_source})
-        record["brick_digests"] = write_brick_sidecar(Path(path), bricks, identity)
+    if found:  # only when recorded: the record of a run without them is as it was
+        record["chunk_digests"] = _save_chunk_digests(Path(path), found)
+    if cells:
+        record["cell_digests"] = _keep_cells(Path(path), record, cells, found)
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(record, indent=2) + "\n")
     return digest(record)

@@ -259,17 +259,17 @@ def read_header(
     return VolumeHeader(spec, shape, dtype, _resolve_voxel_size(spec, stored, voxel_size_nm))
 
 
-def chunk_state(spec: "str | VolumeSpec", brick: int = 0) -> dict | None:
+def chunk_state(spec: "str | VolumeSpec", cells: bool = False) -> dict | None:
     """What the chunk files a zarr or precomputed volume's box (its `box`, else all of it) is
     read from are now, read without their voxels (`ZarrInput.chunk_state`,
-    `PrecomputedArray.chunk_state`: a stat per chunk file; with `brick`, the states per
-    brick of the box too); None for HDF5 (its file's own state says it)."""
+    `PrecomputedArray.chunk_state`: a stat per chunk file; with `cells`, the state of each
+    chunk of the box too, on the chunk grid); None for HDF5 (its file's own state says it)."""
     spec = VolumeSpec.parse(spec)
     if not spec.precomputed and not is_zarr(spec.path):
         return None
     with _whole_dataset(spec) as dataset:
         box = spec.box or Roi.whole(tuple(int(n) for n in dataset.shape))
-        return dataset.chunk_state(list(zip(box.start, box.stop, strict=True)), brick)
+        return dataset.chunk_state(list(zip(box.start, box.stop, strict=True)), cells)
 
 
 def chunk_digests(spec: "str | VolumeSpec") -> ChunkDigests | None:

@@ -38,7 +38,7 @@ from pipeline.core.errors import (
     VolumeReadError,
     first_line,
 )
-from pipeline.core.roi import BrickStates, chunk_box, chunk_grid, index_bounds
+from pipeline.core.roi import ChunkStates, chunk_box, chunk_grid, index_bounds
 
 SUFFIX = ".zarr"
 COMPRESSOR = Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE)
@@ -347,17 +347,17 @@ class ZarrInput:
                 )
         return ChunkDigests(origin, self.chunks, digests)
 
-    def chunk_state(self, bounds: Sequence[tuple[int, int]], brick: int = 0) -> dict:
+    def chunk_state(self, bounds: Sequence[tuple[int, int]], cells: bool = False) -> dict:
         """What the chunk files of the box `bounds` are now, without reading them: the number of
         chunks, how many are missing (the first one's key), their bytes, and a sha256 over
         every chunk's key, size, mtime_ns and ctime_ns (ctime: a restore that keeps size and
         mtime, `cp -p`, still changes it). Cost: one stat per chunk of the box, streamed (O(1)
         memory): 10^12 voxels in 64^3 chunks are 3.8 million stats, seconds on a local disk,
-        minutes on a parallel file system (~10^4 stats/s). With `brick`, also "bricks": per
-        brick of that edge on a grid from the box's start, the states of the chunks it meets
-        (`BrickStates`), so that a task reading a part of the box is keyed on that part."""
+        minutes on a parallel file system (~10^4 stats/s). With `cells`, also "cells": the
+        state of each chunk of the box on the chunk grid (`ChunkStates`), so that a task
+        reading a part of the box is keyed on the chunks it reads."""
         sha, chunks, missing, size, first = hashlib.sha256(), 0, 0, 0, ""
-        bricks = BrickStates(bounds, brick) if brick else None
+        states = ChunkStates(bounds, self.chunks) if cells else None
         for coords in chunk_grid(bounds, self.chunks):
             key = self.key(coords)
             try:
@@ -369,8 +369,8 @@ class ZarrInput:
                 size += stat.st_size
             sha.update(f"{key} {state}\n".encode())
             chunks += 1
-            if bricks is not None:
-                bricks.add(chunk_box(coords, self.chunks, self.shape), f"{key} {state}")
+            if states is not None:
+                states.add(chunk_box(coords, self.chunks, self.shape), f"{key} {state}")
         found = {
             "chunks": chunks,
             "missing": missing,
@@ -378,4 +378,4 @@ class ZarrInput:
             "bytes": size,
             "state_sha256": sha.hexdigest(),
         }
-        return found if bricks is None else found | {"bricks": bricks.grid}
+        return found if states is None else found | {"cells": states}

@@ -10,6 +10,7 @@ region's writing makes, the check that a folder may be replaced) are here too.
 
 import hashlib
 import itertools
+import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,6 +115,37 @@ def new_segmentation(
     scale = Scale(tuple(map(float, voxel_size_nm)), tuple(shape_zyx), tuple(layout.chunk_zyx))
     info = layer_info(SEGMENTATION_LAYER, scale)
     add_scales(folder, SEGMENTATION_LAYER, info, [scale], [layout.sharding])
+
+
+def _segmentation_info(
+    shape_zyx: ZYX, voxel_size_nm: VoxelSize, layout: SegmentationLayout
+) -> dict:
+    """The `info` `new_segmentation` writes, as read back from its file."""
+    scale = Scale(tuple(map(float, voxel_size_nm)), tuple(shape_zyx), tuple(layout.chunk_zyx))
+    info = layer_info(SEGMENTATION_LAYER, scale)
+    if layout.sharding is not None:
+        info["scales"][0]["sharding"] = layout.sharding
+    return json.loads(json.dumps(info))
+
+
+def _full_resolution(info: dict) -> dict:
+    """What of a segmentation layer's `info` says how its full resolution is stored: the
+    export adds coarser scales, meshes and properties to it."""
+    kept = {k: info.get(k) for k in ("type", "data_type", "num_channels")}
+    return kept | {"scale": info["scales"][0]}
+
+
+def holds_segmentation(
+    folder: str | Path, shape_zyx: ZYX, voxel_size_nm: VoxelSize, layout: SegmentationLayout
+) -> bool:
+    """Whether `folder` holds a segmentation layer whose full resolution is stored as
+    `new_segmentation` would make it (what its writers wrote may be kept)."""
+    try:
+        info = read_info(Path(folder), SEGMENTATION_LAYER)
+        stored = _full_resolution(info)
+    except (PrecomputedError, KeyError, IndexError, TypeError, AttributeError):
+        return False
+    return stored == _full_resolution(_segmentation_info(shape_zyx, voxel_size_nm, layout))
 
 
 def check_replaceable(final: Path) -> None:

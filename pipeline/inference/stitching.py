@@ -47,11 +47,13 @@ from tqdm import tqdm
 from pipeline.core import config_io
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import BlockResultError
-from pipeline.core.stamps import digest
+from pipeline.core.roi import Roi
+from pipeline.core.stamps import Cells, Part, digest
 from pipeline.export.folder_layout import SEGMENTATION_LAYER
 from pipeline.export.segmentation_layer import (
     SegmentationLayout,
     SegmentationWriter,
+    holds_segmentation,
     new_segmentation,
 )
 from pipeline.inference.blocks import (
@@ -174,16 +176,33 @@ def pairs_between(
 
 @dataclass(frozen=True, eq=False)
 class BlockPairs:
-    """Step 1's result for block k: its object count, and for each later block j that overlaps
-    it the pairs (local ids) of objects that agree there."""
+    """Step 1's result for block k: its object count, for each later block j that overlaps it
+    the pairs (local ids) of objects that agree there, and where each object begins
+    (`first_voxels`; None from pairs saved before they were kept)."""
 
     count: int
     pairs: dict[int, Pairs]
+    firsts: np.ndarray | None = None
 
 
 def later_neighbours(k: int, blocks: BlockGrid) -> list[int]:
     """The blocks after k (in plan order) that overlap it: whose pairs with k block k's task finds."""
     return [j for j in blocks.overlapping(blocks[k]) if j > k]
+
+
+# The first voxel of a local id the block does not hold (`first_voxels`).
+NOT_HELD = np.uint64(2**64 - 1)
+
+
+def first_voxels(labels: np.ndarray) -> np.ndarray:
+    """Per local id 1..max, the index of its first voxel in the block (C order), NOT_HELD for
+    an id the block does not hold: where an object begins does not change when the block,
+    segmented again after a change elsewhere in it, numbers its objects otherwise."""
+    ids, first = np.unique(labels.ravel(), return_index=True)
+    firsts = np.full(int(labels.max(initial=0)), NOT_HELD, np.uint64)
+    held = ids > 0
+    firsts[ids[held].astype(np.int64) - 1] = first[held]
+    return firsts
 
 
 def block_pairs(
@@ -195,11 +214,13 @@ def block_pairs(
         j: pairs_between(blocks[k], labels, blocks[j], labels_of(j), config)
         for j in later_neighbours(k, blocks)
     }
-    return BlockPairs(int(labels.max(initial=0)), pairs)
+    return BlockPairs(int(labels.max(initial=0)), pairs, first_voxels(labels))
 
 
 def save_block_pairs(path: str | Path, found: BlockPairs) -> None:
     arrays = {f"{side}{j}": p[n] for j, p in found.pairs.items() for n, side in enumerate("ab")}
+    if found.firsts is not None:
+        arrays["firsts"] = found.firsts
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, count=found.count, **arrays)
 
@@ -207,7 +228,8 @@ def save_block_pairs(path: str | Path, found: BlockPairs) -> None:
 def load_block_pairs(path: str | Path) -> BlockPairs:
     with np.load(path) as f:
         later = sorted(int(name[1:]) for name in f.files if name.startswith("a"))
-        return BlockPairs(int(f["count"]), {j: (f[f"a{j}"], f[f"b{j}"]) for j in later})
+        firsts = f["firsts"] if "firsts" in f.files else None
+        return BlockPairs(int(f["count"]), {j: (f[f"a{j}"], f[f"b{j}"]) for j in later}, firsts)
 
 
 def join_ids(found: Sequence[BlockPairs]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -226,6 +248,66 @@ def join_ids(found: Sequence[BlockPairs]) -> tuple[np.ndarray, np.ndarray, int]:
     # Components are numbered from node 0 on: the background (in no pair) is component 0.
     _, component = connected_components(graph, directed=False)
     return offsets, component.astype(np.uint64), len(a)
+
+
+# A block's place in a stitched id that `stable_lookup` makes: its index above this bit, where
+# one of its objects begins below (a block of fewer than 2^32 voxels).
+BLOCK_BIT = 32
+
+
+def _object_names(offsets: np.ndarray, found: Sequence[BlockPairs], total: int) -> np.ndarray:
+    """Per global id 0..total, a name no other object has that does not change while the
+    object does not: block i's object `i << BLOCK_BIT | 1 + its first voxel` (of pairs saved
+    before first voxels were kept, `| its local id`); 0 for the background, NOT_HELD for an id
+    its block does not hold (it is looked up by no voxel)."""
+    names = np.zeros(total + 1, np.uint64)
+    for i, (offset, block) in enumerate(zip(offsets, found, strict=True)):
+        start = int(offset) + 1
+        if block.firsts is None:
+            within = np.arange(1, block.count + 1, dtype=np.uint64)
+        else:  # wraps to 0 where NOT_HELD, which the name then is
+            within = block.firsts + np.uint64(1)
+        named = np.uint64(i) << np.uint64(BLOCK_BIT) | within
+        names[start : start + block.count] = np.where(within == 0, NOT_HELD, named)
+    return names
+
+
+def stable_lookup(
+    offsets: np.ndarray, components: np.ndarray, found: Sequence[BlockPairs]
+) -> np.ndarray:
+    """`join_ids`'s lookup (global id -> the number of its merge graph's component) with each
+    component named by the least name of its objects (`_object_names`): numbered 1..C, a
+    component's id would change with any object added or lost before it in any block; named so,
+    it changes only where its objects do, and a part of the layer whose blocks' ids are as they
+    were is written as it was (its task stays up to date: `table_cells`)."""
+    names = _object_names(offsets, found, len(components) - 1)
+    order = np.lexsort((names, components))  # by component, then name: each one's least first
+    starts = np.flatnonzero(np.diff(components[order], prepend=np.uint64(2**64 - 1)))
+    least = np.zeros(int(components.max(initial=0)) + 1, np.uint64)
+    least[components[order][starts]] = names[order][starts]
+    return least[components]
+
+
+def table_cells(blocks: BlockGrid, offsets: np.ndarray, lookup: np.ndarray, identity: str) -> Cells:
+    """Per block, on the block grid, the sha256 of the stitched ids of its objects: what a task
+    that relabels a part of the layer reads of the id table (`table_part`), and alone keys it
+    (`stamps.save_cells`)."""
+    counts = [len(s) for s in blocks.starts_zyx]
+    grid = np.zeros([*counts, 32], np.uint8)
+    ends = np.append(offsets[1:], np.uint64(len(lookup) - 1))
+    for k, (start, end) in enumerate(zip(offsets, ends, strict=True)):
+        ids = np.ascontiguousarray(lookup[int(start) + 1 : int(end) + 1])
+        place = np.unravel_index(k, counts)
+        grid[place] = np.frombuffer(hashlib.sha256(ids.tobytes()).digest(), np.uint8)
+    return Cells(identity, (0, 0, 0), (1, 1, 1), grid)
+
+
+def table_part(settings: dict) -> Part:
+    """The part of the id table a relabel task reads (`table_cells`): the ids of the blocks it
+    reads (`settings["reads"]`, a box of the block grid)."""
+    blocks = plan_blocks(settings["shape"], config_io.from_dict(BlockConfig, settings["blocks"]))
+    places = np.array(np.unravel_index(settings["reads"], [len(s) for s in blocks.starts_zyx]))
+    return Part(Roi(tuple(map(int, places.min(1))), tuple(int(p) + 1 for p in places.max(1))))
 
 
 def block_core(k: int, blocks: BlockGrid, align: Sequence[int] = (1, 1, 1)) -> tuple[slice, ...]:
@@ -420,21 +502,25 @@ def check_cores(
     blocks: BlockGrid,
     labels_of: Callable[[int], np.ndarray],
     id_table: tuple[np.ndarray, np.ndarray, int],
+    cells: "LayerCells | None" = None,
 ) -> CoresChecked:
     """Every part's record (`write_part`'s, `layer_parts` order) against `layer`: a part whose
     files changed after its task wrote them is written again (`check_written_parts`). `records`
     is read once, a record at a time (of a generator that loads them, one is held): the memory
     is the id table's (`join_ids`'s offsets, lookup, merges), whatever the number of blocks.
-    Raises BlockResultError if a part cannot be written as recorded."""
+    Raises BlockResultError if a part cannot be written as recorded. `cells`, where given,
+    takes each record (`LayerCells`)."""
     offsets, lookup, merges = id_table
-    present = np.zeros(len(lookup), bool)
+    present = [np.zeros(0, np.uint64)]  # the stitched ids of each part (`stable_lookup`'s)
     totals = {"inference": InferenceStats()}
     names = [f.name for f in dataclasses.fields(InferenceStats)]
 
     def counted(records: Iterable[dict]) -> Iterable[dict]:
         for record in records:
-            present[record["ids"]] = True
+            present.append(np.asarray(record["ids"], np.uint64))
             totals["inference"] += InferenceStats(**{n: record["stats"][n] for n in names})
+            if cells is not None:
+                cells.add(record)
             yield record
 
     def rewrite(k: int) -> dict:
@@ -442,9 +528,32 @@ def check_cores(
         return write_part(k, part, blocks, labels_of, offsets, lookup, layer)
 
     repaired, token = check_written_parts(counted(records), layer, rewrite)
-    present[0] = False
-    stats = StitchStats(len(blocks), len(lookup) - 1, merges, int(present.sum()))
+    objects = np.count_nonzero(np.unique(np.concatenate(present)))
+    stats = StitchStats(len(blocks), len(lookup) - 1, merges, int(objects))
     return CoresChecked(stats, repaired, totals["inference"], token)
+
+
+class LayerCells:
+    """The digests of a layer's chunks by the parts that wrote them: each part's record's
+    digest of its files (`write_part_labels`) in every chunk of its part (the parts are whole
+    chunks: a chunk is one part's). What a task reading a region of the layer is keyed on
+    (`stamps.save_cells`): a part written again as it was keeps them."""
+
+    def __init__(self, shape: Sequence[int], chunk_zyx: Sequence[int], identity: str) -> None:
+        self.chunk, self.identity = tuple(int(c) for c in chunk_zyx), identity
+        self.grid = np.zeros(
+            [-(-n // c) for n, c in zip(shape, self.chunk, strict=True)] + [32], np.uint8
+        )
+
+    def add(self, record: dict) -> None:
+        one = np.frombuffer(bytes.fromhex(digest(record["chunks"])), np.uint8)
+        met = tuple(
+            slice(a // c, -(-b // c)) for (a, b), c in zip(record["core"], self.chunk, strict=True)
+        )
+        self.grid[met] ^= one
+
+    def cells(self) -> Cells:
+        return Cells(self.identity, (0, 0, 0), self.chunk, self.grid)
 
 
 def _read_block(blocks: BlockGrid, paths: dict[int, str | Path], i: int) -> BlockResult:
@@ -524,6 +633,29 @@ def new_layer(settings: dict, folder: str | Path, staged: str | Path) -> None:
 
     layout = config_io.from_dict(SegmentationLayout, settings["layout"])
     new_segmentation(folder, settings["shape"], read_staged(staged).voxel_size_nm, layout)
+
+
+def layer_identity(settings: dict, staged: str | Path) -> str:
+    """What the layer a stitching writes is besides its voxels: its shape, voxel size and how
+    it is stored; the identity of the cells of its id table and of the layer."""
+    from pipeline.data.staging import read_staged
+
+    voxel_size = [float(v) for v in read_staged(staged).voxel_size_nm]
+    return digest(
+        {"shape": settings["shape"], "layout": settings["layout"], "voxel_size_nm": voxel_size}
+    )
+
+
+def keep_layer(settings: dict, folder: str | Path, staged: str | Path) -> None:
+    """`new_layer`, unless the layer in `folder` is stored as it would make it: then the files
+    its relabel tasks wrote stay, for those whose blocks' ids did not change (`table_cells`
+    keeps their stamps up to date)."""
+    from pipeline.data.staging import read_staged
+
+    layout = config_io.from_dict(SegmentationLayout, settings["layout"])
+    voxel_size = read_staged(staged).voxel_size_nm
+    if not holds_segmentation(folder, settings["shape"], voxel_size, layout):
+        new_layer(settings, folder, staged)
 
 
 def writer_of(settings: dict, folder: str | Path) -> SegmentationWriter:

@@ -4,11 +4,24 @@ the outputs themselves are what they were when it ran."""
 import json
 import os
 import time
+from collections.abc import Callable
 
+import numpy as np
 import pytest
 from faults import zero_bytes
 
-from pipeline.core.stamps import Task, digest, plan, run_once, stamp_path, why_stale
+from pipeline.core.roi import Roi
+from pipeline.core.stamps import (
+    Cells,
+    Part,
+    Task,
+    digest,
+    plan,
+    run_once,
+    save_cells,
+    stamp_path,
+    why_stale,
+)
 
 
 def make(text: str):
@@ -504,3 +517,59 @@ def test_a_record_that_is_not_a_json_object_is_refused(tmp_path, source):
     with pytest.raises(ValueError, match="must write a JSON object"):
         run_once({}, [source], [record], record_task(record, content=[1, 2])[0])
     assert why_stale({}, [source], [record]) is not None
+
+
+def keep_cells(output, grid) -> Callable[[], str]:
+    """A task's work that writes `output` and keeps its cells (2 cells of 4^3 along z): its
+    token is their digest (`save_cells`)."""
+
+    def run() -> str:
+        output.write_text("a table")
+        return save_cells(output, Cells("the table", (0, 0, 0), (4, 4, 4), np.asarray(grid)))
+
+    return run
+
+
+def readers(source, table) -> list[Task]:
+    """A task per cell of `table`, each reading that cell only."""
+    return [
+        Task(f"read[{k}]", "read", {"k": k}, (source, table), (table.with_name(f"read{k}.txt"),),
+             (None, Part(Roi((4 * k, 0, 0), (4 * k + 4, 4, 4)))))
+        for k in range(2)
+    ]  # fmt: skip
+
+
+def run_readers(tasks) -> set[int]:
+    ran = set()
+    for k, task in enumerate(tasks):
+        work = make(str(k))[0](task.outputs[0])
+        if run_once(task.settings, task.inputs, task.outputs, work, task.regions) == "ran":
+            ran.add(k)
+    return ran
+
+
+def test_a_task_reading_cells_of_an_output_runs_again_only_where_they_changed(tmp_path, source):
+    table = tmp_path / "ids.npy"
+    grids = {"first": [[[[1]]], [[[2]]]], "second": [[[[1]]], [[[3]]]]}
+    run_once({"v": 1}, [source], [table], keep_cells(table, grids["first"]))
+    tasks = readers(source, table)
+    assert run_readers(tasks) == {0, 1}
+    run_once({"v": 2}, [source], [table], keep_cells(table, grids["second"]))  # cell 1 changed
+    assert plan(tasks)["read[0]"] is None and "input changed" in plan(tasks)["read[1]"]
+    assert run_readers(tasks) == {1}
+    # Cells that are not the output's own (its stamp's token is not their digest) key nothing:
+    # each reader is keyed on the whole output again.
+    save_cells(table, Cells("the table", (0, 0, 0), (4, 4, 4), np.asarray(grids["first"])))
+    assert run_readers(tasks) == {0, 1}
+
+
+def test_a_stamp_made_before_its_task_read_parts_stays_up_to_date_while_its_inputs_do(
+    tmp_path, source
+):
+    table = tmp_path / "ids.npy"
+    run_once({"v": 1}, [source], [table], keep_cells(table, [[[[1]]], [[[2]]]]))
+    (task, _) = readers(source, table)
+    run_once(task.settings, task.inputs, task.outputs, make("0")[0](task.outputs[0]))  # no parts
+    assert why_stale(task.settings, task.inputs, task.outputs, task.regions) is None
+    run_once({"v": 2}, [source], [table], keep_cells(table, [[[[1]]], [[[3]]]]))
+    assert why_stale(task.settings, task.inputs, task.outputs, task.regions) is not None

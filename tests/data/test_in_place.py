@@ -103,11 +103,13 @@ def test_a_chunked_volume_is_staged_as_a_record_and_read_in_place(source, tmp_pa
     settings = role_settings(data, "eval", CONTEXT)
     assert settings["in_place"]
     token = stage_role(tmp_path / "eval.json", settings)
-    # No voxel copied: the record, its chunk files' states per brick and a digest of each
-    # chunk of raw and labels (`[data] chunk_digests`, tests/data/test_damaged_chunks.py).
+    # No voxel copied: the record, a digest of each chunk of raw and labels (`[data]
+    # chunk_digests`, tests/data/test_damaged_chunks.py) and of each the cells a task reading a
+    # part of it is keyed on (tests/inference/test_block_stamps.py).
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "eval.json",
-        "eval.json.bricks.npy",
+        "eval.json.cells-labels.npy",
+        "eval.json.cells-raw.npy",
         "eval.json.chunks-labels.npz",
         "eval.json.chunks-raw.npz",
     ]

@@ -1,6 +1,7 @@
-"""Inference blocks are keyed on the part of the staged volume they read (issue 31): a voxel
-changed in the volume to segment re-runs only the blocks that read its brick
-(`stamps.region_token`), the real staging (`staging.stage_files`) and stamps (`run_once` with
+"""Inference blocks are keyed on the part of the staged volume they read (issues 31 and 60): a
+voxel changed in the volume to segment re-runs only the blocks that read its brick (a copy) or
+its chunk (a volume read in place) (`stamps.region_token`), the real staging
+(`staging.stage_files`, `staging.stage_in_place`) and stamps (`run_once` with
 `blocks.infer_regions`, as apps/infer.py and the workflow's plan use them)."""
 
 import h5py
@@ -97,9 +98,10 @@ def blocks_meeting(region: Roi) -> set[int]:
     return {k for k, b in enumerate(BLOCKS) if Roi(b.start, b.stop).overlaps(region)}
 
 
-def brick_of(zyx) -> Roi:
-    start = tuple(a // BRICK * BRICK for a in zyx)
-    return Roi(start, tuple(min(a + BRICK, n) for a, n in zip(start, SHAPE, strict=True)))
+def brick_of(zyx, edge=(BRICK,) * 3) -> Roi:
+    """The brick (or with `edge`, the chunk) that holds voxel `zyx`."""
+    start = tuple(a // e * e for a, e in zip(zyx, edge, strict=True))
+    return Roi(start, tuple(min(a + e, n) for a, e, n in zip(start, edge, SHAPE, strict=True)))
 
 
 @pytest.mark.parametrize("zyx", [(30, 100, 100), (30, 200, 20)])
@@ -191,7 +193,20 @@ def test_a_chunk_rewritten_in_a_volume_read_in_place_reruns_only_the_blocks_over
     with open_volume(zarr_run["spec"], writable=True) as target:  # one voxel: one chunk rewritten
         target[30, 200, 20] ^= 1
     assert stage(zarr_run) == "ran"
-    assert infer_all(zarr_run) == blocks_meeting(brick_of((30, 200, 20))) != set(range(len(BLOCKS)))
+    # The blocks that read its chunk (z 0:32, y 192:256, x 0:64), not all that meet its brick.
+    chunk = brick_of((30, 200, 20), (32, 64, 64))
+    assert infer_all(zarr_run) == blocks_meeting(chunk) == {6}
+    assert blocks_meeting(brick_of((30, 200, 20))) == {3, 4, 6, 7}
+    assert infer_all(zarr_run) == set()
+
+
+def test_a_chunk_written_again_with_its_bytes_reruns_no_block(zarr_run):
+    """Keyed on the chunks' crc32 (`[data] chunk_digests`), not their files' states."""
+    stage(zarr_run)
+    infer_all(zarr_run)
+    with open_volume(zarr_run["spec"], writable=True) as target:
+        target[0:32, 192:256, 0:64] = target[0:32, 192:256, 0:64]  # the chunk's file rewritten
+    assert stage(zarr_run) == "ran"
     assert infer_all(zarr_run) == set()
 
 
@@ -219,8 +234,7 @@ def test_a_chunk_rewritten_in_a_precomputed_layer_reruns_only_the_blocks_over_it
     chunk[x, y - 192, z] ^= 1
     layer[ox : ox + 64, oy + 192 : oy + 256, oz : oz + 32] = chunk
     assert stage(precomputed_run) == "ran"
-    changed = blocks_meeting(brick_of((z, y, x)))
-    assert infer_all(precomputed_run) == changed != set(range(len(BLOCKS)))
+    assert infer_all(precomputed_run) == blocks_meeting(brick_of((z, y, x), (32, 64, 64))) == {6}
     assert infer_all(precomputed_run) == set()
 
 

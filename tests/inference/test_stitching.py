@@ -15,10 +15,12 @@ from test_parts import CUT
 
 from pipeline.core.errors import ConfigError
 from pipeline.data.volumes import open_volume
-from pipeline.export.layers import segmentation_spec
+from pipeline.export.folder_layout import ExportConfig
+from pipeline.export.layers import begin_export, segmentation_layout, segmentation_spec
 from pipeline.export.segmentation_layer import (
     SegmentationLayout,
     SegmentationWriter,
+    holds_segmentation,
     new_segmentation,
 )
 from pipeline.export.shards import plan_shards
@@ -38,7 +40,9 @@ from pipeline.inference.stitching import (
     relabel_core,
     save_block_pairs,
     save_id_table,
+    stable_lookup,
     stitch,
+    table_cells,
     write_part,
 )
 
@@ -100,6 +104,80 @@ def test_blocks_that_agree_with_the_truth_stitch_back_to_it_task_by_task(tmp_pat
     in_memory, stats = stitch(results, truth.shape, CONFIG)
     assert_same_segmentation(in_memory, truth)
     assert stats.objects == len(np.unique(truth[truth > 0])) and stats.merges == merges
+
+
+def stitched_tasks(results: list[BlockResult], blocks) -> dict:
+    """The id table's cells per block (`table_cells`, on the block grid flattened), every core
+    in stitched ids (`stable_lookup`'s) and in the merge graph's component numbers 1..C."""
+    found = [block_pairs(k, blocks, lambda i: results[i].labels, CONFIG) for k in range(32)]
+    offsets, components, _ = join_ids(found)
+    lookup = stable_lookup(offsets, components, found)
+
+    def cores(table: np.ndarray) -> list[np.ndarray]:
+        return [
+            relabel_core(k, blocks, lambda i: results[i].labels, offsets, table) for k in range(32)
+        ]
+
+    cells = table_cells(blocks, offsets, lookup, "the layer").grid.reshape(32, 32)
+    return {"cells": cells, "cores": cores(lookup), "numbered": cores(components)}
+
+
+def segmented_again(result: BlockResult, blocks, k: int) -> BlockResult:
+    """Block k segmented again: its objects numbered in reverse, and one more object, the last
+    voxel that no other block holds (so no pair changes)."""
+    labels = result.labels
+    again = np.where(labels > 0, labels.max() + 1 - labels, 0).astype(np.uint32)
+    alone = np.ones(labels.shape, bool)
+    for j in blocks.overlapping(blocks[k]):
+        if j != k:
+            shared = Block(
+                np.maximum(blocks[j].start, blocks[k].start),
+                np.minimum(blocks[j].stop, blocks[k].stop),
+            )
+            alone[
+                tuple(
+                    slice(a - o, b - o)
+                    for a, b, o in zip(shared.start, shared.stop, blocks[k].start, strict=True)
+                )
+            ] = False
+    again[np.unravel_index(np.flatnonzero(alone)[-1], labels.shape)] = labels.max() + 1
+    return dataclasses.replace(result, labels=again)
+
+
+def test_stitched_ids_change_only_where_their_objects_do():
+    """Block 9 segmented again numbers its objects otherwise and finds one more: named by where
+    they begin, every other object keeps its stitched id, and only block 9's ids in the table
+    change (the relabel tasks that do not read it stay up to date). The merge graph's component
+    numbers 1..C change in cores that do not meet block 9."""
+    truth = real_bodies()
+    results = blocks_of(truth)
+    blocks = plan_blocks(truth.shape, CONFIG)
+    again = [*results[:9], segmented_again(results[9], blocks, 9), *results[10:]]
+    before, after = stitched_tasks(results, blocks), stitched_tasks(again, blocks)
+    away = [k for k in range(32) if 9 not in core_neighbours(k, blocks)]
+    assert away and all(np.array_equal(before["cores"][k], after["cores"][k]) for k in away)
+    assert any(not np.array_equal(before["numbered"][k], after["numbered"][k]) for k in away)
+    changed = [k for k in range(32) if not np.array_equal(before["cells"][k], after["cells"][k])]
+    assert changed == [9]
+    # The same objects as the components' numbers make.
+    every = [np.concatenate([c.ravel() for c in after[key]]) for key in ("cores", "numbered")]
+    assert_same_segmentation(*every)
+
+
+def test_a_layer_stored_as_asked_is_kept_with_what_its_writers_wrote(tmp_path):
+    """The join makes the layer anew only where it is not stored as asked (`keep_layer`): the
+    export's scales, meshes and properties added to it keep it; another shape, voxel size or
+    storage does not."""
+    shape, voxel_size, config = (16, 32, 32), (20.0, 10.0, 10.0), ExportConfig(num_scales=2)
+    layout = segmentation_layout(shape, voxel_size, config, (8, 16, 16))
+    assert not holds_segmentation(tmp_path, shape, voxel_size, layout)  # no layer yet
+    new_segmentation(tmp_path, shape, voxel_size, layout)
+    begin_export(tmp_path, shape, voxel_size, config)
+    assert holds_segmentation(tmp_path, shape, voxel_size, layout)
+    assert not holds_segmentation(tmp_path, (16, 32, 48), voxel_size, layout)
+    assert not holds_segmentation(tmp_path, shape, (10.0, 10.0, 10.0), layout)
+    unsharded = dataclasses.replace(layout, sharding=None, region_zyx=None)
+    assert not holds_segmentation(tmp_path, shape, voxel_size, unsharded)
 
 
 def test_a_relabel_task_pages_in_only_its_blocks_ids_not_the_whole_id_table(tmp_path):

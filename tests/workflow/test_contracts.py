@@ -124,6 +124,23 @@ def test_every_step_gives_its_app_the_contract_it_reads(tmp_path):
     )
 
 
+def test_the_plan_and_the_app_key_a_task_on_the_parts_its_contract_names(tmp_path):
+    keyed = {c for c in CONTRACTS if "parts" in vars(c)}
+    assert {c.__name__ for c in keyed} >= {
+        "InferBlock",
+        "RelabelPart",
+        "ExportRegion",
+        "CountRegion",
+    }
+    for steps in plans(tmp_path):
+        for step in steps:
+            assert step.task.regions == step.contract.parts(step.task.settings), step.task.name
+            assert len(step.task.regions) <= len(step.task.inputs), step.task.name
+    for name, app in stage_apps().items():
+        if contract_of(app) in keyed:  # the app stamps with the parts the plan decided on
+            assert "io.parts(settings)" in inspect.getsource(app.func), name
+
+
 def test_build_dag_hands_each_app_its_contract_and_parsl_the_futures(tmp_path):
     calls = []
 
