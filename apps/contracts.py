@@ -427,11 +427,13 @@ class LearnedBaseline(Contract):
 @contract
 class Evaluate(Contract):
     """The scores: reads the staged labelled volume, every region's counts (then those of each
-    of settings["also"] in turn), and the learned baseline's segmentation (none or one); writes
-    evaluation.json."""
+    of settings["also"] in turn), the full resolution of each segmentation they count (for ERL
+    along the ground truth's skeletons) and the learned baseline's segmentation (none or one);
+    writes evaluation.json."""
 
     volume: Path = input_field()
     counts: Paths = input_field()
+    segmentations: Paths = input_field()
     learned: Paths = input_field()
     evaluation: Path = output_field()
 

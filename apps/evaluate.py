@@ -78,17 +78,21 @@ def learned_baseline(settings: dict, io: LearnedBaseline, inputs=(), outputs=())
 
 
 @python_app(executors=[CPU_LABEL])
-def evaluate(settings: dict, io: Evaluate, inputs=(), outputs=()):
+def evaluate(settings: dict, folders: dict, io: Evaluate, inputs=(), outputs=()):
     """settings: {"watershed": WatershedConfig, "also": the keys of the steps before the
     export's segmentation that are scored too (with a second pass; else absent),
-    "learned_watershed": true when the baseline is the learned one (else absent)}; the counts
-    are every region's, then every region's of each of `also` in turn."""
+    "learned_watershed": true when the baseline is the learned one (else absent),
+    "skeletons": SkeletonConfig of ERL's skeletons (with the baseline; else absent)}; the counts
+    are every region's, then every region's of each of `also` in turn; `folders`: each row's
+    segmentation ("ffn", then `also`'s keys -> its folder), read at the skeletons' nodes."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.data.staging import read_staged
+    from pipeline.evaluation.erl import SkeletonConfig
     from pipeline.evaluation.evaluate import score_volume
     from pipeline.evaluation.scores import OverlapCounts
     from pipeline.evaluation.watershed import WatershedConfig
+    from pipeline.export.layers import segmentation_spec
 
     def work() -> None:
         staged = read_staged(io.volume)
@@ -100,10 +104,13 @@ def evaluate(settings: dict, io: Evaluate, inputs=(), outputs=()):
             OverlapCounts.total([OverlapCounts.load(p) for p in region_counts[i : i + regions]])
             for i in range(0, len(region_counts), regions)
         ]
+        skeletons = settings.get("skeletons")
         score_volume(
             counts[0], staged.raw, staged.labels, from_dict(WatershedConfig, settings["watershed"]),
             str(io.evaluation), staged.scored, staged.voxel_size_nm,
             dict(zip(also, counts[1:], strict=True)), learned,
+            {key: segmentation_spec(folder) for key, folder in folders.items()},
+            from_dict(SkeletonConfig, skeletons) if skeletons else None,
         )  # fmt: skip
 
     return run_once(settings, io.inputs(), io.outputs(), work)

@@ -13,6 +13,7 @@ def evaluate_steps(plan: RunPlan) -> list[Step]:
     """The FFN segmentation and the watershed baseline scored against the labels: a task per
     region counts overlaps, the last sums and scores (apps/evaluate.py)."""
     config, paths = plan.config, plan.paths
+    from pipeline.evaluation.erl import SkeletonConfig
     from pipeline.evaluation.evaluate import count_regions
 
     regions = count_regions(plan.eval_shape, config.evaluation)
@@ -32,6 +33,8 @@ def evaluate_steps(plan: RunPlan) -> list[Step]:
     also = list(scored)[1:]
     # Only with a second pass: runs made before keep their evaluation.
     settings = {"watershed": config_io.to_dict(config.watershed)} | ({"also": also} if also else {})
+    if config.watershed.enabled:  # ERL's skeletons: made where the baseline holds the part
+        settings["skeletons"] = config_io.to_dict(SkeletonConfig())
     learned = ()
     if plan.learns_baseline:
         files = LearnedBaseline(forest=paths.boundary_forest, tuned_on=plan.selection_volume, volume=paths.eval_volume,
@@ -41,7 +44,10 @@ def evaluate_steps(plan: RunPlan) -> list[Step]:
                                apps.evaluate.learned_baseline))  # fmt: skip
         settings, learned = settings | {"learned_watershed": True}, (files.segmentation,)
     files = Evaluate(
-        volume=paths.eval_volume, counts=tuple(counts), learned=learned, evaluation=paths.evaluation
-    )
-    steps.append(task_step("evaluate", settings, files, apps.evaluate.evaluate))
+        volume=paths.eval_volume, counts=tuple(counts),
+        segmentations=tuple(plan.full_resolution(folder) for folder in scored.values()),
+        learned=learned, evaluation=paths.evaluation,
+    )  # fmt: skip
+    folders = {key: str(folder) for key, folder in scored.items()}
+    steps.append(task_step("evaluate", settings, files, apps.evaluate.evaluate, folders))
     return steps

@@ -7,7 +7,9 @@ counting spreads over the workers. The baseline is a watershed for volumes that 
 (`WatershedConfig.enabled`): where the run has a labelled training part, the one a lab would
 tune (`learned_baseline`, a task of its own: over the map of a boundary forest learned there,
 `learn_boundary_forest`, tuned on the selection part); else the edge-distance watershed,
-segmented in that last task.
+segmented in that last task. With the baseline (the scored part in memory) every row also gets
+its expected run length along the ground truth's skeletons, made once for them all
+(`pipeline.evaluation.erl`).
 `evaluate_volume` does it all in one process.
 """
 
@@ -21,10 +23,24 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.atomic import atomic_path
-from pipeline.core.errors import BoundaryForestError, ConfigError, first_line
+from pipeline.core.errors import BoundaryForestError, ConfigError, VolumeShapeError, first_line
 from pipeline.core.roi import ZYX, Roi, tiles
 from pipeline.data.staging import StagedVolume
-from pipeline.data.volumes import label_ids, open_volume, read_labels, read_raw, write_volumes
+from pipeline.data.volumes import (
+    label_ids,
+    open_volume,
+    read_header,
+    read_labels,
+    read_raw,
+    write_volumes,
+)
+from pipeline.evaluation.erl import (
+    SkeletonConfig,
+    Skeletons,
+    run_length,
+    run_length_at,
+    skeletons_of,
+)
 from pipeline.evaluation.scores import (
     OverlapCounts,
     count_overlaps,
@@ -66,6 +82,30 @@ def count_region(
         return count_overlaps(truth, segmentation, part)
 
 
+def segments_at_nodes(
+    spec: str, skeletons: Skeletons, part: Roi, truth_shape: ZYX, slab_voxels: int = 2**24
+) -> np.ndarray:
+    """The segment id at each skeleton node (voxel indices within `part`) of the segmentation
+    `spec` (of the ground truth's `truth_shape`), read in slabs along z of about `slab_voxels`
+    voxels: a slab's memory, not the part's."""
+    found = np.zeros(len(skeletons.nodes), np.uint64)
+    depth = max(1, slab_voxels // max(int(np.prod(part.shape[1:])), 1))
+    with open_volume(spec) as segmentation:
+        if tuple(segmentation.shape) != tuple(truth_shape):
+            raise VolumeShapeError(
+                f"{spec}: segmentation shape {tuple(segmentation.shape)} differs from ground truth {tuple(truth_shape)}"
+            )
+        for z in range(0, part.shape[0], depth):
+            inside = (skeletons.nodes[:, 0] >= z) & (skeletons.nodes[:, 0] < z + depth)
+            if not inside.any():
+                continue
+            rows = slice(part.start[0] + z, part.start[0] + min(z + depth, part.shape[0]))
+            slab = label_ids(np.asarray(segmentation[(rows, *part.slices[1:])]), spec)
+            z_, y, x = skeletons.nodes[inside].T
+            found[inside] = slab[z_ - z, y, x]
+    return found
+
+
 def score_volume(
     counts: OverlapCounts,
     raw_spec: str,
@@ -76,6 +116,8 @@ def score_volume(
     voxel_size_nm: Sequence[float] | None = None,
     also: dict[str, OverlapCounts] | None = None,
     learned: str | None = None,
+    segmentations: dict[str, str] | None = None,
+    skeleton_config: SkeletonConfig | None = None,
 ) -> dict:
     """{"ffn": scores, "watershed": scores, "watershed_seconds": s} (the watershed's only when
     enabled) from FFN's `counts` over the `scored` part (default: all); written to `output` if
@@ -84,28 +126,43 @@ def score_volume(
     `learned`: the spec of `learned_baseline`'s segmentation, scored as "learned_watershed"
     instead of the edge-distance watershed. "largest_errors": the bodies FFN splits most and
     the segments that merge most (`largest_errors`). With the baseline (the part in memory) also
-    "truth_in_pieces": the split the part's own ground truth costs (`truth_in_pieces`)."""
+    "truth_in_pieces": the split the part's own ground truth costs (`truth_in_pieces`), and the
+    ground truth's skeletons ("skeletons": `Skeletons.record`, made with `skeleton_config`) with
+    each row's ERL, merges and splits along them ("erl_nm", "erl_merges", "erl_splits"): the
+    baseline's, and those of the rows `segmentations` names (key -> the spec of its
+    segmentation: "ffn" and the keys of `also`); "erl_seconds" their time."""
     watershed = watershed or WatershedConfig()
     result = {"ffn": score_counts(counts).to_dict(), "largest_errors": largest_errors(counts)}
     for key, more in (also or {}).items():
         result[key] = score_counts(more).to_dict()
     if watershed.enabled:
         with open_volume(labels_spec) as truth:
-            part = scored or Roi.whole(truth.shape)
+            truth_shape = tuple(truth.shape)
+            part = scored or Roi.whole(truth_shape)
             truth_part = label_ids(truth[part.slices], labels_spec)
         result["truth_in_pieces"] = truth_in_pieces(truth_part)
+        started = time.perf_counter()
+        voxel_size = read_header(labels_spec, voxel_size_nm, labels=True).voxel_size_nm
+        skeletons = skeletons_of(truth_part, voxel_size, skeleton_config)
+        result["skeletons"] = skeletons.record()
+        for key, spec in (segmentations or {}).items():
+            segments = segments_at_nodes(spec, skeletons, part, truth_shape)
+            result[key] |= run_length_at(skeletons, segments).to_dict()
+        result["erl_seconds"] = round(time.perf_counter() - started, 3)
         if learned:
             with open_volume(learned) as segmentation:
                 baseline = label_ids(segmentation[part.slices], learned)
-            result["learned_watershed"] = score_counts(
-                OverlapCounts.of(truth_part, baseline)
-            ).to_dict()
+            result["learned_watershed"] = (
+                score_counts(OverlapCounts.of(truth_part, baseline)).to_dict()
+                | run_length(skeletons, baseline).to_dict()
+            )
         else:
             started = time.perf_counter()
             raw, _ = read_raw(raw_spec, voxel_size_nm)
             baseline = watershed_baseline(raw, watershed)[part.slices]
             result["watershed"] = score_counts(OverlapCounts.of(truth_part, baseline)).to_dict()
             result["watershed_seconds"] = round(time.perf_counter() - started, 3)
+            result["watershed"] |= run_length(skeletons, baseline).to_dict()
     if scored is not None:
         result["scored_roi"] = str(scored)
     if output is not None:
@@ -123,11 +180,15 @@ def evaluate_volume(
     scored: Roi | None = None,
     voxel_size_nm: Sequence[float] | None = None,
 ) -> dict:
-    """`score_volume` of the whole volume's counts, counted in this process."""
+    """`score_volume` of the whole volume's counts, counted in this process (FFN's row is the
+    segmentation's, ERL included)."""
     with open_volume(labels_spec) as truth:
         whole = Roi.whole(truth.shape)
     counts = count_region(labels_spec, segmentation_spec, whole, scored)
-    return score_volume(counts, raw_spec, labels_spec, watershed, output, scored, voxel_size_nm)
+    return score_volume(
+        counts, raw_spec, labels_spec, watershed, output, scored, voxel_size_nm,
+        segmentations={"ffn": segmentation_spec},
+    )  # fmt: skip
 
 
 def image_and_labels(part: StagedVolume) -> tuple[np.ndarray, np.ndarray]:

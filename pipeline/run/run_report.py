@@ -294,25 +294,48 @@ def _method_names(agglomerated: dict, paths: RunPaths) -> dict[str, str]:
     return METHOD_NAMES | ({"ffn": " + ".join(["ffn", *steps])} if steps else {})
 
 
+def _erl_cells(scores: dict) -> str:
+    """A row's ERL (nm) and its merges and splits along the skeletons; dashes where it has none
+    (the baseline off, or an evaluation made before ERL)."""
+    if "erl_nm" not in scores:
+        return "| — | — | — |"
+    return f"| {scores['erl_nm']:,.0f} | {scores['erl_merges']} | {scores['erl_splits']} |"
+
+
+def _skeleton_lines(skeletons: dict | None) -> list[str]:
+    """What ERL is measured along, and the most a row can score."""
+    if not skeletons:
+        return []
+    return [
+        "", f"ERL: the expected run length along the ground truth's skeletons ({skeletons['bodies']} "
+        f"bodies, {skeletons['length_nm'] / 1000:,.1f} µm of skeleton; kimimaro), as funlib.evaluate "
+        "defines it (pipeline/evaluation/erl.py); higher is better, at most the ground truth's own, "
+        f"{skeletons['erl_nm']:,.0f} nm. Merges: segments holding nodes of two or more skeletons; "
+        "splits: skeleton edges whose nodes lie in two segments.",
+    ]  # fmt: skip
+
+
 def _quality_lines(evaluation: dict, agglomerated: dict, paths: RunPaths) -> list[str]:
     """The scores of every method evaluated, a row each."""
     if not evaluation:
         return []
     lines = [
         "",
-        "## Segmentation quality (lower is better)",
+        "## Segmentation quality (lower is better; ERL higher)",
         "",
-        "| method | VI split | VI merge | VI | adapted Rand error | objects split | segments merged |",
-        "|---|---|---|---|---|---|---|",
+        "| method | VI split | VI merge | VI | adapted Rand error | objects split | segments merged "
+        "| ERL (nm) | skeleton merges | skeleton splits |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = _method_names(agglomerated, paths)
     for method, scores in evaluation.items():
         if isinstance(scores, dict) and "vi" in scores:
             lines.append(
                 f"| {names.get(method, method)} | {scores['vi_split']:.3f} | {scores['vi_merge']:.3f} | {scores['vi']:.3f} "
-                f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} |"
+                f"| {scores['adapted_rand_error']:.3f} | {scores['split_objects']} | {scores['merged_segments']} "
+                + _erl_cells(scores)
             )
-    return lines
+    return lines + _skeleton_lines(evaluation.get("skeletons"))
 
 
 def _learned_watershed_lines(paths: RunPaths, evaluation: dict) -> list[str]:

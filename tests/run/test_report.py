@@ -142,3 +142,20 @@ def test_the_report_says_how_much_split_the_scored_parts_own_truth_costs(tmp_pat
         in report
     )
     assert report.count("| 0.600 |") == 1  # one row: the truth's pieces are not a method
+
+
+def test_the_quality_table_shows_each_rows_erl_and_what_it_is_measured_along(tmp_path):
+    scores = {"vi_split": 0.6, "vi_merge": 0.3, "vi": 0.9, "adapted_rand_error": 0.04,
+              "split_objects": 8, "merged_segments": 3}  # fmt: skip
+    erl = {"erl_nm": 1234.5, "erl_merges": 2, "erl_splits": 17}
+    skeletons = {"bodies": 48, "nodes": 9000, "length_nm": 81234.0, "erl_nm": 4321.0}
+    evaluation = {"ffn": scores | erl, "learned_watershed": scores, "skeletons": skeletons}
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    report = write_report(tmp_path).read_text()
+    assert "| ERL (nm) | skeleton merges | skeleton splits |" in report
+    assert "| 0.040 | 8 | 3 | 1,234 | 2 | 17 |" in report
+    # A row without ERL (an evaluation made before it): dashes, not a failed report.
+    assert "| 0.040 | 8 | 3 | — | — | — |" in report
+    assert "(48 bodies, 81.2 µm of skeleton; kimimaro)" in report
+    assert "at most the ground truth's own, 4,321 nm" in report
+    assert report.count("| 0.600 |") == 2  # the skeletons are not a row
