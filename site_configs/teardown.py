@@ -56,6 +56,7 @@ def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
     (`pipeline.run.watchdog`) exits, killing nothing."""
     started = _started_processes(spare)
     for executor in dfk.executors.values():
+        _record_block_states(executor)
         jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
         provider = getattr(executor, "provider", None)
         if provider is not None and jobs:
@@ -66,6 +67,26 @@ def shutdown(dfk, spare: frozenset[int] = frozenset()) -> None:
     _parsl_cleanup(dfk)
     _stop(started)
     watchdog.stop_all()
+
+
+def _record_block_states(executor) -> None:
+    """Put the blocks' states as the scheduler gives them now into monitoring.db, before they are
+    cancelled. Parsl polls a batch provider once a minute (PBS Pro's, Slurm's, Cobalt's: 60 s),
+    so a block that ran for less was recorded PENDING only, and the run's node-hours
+    (pipeline.run.run_cost, charged from RUNNING) left it out. The provider is asked, not the
+    executor, whose status() asks the interchange too and waits forever for one that is gone."""
+    provider = getattr(executor, "provider", None)
+    blocks = dict(getattr(executor, "blocks_to_job_id", {}))
+    if provider is None or not blocks:
+        return
+    try:
+        now = dict(zip(blocks, provider.status(list(blocks.values())), strict=True))
+        before = executor.status_facade
+        changed = {b: s for b, s in now.items() if b not in before or before[b].state != s.state}
+        if changed:
+            executor.send_monitoring_info(changed)
+    except Exception:  # noqa: BLE001  (a record missed must not keep the blocks from their cancel)
+        return
 
 
 # How long Parsl's cleanup may go on once an interchange has ended: a healthy one stops the

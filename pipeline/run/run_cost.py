@@ -5,8 +5,10 @@ Node-hours charged (`charge`): each block (a batch job; on the local site a pool
 processes) is charged its nodes x the time it ran, from Parsl's monitoring database
 (`monitoring.db`, table `block`), over every Parsl run of the run dir (a resumed or retried
 run costs again): from the first time Parsl saw it RUNNING, or the first time a try of its pool
-had run or returned if that is earlier (Parsl records a block's state at its polls, seconds
-apart), to the first end it saw (CANCELLED, COMPLETED, FAILED, TIMEOUT, MISSING, SCALED_IN).
+had run if that is earlier (Parsl records a block's state at its polls, once a minute on a batch
+scheduler), to the first end it saw (CANCELLED, COMPLETED, FAILED, TIMEOUT, MISSING, SCALED_IN).
+A block that returned a try before Parsl saw it running (its whole work between two polls) is
+charged from a poll before that, or its submission if later: when the try began is not recorded.
 Its time queued is not charged; a local block's processes start as it is submitted, so it
 counts from then.
 Its nodes are the pool's nodes per block in the run's `site.json` (`nodes_per_block` for the
@@ -43,7 +45,7 @@ import re
 from collections import Counter as Tally
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from pipeline.core.stamps import read_stamp
@@ -56,6 +58,10 @@ from pipeline.run.run_layout import RunPaths
 NODES_SETTING = {"mpi": "nodes_per_block", "cpu": "cpu_nodes_per_block"}
 # parsl.jobs.states.TERMINAL_STATES: a block that reached one is no longer charged.
 ENDED = {"CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "MISSING", "SCALED_IN"}
+# How often Parsl asks a batch scheduler for its blocks' states (the status_polling_interval of
+# PBSProProvider, SlurmProvider and site_configs.cobalt.CobaltProvider): a block was not running
+# at the poll before the one that first saw it RUNNING.
+POLL = timedelta(seconds=60)
 NO_TASK = "blocks that ran no task"
 
 
@@ -126,18 +132,16 @@ def blocks(db: Path, spec: dict, now: datetime | None = None) -> list[Block]:
         "SELECT run_id, executor_label, block_id, timestamp, status FROM block ORDER BY timestamp",
     ):
         history[run, executor, block_id].append((_time(stamp), state))
-    # The first time a try of a pool ran or returned: a block of it was running by then, though
-    # Parsl may see it RUNNING only at its next poll of the blocks (5 s on; the local site's
-    # tiny run finished its staging before its cpu block was seen running).
-    seen_working = {
-        (run, executor, block_id): _time(first)
-        for run, executor, block_id, first in _query(
+    # The first time a try of a pool ran, and returned: a block of it was running by then, though
+    # Parsl may see it RUNNING only at its next poll of the blocks (5 s on on the local site, whose
+    # tiny run finished its staging before its cpu block was seen running; POLL on a batch one).
+    first_try = {
+        (run, executor, block_id): (_time(ran), _time(returned))
+        for run, executor, block_id, ran, returned in _query(
             db,
-            "SELECT run_id, task_executor, block_id, "
-            "MIN(COALESCE(task_try_time_running, task_try_time_returned)) FROM try "
-            "GROUP BY run_id, task_executor, block_id",
+            "SELECT run_id, task_executor, block_id, MIN(task_try_time_running), "
+            "MIN(task_try_time_returned) FROM try GROUP BY run_id, task_executor, block_id",
         )
-        if first
     }
     local = spec.get("scheduler") == "local"
     found = []
@@ -147,11 +151,13 @@ def blocks(db: Path, spec: dict, now: datetime | None = None) -> list[Block]:
             submitted = states[0][0]
             if local:  # a local block's processes start as it is submitted
                 start = submitted
-            working = seen_working.get((run, executor, block_id)) or seen_working.get(
-                (run, executor, None)
+            ran, returned = first_try.get((run, executor, block_id)) or first_try.get(
+                (run, executor, None), (None, None)
             )
-            if working and submitted <= working < start:
-                start = working
+            if ran and submitted <= ran < start:
+                start = ran
+            if returned and submitted <= returned < start:  # it worked between two polls
+                start = max(submitted, start - POLL)
         end = next((t for t, s in states if start and t >= start and s in ENDED), None)
         still = start is not None and end is None
         if still:
