@@ -10,11 +10,16 @@ behave, for the commands Parsl's providers send, like the real ones, on this mac
             aprun                 the script must be executable; aprun -n N runs N MPICH ranks
     slurm   sbatch squeue scancel "Submitted batch job N", `squeue --format='%i %t'`; sacct says
             sacct scontrol srun   accounting is off (as the provider expects); srun -n N -> N ranks
+    each    module                the sites' `module use` and `module load` (Lmod's command, which a
+                                  site's worker_init runs): recorded, and nothing else done for the
+                                  modules the sites load (`SITE_MODULES`); others refused as Lmod does
 
 A job script runs in the background, in a session of its own (so `qdel` can kill every process it
 started) and in a scratch folder of its own. As on the real machines, PBS and Cobalt jobs start
 with a bare environment (HOME, USER, PATH=$FAKE_SITE_PATH): the site's `worker_init` must activate
-the venv, while Slurm jobs inherit the submitting environment. The launchers record their
+the venv, while Slurm jobs inherit the submitting environment. Every job then gets what
+$FAKE_NODE_ENV holds (a JSON object of variables): what the stand-in nodes' own environment sets,
+such as a stand-in /sys for their energy counters. The launchers record their
 arguments and start the program: once for one task, under the real MPICH
 `mpiexec -launcher fork` ($FAKE_REAL_MPIEXEC) for several.
 
@@ -137,6 +142,7 @@ def start_job(
 ) -> dict:
     """Run `command` in the background in its own session; its exit code goes to jobs/<id>.exit."""
     jobs = state_dir() / "jobs"
+    env = {**env, **json.loads(os.environ.get("FAKE_NODE_ENV") or "{}")}  # the node's own
     scratch = jobs / f"{job_id}.cwd"
     scratch.mkdir(exist_ok=True)
     exit_file = jobs / f"{job_id}.exit"
@@ -525,7 +531,43 @@ def slurm_scontrol(argv: list[str]) -> int:
     return 1
 
 
+# -- Lmod's `module`, on every stand-in node --
+
+# The modules the site modules' worker_init lines load (site_configs/*.py, and the loads their
+# comments suggest where they hold a placeholder), and the folder Polaris adds to the search path.
+SITE_MODULES = {
+    "conda", "cray-mpich", "tensorflow", "mpich/opt/develop-git.6037a7a", "miniconda-3",  # ALCF
+    "gpu", "PrgEnv-gnu", "cudatoolkit", "craype-accel-nvidia80", "cray-python",  # Perlmutter
+    "python", "openmpi",  # a Slurm cluster
+}  # fmt: skip
+MODULE_PATHS = {"/soft/modulefiles"}
+
+
+def module(flavour: str, argv: list[str]) -> int:
+    """`module use PATH` / `module load NAME...`: recorded; a module or path not known is refused
+    with Lmod's message (a job script goes on after it, as with Lmod)."""
+    record(flavour, "module", argv)
+    command, names = (argv[0], argv[1:]) if argv else ("", [])
+    known = {"load": SITE_MODULES, "use": MODULE_PATHS}.get(command)
+    if known is None:
+        print(
+            f"Lmod has detected the following error: unknown command {command!r}", file=sys.stderr
+        )
+        return 1
+    if unknown := [name for name in names if name not in known]:
+        print(
+            "Lmod has detected the following error: The following module(s) are unknown: "
+            + " ".join(f'"{name}"' for name in unknown),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 TOOLS = {
+    ("pbspro", "module"): lambda argv: module("pbspro", argv),
+    ("cobalt", "module"): lambda argv: module("cobalt", argv),
+    ("slurm", "module"): lambda argv: module("slurm", argv),
     ("pbspro", "qsub"): pbs_qsub,
     ("pbspro", "qstat"): pbs_qstat,
     ("pbspro", "qdel"): pbs_qdel,
