@@ -163,6 +163,33 @@ def test_batch_jobs_are_charged_from_running_to_their_end_at_their_pools_nodes(t
     assert ": stage 0.5000, train " in line
 
 
+def test_a_job_whose_task_ran_between_two_polls_is_charged_from_the_poll_before(tmp_path):
+    """Parsl asks a batch scheduler for its blocks' states once a minute: a block whose whole task
+    ran between two polls is first seen RUNNING after its task came back (at the next poll, or
+    the workflow's last look as it stops, site_configs.teardown). It was running by the poll
+    before that: charged from then (or from its submission, if later) to its end."""
+    day = "2026-11-26 "
+    spec = {"scheduler": "pbspro", "nodes_per_block": 4, "cpu_nodes_per_block": 2}
+    db = parsl_db(
+        tmp_path / "monitoring.db",
+        [
+            ("short", day + "10:00", day + "10:10", [
+                ("mpi", "0", [(day + "10:00", "PENDING"), (day + "10:05:40", "RUNNING"),
+                              (day + "10:07:40", "CANCELLED")]),
+                ("cpu", "0", [(day + "10:06:30", "PENDING"), (day + "10:07", "RUNNING"),
+                              (day + "10:07:30", "CANCELLED")]),
+            ], [
+                ("train", "mpi", "0", day + "10:00", None, day + "10:05"),
+                ("infer_block", "cpu", "0", day + "10:06:30", None, day + "10:06:50"),
+            ]),
+        ],
+    )  # fmt: skip
+    charged = charge(db, spec)
+    assert charged.stages["train"] == pytest.approx(4 * 3 / 60)  # 10:04:40 to 10:07:40
+    assert charged.stages["infer"] == pytest.approx(2 * 1 / 60)  # 10:06:30 (submitted) to 10:07:30
+    assert NO_TASK not in charged.stages
+
+
 def test_a_job_that_ran_no_task_is_charged_to_no_stage(tmp_path):
     day = "2026-11-26 "
     db = parsl_db(
