@@ -58,7 +58,7 @@ from pipeline.data.zarr_volumes import COMPRESSOR, open_zarr
 from pipeline.evaluation.watershed import WatershedConfig
 from pipeline.export.layers import ExportConfig, export_complete
 from pipeline.inference.blocks import BlockConfig, block_path, plan_blocks
-from pipeline.run.run_config import RunConfig
+from pipeline.run.run_config import DEMO_MODEL, RunConfig
 from pipeline.run.run_layout import RunPaths
 from site_configs import local
 
@@ -131,6 +131,8 @@ def run_config(volume: Path, name: str, sharded: bool = True) -> RunConfig:
     data = DataConfig(eval_raw=f"{volume}:raw", eval_labels=f"{volume}:labels")
     return RunConfig(
         name=name,
+        # A run needs a model to segment with; the stand-in of inference runs none.
+        pretrained_model=str(DEMO_MODEL),
         data=data,
         blocks=BLOCKS,
         watershed=WatershedConfig(enabled=False),  # the baseline needs the whole image

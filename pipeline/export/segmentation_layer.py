@@ -190,17 +190,29 @@ def stitched_files(volume, box: Roi, scale: Scale, key: str, gzip: bool) -> list
 def write_shard(layer_dir: Path, mip: int, box: Roi, data_xyz: np.ndarray) -> str:
     """Write the shard of scale `mip` that covers `box` (its voxels, z, y, x; `data_xyz` them in
     cloud-volume's order) whole, with cloud-volume's `make_shard`, atomically: a task killed
-    mid-write leaves no shard to be read as complete. Returns its name in the layer."""
+    mid-write leaves no shard to be read as complete. A shard there with these bytes is kept,
+    and with it its mtime, which the export's records hold of what they read (a part of the
+    stitching run again with the same labels leaves the export complete). Returns its name in
+    the layer."""
     from cloudvolume import Bbox, CloudVolume
 
     volume = CloudVolume(f"file://{layer_dir.resolve()}", mip=mip, progress=False)
     data = data_xyz if data_xyz.ndim == 4 else data_xyz[..., None]
     name, content = volume.image.make_shard(data, Bbox(xyz(box.start), xyz(box.stop)), mip)
     path = layer_dir / volume.key / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(content)
+    if not _holds(path, content):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(content)
     return f"{volume.key}/{name}"
+
+
+def _holds(path: Path, content: bytes) -> bool:
+    """Whether the file `path` holds `content` (read only when its size is that)."""
+    try:
+        return path.stat().st_size == len(content) and path.read_bytes() == content
+    except OSError:
+        return False
 
 
 class SegmentationWriter:

@@ -211,6 +211,27 @@ def test_a_relabel_task_pages_in_only_its_blocks_ids_not_the_whole_id_table(tmp_
     np.testing.assert_array_equal(relabelled, expected)
 
 
+def test_a_part_written_again_with_its_labels_keeps_its_shard_file(tmp_path):
+    """Its mtime is what the export's records hold of the stitched files they read: a relabel
+    task run again with the same labels (its blocks' ids changed elsewhere) leaves the export
+    complete; other labels replace the file."""
+    shape, voxel_size, config = (16, 32, 32), (20.0, 10.0, 10.0), ExportConfig(num_scales=2)
+    new_segmentation(tmp_path, shape, voxel_size, segmentation_layout(shape, voxel_size, config, (8, 16, 16)))  # fmt: skip
+    writer = SegmentationWriter(tmp_path)
+    part, labels = (
+        (slice(0, 16), slice(0, 32), slice(0, 32)),
+        np.arange(16 * 32 * 32).reshape(shape),
+    )
+    writer.write(part, labels.astype(np.uint64))
+    (name,) = writer.chunk_names(part)
+    shard = tmp_path / "segmentation" / name
+    before = shard.stat()
+    writer.write(part, labels.astype(np.uint64))
+    assert (shard.stat().st_ino, shard.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    writer.write(part, (labels + 1).astype(np.uint64))
+    assert shard.stat().st_ino != before.st_ino
+
+
 def test_cores_on_a_chunk_grid_keep_the_labels_of_the_blocks_nearest_each_voxel():
     # Objects with less than 200 voxels in an overlap stay apart, so which block labels a voxel
     # of an overlap shows in the result. Chunks as wide as the overlaps put the chunk-aligned
