@@ -308,13 +308,15 @@ def attribute(records: list[tuple[str, dict]]) -> dict[str, dict[str, float]]:
         ends: list[tuple[float, int]] = []  # heap of the running tasks' ends
         running: Tally = Tally()  # stage: tasks of it running
         nxt = 0
-        for (t0, v0, _), (_, v1, _) in zip(timeline, timeline[1:], strict=False):
+        for (t0, v0, _), (t1, v1, _) in zip(timeline, timeline[1:], strict=False):
             while nxt < len(begins) and begins[nxt][0] <= t0:
                 task = begins[nxt][1]
                 heapq.heappush(ends, (spans[task][2], task))
                 running[spans[task][0]] += 1
                 nxt += 1
-            while ends and ends[0][0] <= t0:  # ended at or before t0: not running after it
+            # Ended before t1: not running through the readings' interval. (A task whose two
+            # readings share their millisecond ended at t0 = t1 and still gets what they differ by.)
+            while ends and ends[0][0] < t1:
                 _, task = heapq.heappop(ends)
                 running[spans[task][0]] -= 1
             count, delta = sum(running.values()), v1 - v0

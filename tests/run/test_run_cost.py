@@ -247,6 +247,14 @@ def test_a_nodes_joules_are_shared_by_the_tasks_running_on_it_at_once():
     assert joules == pytest.approx({"infer": 50 + 25, "export": 25 + 50 + 20, "train": 2})
 
 
+def test_a_task_whose_readings_share_their_millisecond_keeps_what_they_differ_by():
+    """A task quicker than the meter's clock (time.time() rounded to ms, as under load the
+    run_once test met): its two readings bear one time, and their difference is still its."""
+    counters = [["rapl:package-0", "CPU", 60.0]]
+    quick = {"host": "n", "counters": counters, "samples": [[5.0, 10.0], [5.0, 15.0]]}
+    assert attribute([("stage", quick)])["stage"]["CPU"] == pytest.approx(5.0)
+
+
 def test_a_reading_timed_after_a_wrap_but_read_before_it_is_not_a_second_wrap():
     """Two tasks on one node, its counter 1 J short of wrapping at 60 J: task a reads 59.5 J,
     then is held up before it takes the time; task b meanwhile reads 0.5 J after the wrap. By
