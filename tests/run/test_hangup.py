@@ -59,11 +59,21 @@ class Terminal:
 
 
 def training_ranks(run_dir: Path) -> list[psutil.Process]:
-    return [
-        p
-        for p in naming(str(run_dir))
-        if "pipeline.cli.train" in " ".join(p.cmdline()) and "mpiexec" not in p.cmdline()[0]
-    ]
+    ranks = []
+    for p in naming(str(run_dir)):
+        try:
+            line = p.cmdline()
+        except psutil.NoSuchProcess:  # ended (a zombie, say) since it was listed
+            continue
+        if "pipeline.cli.train" in " ".join(line) and "mpiexec" not in line[0]:
+            ranks.append(p)
+    return ranks
+
+
+def sighup_default() -> None:
+    """SIGHUP at its default in the child, as a login shell starts a job: a suite run under
+    `nohup` would otherwise hand its ignored SIGHUP down (and the workflow keeps it ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def run_ends(run_dir: Path) -> list[tuple[str, str | None]]:
@@ -82,7 +92,7 @@ def test_a_dropped_login_session_stops_the_workflow_in_order_and_a_resume_goes_o
     command = [sys.executable, "workflow.py", "--config", str(TINY), "--run-dir", str(run_dir)]
     terminal = Terminal()
     tty = {"stdin": terminal.slave, "stdout": terminal.slave, "stderr": terminal.slave}
-    with processes.started(command, cwd=ROOT, **tty) as process:
+    with processes.started(command, cwd=ROOT, preexec_fn=sighup_default, **tty) as process:
         os.close(terminal.slave)  # the workflow's own copies stay: it is the terminal's last writer
         took = wait_until(
             lambda: len(training_ranks(run_dir)) == 2 or process.poll() is not None, 600
@@ -144,7 +154,9 @@ HANDLERS = textwrap.dedent(
 
 
 def test_sighup_stops_the_workflow_once_and_nohup_keeps_it_ignored():
-    done = processes.run([sys.executable, "-c", HANDLERS], cwd=ROOT, timeout=120)
+    done = processes.run(
+        [sys.executable, "-c", HANDLERS], cwd=ROOT, timeout=120, preexec_fn=sighup_default
+    )
     assert done.returncode == 129, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["SIGHUP SIGINT SIGTERM", "stopped by SIGHUP"], done.stdout
     # Started by `nohup` (SIGHUP ignored), the workflow leaves SIGHUP ignored: it goes on.
