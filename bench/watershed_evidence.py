@@ -4,7 +4,9 @@ mostly inside one watershed segment (issue 58's idea). Tried on a finished run's
 For each segment of the run's exported segmentation (the first pass with its second pass), its
 dominant learned-watershed segment and the share of its voxels inside it; two touching segments
 (at least `--min-contact` voxel faces) with the same dominant watershed segment, each at least
-`--share` inside it, are merged. Scored in the run's scored part for every setting of the grid.
+`--share` inside it, are merged; optionally only where the forest's mean P(boundary) along their
+contact is at most `MAX_BOUNDARY` ("no boundary between them"). Scored in the run's scored part
+for every setting of the grid.
 The run must have a learned watershed (a `train_roi` and a `select_roi`).
 
 Run by hand (not a test), from the repository root:
@@ -23,43 +25,21 @@ import numpy as np
 from agglomerate import read_array, staged_eval  # bench/agglomerate.py
 
 from pipeline.core.atomic import atomic_path
+from pipeline.evaluation.evaluate import load_boundary_forest
+from pipeline.evaluation.learned_watershed import BoundaryForestConfig, boundary_probability
 from pipeline.evaluation.scores import OverlapCounts, largest_errors, score_counts
 from pipeline.export.layers import segmentation_spec
 from pipeline.run.run_layout import RunPaths
-from pipeline.secondpass.agglomeration import candidate_pairs, merge_lookup, relabel
+from pipeline.secondpass.agglomeration import merge_lookup, relabel
+from pipeline.secondpass.watershed_evidence import (
+    contact_boundary_sums,
+    dominant_basins,
+    supported_pairs,
+)
 
 SHARES = (0.5, 0.6, 0.7, 0.8, 0.9)
 MIN_CONTACTS = (1, 50, 200)
-
-
-def dominant_watershed(
-    segmentation: np.ndarray, watershed: np.ndarray
-) -> dict[int, tuple[int, float]]:
-    """Each segment's watershed segment with most of its voxels, and that share of them."""
-    counts = OverlapCounts.of(segmentation, watershed)
-    dominant: dict[int, tuple[int, float]] = {}
-    sizes: dict[int, int] = {}
-    for segment, basin, voxels in zip(
-        counts.truth_ids, counts.predicted_ids, counts.voxels, strict=True
-    ):
-        segment, voxels = int(segment), int(voxels)
-        sizes[segment] = sizes.get(segment, 0) + voxels
-        if basin and voxels > dominant.get(segment, (0, 0))[1]:
-            dominant[segment] = (int(basin), voxels)
-    return {s: (b, v / sizes[s]) for s, (b, v) in dominant.items()}
-
-
-def supported_pairs(pairs: np.ndarray, dominant: dict, share: float) -> np.ndarray:
-    """The pairs whose two segments share a dominant watershed segment, each at least `share`."""
-    keep = [
-        (a, b)
-        for a, b in pairs.tolist()
-        if a in dominant
-        and b in dominant
-        and dominant[a][0] == dominant[b][0]
-        and min(dominant[a][1], dominant[b][1]) >= share
-    ]
-    return np.array(keep, np.uint64).reshape(-1, 2)
+MAX_BOUNDARY = (1.0, 0.7, 0.5)  # 1.0: the contact's P(boundary) not looked at
 
 
 def scored(segmentation: np.ndarray, labels: np.ndarray) -> dict:
@@ -87,14 +67,19 @@ def main() -> None:
     labels = read_array(staged.labels)
     segmentation = read_array(segmentation_spec(str(args.run_dir / "precomputed")))
     watershed = read_array(f"{paths.learned_baseline}:segmentation")
-    dominant = dominant_watershed(segmentation, watershed)
-    contacts = candidate_pairs(segmentation)
+    dominant = dominant_basins(OverlapCounts.of(segmentation, watershed))
+    forest = load_boundary_forest(paths.boundary_forest)
+    boundary = boundary_probability(forest, read_array(staged.raw), BoundaryForestConfig())
+    contacts, boundary_sums, faces = contact_boundary_sums(segmentation, boundary)
     rows = [{"setting": "the run's layer"} | scored(segmentation[part], labels[part])]
     rows.append({"setting": "learned watershed"} | scored(watershed[part], labels[part]))
-    for share, min_contact in itertools.product(SHARES, MIN_CONTACTS):
-        pairs = supported_pairs(contacts.ids[contacts.contacts >= min_contact], dominant, share)
+    for share, min_contact, max_boundary in itertools.product(SHARES, MIN_CONTACTS, MAX_BOUNDARY):
+        enough = faces >= min_contact
+        mean_boundary = boundary_sums[enough] / faces[enough]
+        pairs = supported_pairs(contacts[enough], mean_boundary, dominant, share, max_boundary)
         merged = relabel(segmentation.copy(), *merge_lookup(pairs))
-        row = {"share": share, "min_contact": min_contact, "pairs_merged": len(pairs)}
+        row = {"share": share, "min_contact": min_contact, "max_boundary": max_boundary}
+        row["pairs_merged"] = len(pairs)
         rows.append(row | scored(merged[part], labels[part]))
         print(json.dumps(rows[-1]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
