@@ -1,20 +1,27 @@
 """Second-pass evidence from the learned watershed: merge two touching FFN segments that lie
 mostly inside one watershed segment (issue 58's idea). Tried on a finished run's final layer.
 
-For each segment of the run's exported segmentation (the first pass with its second pass), its
-dominant learned-watershed segment and the share of its voxels inside it; two touching segments
-(at least `--min-contact` voxel faces) with the same dominant watershed segment, each at least
-`--share` inside it, are merged (with `--before-fill`: applied to the first pass with the run's
-own merges, before the small objects are dropped and the rest filled, as the second pass would); optionally only where the forest's mean P(boundary) along their
-contact is at most `MAX_BOUNDARY` ("no boundary between them"). Scored in the run's scored part
-for every setting of the grid.
-The run must have a learned watershed (a `train_roi` and a `select_roi`).
+For each segment, the learned-watershed segment holding most of its voxels and that share; two
+touching segments (at least `min_contact` voxel faces) with the same one, each at least `share`
+inside it, and a mean P(boundary) by the forest along their contact of at most `max_boundary`
+("no boundary between them"; 1.0 does not look), are merged. By default on the run's exported
+layer (after its second pass); with `--before-fill` on the first pass with the run's own merges,
+then the small objects are dropped and the rest filled as the second pass does. Every setting of
+the grid is scored in the run's scored part.
+
+The run must have a learned watershed (a `train_roi` and a `select_roi`). Overlap counts and
+contact sums add up over the parts of a volume, so the rule could run part by part; it is not in
+the workflow: on the selection part no setting of it lowered VI (BENCHMARKS.md, "The learned
+watershed as second-pass evidence").
 
 Run by hand (not a test), from the repository root:
 
     PATH=.venv/bin:$PATH python bench/watershed_evidence.py \
         --run-dir data/runs/flyem-fib25-selection-second-pass \
         --out data/bench/watershed_evidence_selection.json
+    PATH=.venv/bin:$PATH python bench/watershed_evidence.py --before-fill \
+        --run-dir data/runs/flyem-fib25-selection-second-pass \
+        --out data/bench/watershed_evidence_selection_before_fill.json
 """
 
 import argparse
@@ -41,15 +48,84 @@ from pipeline.secondpass.agglomeration import (
     relabel,
     small_objects,
 )
-from pipeline.secondpass.watershed_evidence import (
-    contact_boundary_sums,
-    dominant_basins,
-    supported_pairs,
-)
 
 SHARES = (0.5, 0.6, 0.7, 0.8, 0.9)
 MIN_CONTACTS = (1, 50, 200)
 MAX_BOUNDARY = (1.0, 0.7, 0.5)  # 1.0: the contact's P(boundary) not looked at
+
+
+def dominant_basins(overlaps: OverlapCounts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(segments, basins, shares): each segment of `overlaps` (segment ids as its "truth", basin
+    ids as its "prediction"), the basin holding most of its voxels and the share it holds (of
+    the segment's voxels, basin 0 included in the total, never dominant)."""
+    segments, first = np.unique(overlaps.truth_ids, return_index=True)
+    totals = np.add.reduceat(overlaps.voxels, first) if len(first) else np.zeros(0, np.int64)
+    basin_voxels = np.where(overlaps.predicted_ids > 0, overlaps.voxels, 0)
+    # Largest basin overlap per segment: sort by (segment, voxels) and take each group's last.
+    order = np.lexsort((basin_voxels, overlaps.truth_ids))
+    last = np.r_[first[1:], len(order)] - 1
+    best = order[last] if len(order) else order
+    shares = basin_voxels[best] / np.maximum(totals, 1)
+    basins = np.where(basin_voxels[best] > 0, overlaps.predicted_ids[best], 0)
+    return segments, basins.astype(np.uint64), shares
+
+
+def contact_boundary_sums(
+    segmentation: np.ndarray, boundary: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pairs (N, 2) with a < b, sums, faces): for each pair of touching non-zero segments, the
+    sum over their shared voxel faces of the two voxels' mean P(boundary), and the faces."""
+    pairs, values = [], []
+    for axis in range(3):
+        low, high = [slice(None)] * 3, [slice(None)] * 3
+        low[axis], high[axis] = slice(None, -1), slice(1, None)
+        u, v = segmentation[tuple(low)], segmentation[tuple(high)]
+        touching = (u != v) & (u > 0) & (v > 0)
+        a, b = u[touching], v[touching]
+        pairs.append(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1))
+        values.append((boundary[tuple(low)][touching] + boundary[tuple(high)][touching]) / 2)
+    return summed_contacts(np.concatenate(pairs), np.concatenate(values), None)
+
+
+def summed_contacts(
+    pairs: np.ndarray, sums: np.ndarray, faces: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of the same pair added up (`faces` None: one face per row), pairs sorted."""
+    faces = np.ones(len(pairs), np.int64) if faces is None else faces
+    ids, group = np.unique(pairs.astype(np.uint64).reshape(-1, 2), axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    return (
+        ids,
+        np.bincount(group, sums, len(ids)),
+        np.bincount(group, faces, len(ids)).astype(np.int64),
+    )
+
+
+def supported_pairs(
+    pairs: np.ndarray,
+    contact_boundary: np.ndarray,
+    dominant: tuple[np.ndarray, np.ndarray, np.ndarray],
+    min_share: float,
+    max_boundary: float,
+) -> np.ndarray:
+    """The rows of `pairs` (N, 2) whose two segments have the same dominant basin, each with at
+    least `min_share` of its voxels in it, and whose contact's mean P(boundary)
+    (`contact_boundary`, per row) is at most `max_boundary`."""
+    segments, basins, shares = dominant
+    pairs = np.asarray(pairs, np.uint64).reshape(-1, 2)
+    where = np.searchsorted(segments, pairs)
+    known = np.all(where < len(segments), axis=1)
+    where = np.minimum(where, max(len(segments) - 1, 0))
+    known &= np.all(segments[where] == pairs, axis=1) if len(segments) else False
+    basin, share = basins[where], shares[where]
+    keep = (
+        known
+        & (basin[:, 0] == basin[:, 1])
+        & (basin[:, 0] > 0)
+        & (share.min(axis=1) >= min_share)
+        & (np.asarray(contact_boundary) <= max_boundary)
+    )
+    return pairs[keep]
 
 
 def scored(segmentation: np.ndarray, labels: np.ndarray) -> dict:
