@@ -35,7 +35,8 @@ def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, tmp_path
 
 def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
-    scored = [c for c in flyem if not c.name.endswith(("-selection", "-whole", "-unseen"))]
+    apart = ("-selection", "-whole", "-unseen", "-selection-second-pass")
+    scored = [c for c in flyem if not c.name.endswith(apart)]
     assert len(scored) == 4
     assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in scored}) == 1
     # And their reports' baseline, the learned watershed, learns and is tuned on the same parts.
@@ -60,11 +61,29 @@ def test_the_fib25_runs_that_are_scored_share_one_second_pass_chosen_on_the_sele
     the whole file's and the unseen part's too; the selection runs themselves leave the pass off
     (their first pass is what the settings are chosen on)."""
     fib25 = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem_fib25")]
-    scored = [c.agglomeration for c in fib25 if not c.name.endswith("-selection")]
+    scored = [c.agglomeration for c in fib25 if not c.name.endswith(("-selection", "-second-pass"))]
     tuning = [c.agglomeration for c in fib25 if c.name.endswith("-selection")]
     assert len(scored) == 5 and len(set(scored)) == 1
     assert scored[0].enabled and scored[0].fill_unsegmented and scored[0].fill_min_size
     assert len(tuning) == 2 and not any(c.enabled or c.consensus for c in tuning)
+
+
+def test_the_selection_half_with_the_second_pass_tunes_its_watershed_on_the_other_half():
+    """configs/flyem_fib25_selection_second_pass.toml, where a setting that uses the learned
+    watershed is chosen: the selection run's part and first pass, the scored runs' second pass,
+    and a watershed tuned on the selection part's other half, apart from every scored part."""
+    configs = ROOT / "configs"
+    half = load_run_config(configs / "flyem_fib25_selection_second_pass.toml")
+    selection = load_run_config(configs / "flyem_fib25_selection.toml")
+    parts = load_run_config(configs / "flyem.toml").data
+    assert half.data.eval_roi == selection.data.eval_roi
+    assert half.inference == selection.inference
+    assert half.agglomeration == load_run_config(configs / "flyem_fib25.toml").agglomeration
+    assert half.data.train_roi == parts.train_roi
+    whole_selection, tuned = Roi.parse(parts.select_roi), Roi.parse(half.data.select_roi)
+    assert tuned.intersection(whole_selection) == tuned
+    assert not tuned.overlaps(Roi.parse(half.data.eval_roi))
+    assert not tuned.overlaps(Roi.parse(parts.eval_roi))
 
 
 def test_the_fib25_selection_runs_segment_as_the_runs_they_choose_for():
