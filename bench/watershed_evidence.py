@@ -22,6 +22,13 @@ Run by hand (not a test), from the repository root:
     PATH=.venv/bin:$PATH python bench/watershed_evidence.py --before-fill \
         --run-dir data/runs/flyem-fib25-selection-second-pass \
         --out data/bench/watershed_evidence_selection_before_fill.json
+
+The choice over several tuning runs' records (`--choose`, records of the same placement): the
+setting with the lowest VI summed over the runs, taken only if that sum is below the sum with no
+pair merged and the summed adapted Rand error is not above it either; otherwise none:
+
+    PATH=.venv/bin:$PATH python bench/watershed_evidence.py --choose \
+        data/bench/watershed_evidence_selection.json data/bench/watershed_evidence_training_crop.json
 """
 
 import argparse
@@ -181,16 +188,55 @@ def before_fill(run_dir: Path, boundary: np.ndarray):
     return relabel(first.copy(), *own), second_pass
 
 
+SETTING_KEYS = ("share", "min_contact", "max_boundary")
+
+
+def chosen_setting(records: list[dict]) -> dict:
+    """The setting the tuning runs' `records` (each a `main` output) choose together: the lowest
+    summed VI, if below no pair merged's without a higher summed adapted Rand error; with each
+    run's scores and the sums, or `{"setting": "no pair merged"}` and the sums."""
+
+    def totals(rows: list[dict]) -> tuple[float, float]:
+        return sum(r["vi"] for r in rows), sum(r["adapted_rand_error"] for r in rows)
+
+    if len({r["before_fill"] for r in records}) != 1:
+        raise SystemExit("--choose: records of one placement (all --before-fill or none)")
+    per_run = [
+        {r.get("setting") or tuple(r[k] for k in SETTING_KEYS): r for r in rec["rows"]}
+        for rec in records
+    ]
+    baseline = totals([rows["no pair merged"] for rows in per_run])
+    settings = [k for k in per_run[0] if isinstance(k, tuple) and all(k in r for r in per_run)]
+    best = min(settings, key=lambda k: totals([rows[k] for rows in per_run])[0])
+    vi, are = totals([rows[best] for rows in per_run])
+    sums = {"no_pair_merged_vi": round(baseline[0], 4), "no_pair_merged_are": round(baseline[1], 4)}
+    if vi < baseline[0] and are <= baseline[1]:
+        runs = [rows[best] for rows in per_run]
+        return (
+            dict(zip(SETTING_KEYS, best, strict=True)) | sums | {"vi": round(vi, 4), "runs": runs}
+        )
+    return {"setting": "no pair merged", "best_vi": round(vi, 4)} | sums
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument(
+        "--choose", nargs="+", type=Path, help="tuning runs' records: print the setting they choose"
+    )
+    parser.add_argument("--run-dir", type=Path)
     parser.add_argument(
         "--before-fill",
         action="store_true",
         help="apply the rule to the first pass with the run's merges, then drop and fill",
     )
-    parser.add_argument("--out", type=Path, required=True, help="the results (.json)")
+    parser.add_argument("--out", type=Path, help="the results (.json)")
     args = parser.parse_args()
+    if args.choose:
+        records = [json.loads(path.read_text()) for path in args.choose]
+        print(json.dumps(chosen_setting(records), indent=1))
+        return
+    if not (args.run_dir and args.out):
+        parser.error("--run-dir and --out are needed to score a run")
 
     paths = RunPaths(args.run_dir)
     staged = staged_eval(args.run_dir)

@@ -35,7 +35,7 @@ def test_the_flyem_configs_split_the_shared_file_into_parts_apart(path, tmp_path
 
 def test_the_flyem_runs_score_the_same_part_of_the_same_file():
     flyem = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem")]
-    apart = ("-selection", "-whole", "-unseen", "-selection-second-pass")
+    apart = ("-selection", "-whole", "-unseen", "-selection-second-pass", "-training-crop")
     scored = [c for c in flyem if not c.name.endswith(apart)]
     assert len(scored) == 4
     assert len({(c.data.eval_raw, c.data.eval_labels, c.data.eval_roi) for c in scored}) == 1
@@ -61,7 +61,8 @@ def test_the_fib25_runs_that_are_scored_share_one_second_pass_chosen_on_the_sele
     the whole file's and the unseen part's too; the selection runs themselves leave the pass off
     (their first pass is what the settings are chosen on)."""
     fib25 = [load_run_config(p) for p in CONFIGS if p.name.startswith("flyem_fib25")]
-    scored = [c.agglomeration for c in fib25 if not c.name.endswith(("-selection", "-second-pass"))]
+    tuning_runs = ("-selection", "-second-pass", "-training-crop")
+    scored = [c.agglomeration for c in fib25 if not c.name.endswith(tuning_runs)]
     tuning = [c.agglomeration for c in fib25 if c.name.endswith("-selection")]
     assert len(scored) == 5 and len(set(scored)) == 1
     assert scored[0].enabled and scored[0].fill_unsegmented and scored[0].fill_min_size
@@ -84,6 +85,23 @@ def test_the_selection_half_with_the_second_pass_tunes_its_watershed_on_the_othe
     assert tuned.intersection(whole_selection) == tuned
     assert not tuned.overlaps(Roi.parse(half.data.eval_roi))
     assert not tuned.overlaps(Roi.parse(parts.eval_roi))
+
+
+def test_the_training_crop_scores_training_voxels_its_forest_has_not_seen():
+    """configs/flyem_fib25_training_crop.toml, where a setting aimed at dark, thin bodies is
+    chosen: a part of the training part (the selection part holds no such body), segmented and
+    passed a second time as the scored runs are, with a forest learned on the rest of the
+    training part and a watershed tuned on the selection part."""
+    configs = ROOT / "configs"
+    crop = load_run_config(configs / "flyem_fib25_training_crop.toml")
+    scored = load_run_config(configs / "flyem_fib25.toml")
+    parts = load_run_config(configs / "flyem.toml").data
+    training, part = Roi.parse(parts.train_roi), Roi.parse(crop.data.eval_roi)
+    forest = Roi.parse(crop.data.train_roi)
+    assert part.intersection(training) == part and forest.intersection(training) == forest
+    assert not part.overlaps(forest)
+    assert crop.data.select_roi == parts.select_roi
+    assert (crop.inference, crop.agglomeration) == (scored.inference, scored.agglomeration)
 
 
 def test_the_fib25_selection_runs_segment_as_the_runs_they_choose_for():
