@@ -55,6 +55,11 @@ class ChunkDigestError(ChunkReadError):
     during the run."""
 
 
+class RemoteReadError(VolumeReadError):
+    """A volume read by URL (`precomputed://https://...`, `s3://`, `gs://`) cannot be read from
+    its store: no such host, no answer, refused (no credentials or rights), a server error."""
+
+
 class VolumeFileMissing(VolumeError, FileNotFoundError):
     """The HDF5 file does not exist."""
 

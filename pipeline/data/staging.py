@@ -42,6 +42,7 @@ from pipeline.core.stamps import (
     volume_digest,
     write_brick_digests,
 )
+from pipeline.data.precomputed_volumes import info_sha256
 from pipeline.data.synthetic import PRESETS, generate
 from pipeline.data.volumes import (
     FILL_MISSING,
@@ -90,8 +91,9 @@ class DataConfig:
     train_seed: int = 0
     eval_seed: int = 1
     select_seed: int = 2
-    # Volumes: path.h5:dataset, path.zarr:array or precomputed://file:///layer; in a config
-    # file a relative path is relative to the file's folder.
+    # Volumes: path.h5:dataset, path.zarr:array or precomputed://URL (file:///layer, or read
+    # from a store: https://, http://, s3://, gs://); in a config file a relative path is
+    # relative to the file's folder.
     train_raw: str = _volume()  # your training image ...
     train_labels: str = _volume()  # ... and its ground truth
     eval_raw: str = _volume()  # the volume to segment; without eval_labels it is not scored
@@ -200,10 +202,27 @@ def role_settings(data: DataConfig, role: str, context_zyx: Sequence[int] = (0, 
             settings["chunk_digests"] = False
     if data.fill_missing:  # only when set: the stamps of runs without it stay as they were
         settings["fill_missing"] = True
-    if not roi:
-        return settings
-    context = [int(c) for c in context_zyx] if role == "eval" else [0, 0, 0]
-    return settings | {"roi": str(Roi.parse(roi)), "context_zyx": context}
+    if roi:
+        context = [int(c) for c in context_zyx] if role == "eval" else [0, 0, 0]
+        settings |= {"roi": str(Roi.parse(roi)), "context_zyx": context}
+    if any(VolumeSpec.parse(s).url for s in (raw, labels) if s):
+        settings["remote_chunks"] = _remote_chunks(raw, labels, roi, settings.get("context_zyx"))
+    return settings
+
+
+def _remote_chunks(raw: str, labels: str, roi: str, context_zyx: Sequence[int] | None) -> str:
+    """A digest of what the stores say now about the box to stage of each source read by URL:
+    its info's sha256 and the state of the chunk files of the box (`volumes.chunk_state`: a
+    HEAD request per file). In the stage's settings, so that a resume re-stages a role whose
+    remote chunks changed, as the folder of a local source's chunks does (`source_files`);
+    the cost, a request per chunk file of the box, is paid whenever the workflow plans."""
+    states = []
+    for spec in (VolumeSpec.parse(s) for s in (raw, labels) if s):
+        if spec.url:
+            shape = read_header(spec).shape
+            box = Roi.parse(roi).grown(context_zyx, shape) if roi else Roi.whole(shape)
+            states.append([str(spec), metadata_sha256(spec), chunk_state(spec.part(box))])
+    return digest(states)
 
 
 def reads_in_place(data: DataConfig) -> bool:
@@ -214,9 +233,11 @@ def reads_in_place(data: DataConfig) -> bool:
 
 
 def metadata_files(spec: VolumeSpec) -> list[Path]:
-    """The files that describe a volume: of a precomputed layer its `info`, of a zarr array its
-    `.zarray` (and `.zattrs`), not the chunk files of a volume that may hold millions; an HDF5
-    file is itself."""
+    """The files that describe a volume: of a precomputed layer its `info` (none of a layer
+    read by URL), of a zarr array its `.zarray` (and `.zattrs`), not the chunk files of a volume
+    that may hold millions; an HDF5 file is itself."""
+    if spec.url:
+        return []
     if spec.precomputed:
         return [spec.path / "info"]
     if is_zarr(spec.path):
@@ -225,9 +246,17 @@ def metadata_files(spec: VolumeSpec) -> list[Path]:
     return [spec.path]
 
 
+def metadata_sha256(spec: VolumeSpec) -> str:
+    """The sha256 of a volume's metadata: its `metadata_files`, or a remote layer's info."""
+    return info_sha256(spec.url) if spec.url else digest_files(metadata_files(spec))
+
+
 def chunk_folder(spec: VolumeSpec) -> Path | None:
     """The folder of a chunked volume's chunk files: a zarr array's, a precomputed layer's scale
-    0 (named in its `info`); None for HDF5 or a layer whose info cannot be read."""
+    0 (named in its `info`); None for HDF5, a layer whose info cannot be read or one read by
+    URL."""
+    if spec.url:
+        return None
     if spec.precomputed:
         try:
             return spec.path / json.loads((spec.path / "info").read_text())["scales"][0]["key"]
@@ -242,10 +271,10 @@ def source_files(data: DataConfig, role: str) -> list[Path]:
     the folder of its chunk files, so that a chunk written, rewritten, lost or restored re-runs
     its staging (whose record then says whether the chunks of the staged box changed). Cost:
     the token of a folder (`stamps.source_token`) lists and stats every file under it when the
-    workflow plans and when the stage runs, the whole volume's chunks, not only the box's."""
-    specs = [
-        VolumeSpec.parse(s) for s in map(role_settings(data, role).get, ("raw", "labels")) if s
-    ]
+    workflow plans and when the stage runs, the whole volume's chunks, not only the box's. A
+    layer read by URL has no file here: its stage's settings hold its state instead
+    (`role_settings`, "remote_chunks")."""
+    specs = [VolumeSpec.parse(s) for s in _role_files(data, role) if s]
     files = {path for spec in specs for path in metadata_files(spec)}
     folders = {chunk_folder(spec) for spec in specs} - {None}
     return sorted(files | {f for f in folders if f.is_dir()})
@@ -264,7 +293,7 @@ def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
                 f"{tuple(min_shape_zyx)}: give [data] synthetic_shape_zyx at least the FOV"
             )
         return
-    parts_of: dict[Path, dict[str, Roi]] = {}
+    parts_of: dict[Path | str, dict[str, Roi]] = {}
     for role in ROLES:
         if data.synthetic or (role == "select" and not data.has_select_part):
             continue
@@ -290,7 +319,8 @@ def check_sources(data: DataConfig, min_shape_zyx: Sequence[int]) -> None:
         part = Roi.parse(roi_text, f"{role}_roi") if roi_text else Roi.whole(shape)
         where = f"{role}_roi" if roi_text else str(headers[0].spec)
         check_roi(part, shape, min_shape_zyx, where)
-        parts_of.setdefault(headers[0].spec.path.resolve(), {})[f"{role} part"] = part
+        source = headers[0].spec.url or headers[0].spec.path.resolve()
+        parts_of.setdefault(source, {})[f"{role} part"] = part
     for parts in parts_of.values():
         check_apart(parts)
 
@@ -486,8 +516,9 @@ def _refuse_missing_chunks(chunks: dict[str, dict | None], boxed: dict[str, str]
     for name, spec in boxed.items():
         state, parsed = chunks[name] or {}, VolumeSpec.parse(spec)
         if state.get("missing") and not parsed.fill_missing:
+            where = parsed.url or parsed.path / parsed.dataset
             raise MissingChunkError(
-                f"{parsed.path / parsed.dataset}: chunk {state['first_missing']} is missing "
+                f"{where}: chunk {state['first_missing']} is missing "
                 f"({state['missing']} of the {state['chunks']} chunks of {spec}; "
                 f"{FILL_MISSING_HINT})"
             )
@@ -507,7 +538,8 @@ def stage_in_place(
     read (its `roi` with `context_zyx` around it), the scored part within it, the voxel size,
     the sha256 of each source's metadata files and the state of the chunk files of the box
     (`volumes.chunk_state`: per chunk its size, mtime and ctime, digested; a stat per chunk, no
-    chunk read), so that the record's digest changes when a chunk of the box changes. A chunk
+    chunk read; of a layer read by URL, what its store says of each chunk file, a HEAD request
+    each), so that the record's digest changes when a chunk of the box changes. A chunk
     of the box that is missing is an error here already (not only when a block reads it)
     unless the specs ask for `fill_missing`. Read in place, the voxels are what the source
     stores: the image must be uint8 and the labels of an integer type. With `chunk_digests`,
@@ -538,7 +570,7 @@ def stage_in_place(
                 "spec": str(header.spec),
                 "shape_zyx": list(header.shape),
                 "dtype": str(header.dtype),
-                "metadata_sha256": digest_files(metadata_files(header.spec)),
+                "metadata_sha256": metadata_sha256(header.spec),
                 "chunks": chunks[name],
             }
             for name, header in sources.items()

@@ -5,9 +5,11 @@ size in nm, also (z, y, x), is stored as the attribute `voxel_size_nm` on each d
 literature and flags write sizes as (x, y, z); convert at the edge, never here.
 
 Volumes are addressed by specs `path.h5:dataset`, `path.zarr:array` for chunked volumes that
-many tasks write at once (`pipeline.data.zarr_volumes`), or `precomputed://file:///layer` for
-Neuroglancer precomputed inputs read in place (`pipeline.data.precomputed_volumes`). Reading validates and fails with one line that
-names the file and the problem; writing is atomic (temporary file, then rename).
+many tasks write at once (`pipeline.data.zarr_volumes`), or `precomputed://URL` for Neuroglancer
+precomputed inputs read in place, on this machine (`file:///layer`) or from a store by URL
+(`https://`, `http://`, `s3://`, `gs://`; `pipeline.data.precomputed_volumes`). Reading
+validates and fails with one line that names the file and the problem; writing is atomic
+(temporary file, then rename).
 """
 
 import contextlib
@@ -34,8 +36,14 @@ from pipeline.core.errors import (
     first_line,
 )
 from pipeline.core.roi import ZYX, Roi, grid_starts, index_bounds
+from pipeline.data.precomputed_volumes import (
+    FILE_SCHEME,
+    PrecomputedArray,
+    is_precomputed,
+    is_remote,
+    layer_url,
+)
 from pipeline.data.precomputed_volumes import PREFIX as PRECOMPUTED_PREFIX
-from pipeline.data.precomputed_volumes import PrecomputedArray, is_precomputed, local_path
 from pipeline.data.zarr_volumes import ChunkDigests, ZarrInput, create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
@@ -53,7 +61,8 @@ CHUNK_DIGESTS = "#chunk_digests="
 @dataclass(frozen=True)
 class VolumeSpec:
     """Where one 3-D dataset lives: an HDF5 file (or zarr group) and a dataset path inside it,
-    or a precomputed layer's folder (`dataset` empty); with `box`, only that box of it, read as
+    or a precomputed layer (`dataset` empty): its folder, or the `url` of one read from a store
+    (https, http, s3, gs; `path` then empty); with `box`, only that box of it, read as
     a volume of its own (`path.zarr:raw[z0:z1, y0:y1, x0:x1]`): a part read in place. With
     `fill_missing` (written `...#fill_missing`), a chunk of a zarr or precomputed volume that
     does not exist reads as zeros; without, it is an error naming it (`MissingChunkError`).
@@ -65,6 +74,7 @@ class VolumeSpec:
     box: Roi | None = None
     fill_missing: bool = False
     chunk_digests: Path | None = None
+    url: str = ""
 
     @classmethod
     def parse(cls, spec: "str | VolumeSpec") -> "VolumeSpec":
@@ -80,12 +90,15 @@ class VolumeSpec:
             text, _, inner = text[:-1].rpartition("[")
             box = Roi.parse(inner, f"volume spec {spec!r}: box")
         if is_precomputed(text):
-            return cls(local_path(text), "", box)
+            url = layer_url(text)
+            if is_remote(url):
+                return cls(Path(), "", box, url=url)
+            return cls(Path(url[len(FILE_SCHEME) :]), "", box)
         path, sep, dataset = text.rpartition(":")
         if not sep or not path or not dataset:
             raise DatasetMissing(
                 f"volume spec {spec!r} must look like path.h5:dataset, path.zarr:array "
-                "or precomputed://file:///path (a box of it: ...[z0:z1, y0:y1, x0:x1])"
+                "or precomputed://URL (a box of it: ...[z0:z1, y0:y1, x0:x1])"
             )
         return cls(Path(path), dataset, box)
 
@@ -93,13 +106,23 @@ class VolumeSpec:
     def precomputed(self) -> bool:
         return not self.dataset
 
+    @property
+    def layer_url(self) -> str:
+        """A precomputed layer's URL, as cloud-volume takes it."""
+        return self.url or f"{FILE_SCHEME}{self.path}"
+
+    @property
+    def name(self) -> str:
+        """The volume's short name: its file's (or layer's folder's) without suffix."""
+        return self.url.rstrip("/").rpartition("/")[2] if self.url else self.path.stem
+
     def part(self, box: Roi) -> "VolumeSpec":
         """The spec of `box` of this volume (of its box, where it names one already)."""
         return dataclasses.replace(self, box=box.within(self.box) if self.box else box)
 
     def __str__(self) -> str:
         where = (
-            f"{PRECOMPUTED_PREFIX}file://{self.path}"
+            f"{PRECOMPUTED_PREFIX}{self.layer_url}"
             if self.precomputed
             else f"{self.path}:{self.dataset}"
         )
@@ -165,7 +188,7 @@ def _whole_dataset(
     if spec.chunk_digests and (spec.precomputed or not is_zarr(spec.path) or writable):
         raise VolumeError(f"{spec}: chunk digests are checked on zarr volumes read, only")
     if spec.precomputed:
-        yield PrecomputedArray(spec.path, VOXEL_SIZE_ATTR, spec.fill_missing)
+        yield PrecomputedArray(spec.layer_url, VOXEL_SIZE_ATTR, spec.fill_missing)
         return
     if is_zarr(spec.path):
         array = open_zarr(spec.path, spec.dataset, "r+" if writable else "r")
@@ -262,7 +285,8 @@ def read_header(
 def chunk_state(spec: "str | VolumeSpec", cells: bool = False) -> dict | None:
     """What the chunk files a zarr or precomputed volume's box (its `box`, else all of it) is
     read from are now, read without their voxels (`ZarrInput.chunk_state`,
-    `PrecomputedArray.chunk_state`: a stat per chunk file; with `cells`, the state of each
+    `PrecomputedArray.chunk_state`: a stat per chunk file, of a layer read by URL a HEAD
+    request per chunk file of the box; with `cells`, the state of each
     chunk of the box too, on the chunk grid); None for HDF5 (its file's own state says it)."""
     spec = VolumeSpec.parse(spec)
     if not spec.precomputed and not is_zarr(spec.path):
@@ -433,7 +457,7 @@ def read_volume_pair(
             f"{raw_spec}: shape {raw.shape} (z, y, x) is smaller than the field of view "
             f"{tuple(min_shape_zyx)}"
         )
-    return LabeledVolume(name or raw_spec.path.stem, raw, labels, raw_size)
+    return LabeledVolume(name or raw_spec.name, raw, labels, raw_size)
 
 
 def write_volumes(

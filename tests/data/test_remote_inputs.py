@@ -1,0 +1,256 @@
+"""Inputs read by URL, without the internet: a Neuroglancer precomputed layer served over HTTP
+(the export's own data server, `viewer.start_data_server`) and from an S3 stand-in (moto's
+server), both on 127.0.0.1, started and stopped here. Read by URL a layer is the local one,
+voxel for voxel; a chunk the store does not have is an error naming it (zeros only with
+`fill_missing`); a chunk changed in the store changes what the work that read it is keyed on,
+and an unchanged store keeps it (`pipeline.data.precomputed_volumes`)."""
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.core.errors import MissingChunkError, VolumeFileMissing
+from pipeline.core.roi import Roi
+from pipeline.core.stamps import read_stamp, region_token, run_once
+from pipeline.data.staging import (
+    DataConfig,
+    read_staged,
+    role_settings,
+    source_files,
+    stage_files,
+    stage_in_place,
+    stage_role,
+)
+from pipeline.data.volumes import open_volume, read_labels, read_raw, read_volume_pair
+
+SHAPE = (8, 24, 32)  # z, y, x
+CHUNK_XYZ = (16, 16, 4)  # 2 x 2 x 2 chunks
+VOXEL = (20.0, 8.0, 8.0)
+OFFSET_XYZ = (7, 5, 3)
+# The chunk at z 0:4, y 0:16, x 0:16 as cloud-volume names it: scale 0's key (its resolution),
+# x0-x1_y0-y1_z0-z1 from the offset.
+FIRST_CHUNK = "8.0_8.0_20.0/7-23_5-21_3-7"
+
+
+def arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(59)
+    labels = np.repeat(np.arange(1, 5, dtype=np.uint64), SHAPE[2] // 4)
+    return {
+        "raw": rng.integers(0, 256, SHAPE, dtype=np.uint8),
+        "seg": np.broadcast_to(labels, SHAPE).copy(),
+    }
+
+
+def write_layer(url: str, array: np.ndarray) -> None:
+    """A precomputed layer of a (z, y, x) array at `url` (file://, s3://), as other tools write
+    them: (x, y, z) order, a voxel offset, gzip-compressed chunks."""
+    from cloudvolume import CloudVolume
+
+    info = CloudVolume.create_new_info(
+        num_channels=1,
+        layer_type="segmentation" if array.dtype == np.uint64 else "image",
+        data_type=str(array.dtype),
+        encoding="raw",
+        resolution=list(VOXEL[::-1]),
+        voxel_offset=list(OFFSET_XYZ),
+        volume_size=list(array.shape[::-1]),
+        chunk_size=list(CHUNK_XYZ),
+    )
+    volume = CloudVolume(url, info=info, progress=False)
+    volume.commit_info()
+    volume[:, :, :] = array.T
+
+
+def rewrite_first_chunk(url: str) -> None:
+    """Voxel (1, 2, 3) changed in the layer at `url`: its chunk (FIRST_CHUNK) written again."""
+    from cloudvolume import CloudVolume
+
+    volume = CloudVolume(url, progress=False)
+    (ox, oy, oz), (cx, cy, cz) = OFFSET_XYZ, CHUNK_XYZ
+    chunk = volume[ox : ox + cx, oy : oy + cy, oz : oz + cz]
+    chunk[3, 2, 1] ^= 1  # x, y, z
+    volume[ox : ox + cx, oy : oy + cy, oz : oz + cz] = chunk
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch):
+    """Requests to 127.0.0.1 go there, not to a proxy this machine's environment names."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def local(tmp_path) -> dict[str, str]:
+    """The layers on this machine: what a read by URL must equal."""
+    for name, array in arrays().items():
+        write_layer(f"file://{tmp_path / 'local' / name}", array)
+    return {name: f"precomputed://file://{tmp_path / 'local' / name}" for name in arrays()}
+
+
+@pytest.fixture
+def http_store(tmp_path, monkeypatch) -> dict:
+    """The layers served over HTTP from a folder, as a lab serves them: {"raw", "seg": spec,
+    "folder": the served folder, "url": the layers' base URL}."""
+    from pipeline.export.viewer import PrecomputedServer, start_data_server
+
+    # cloud-files opens 20 connections at once; with socketserver's listen backlog of 5 the
+    # kernel drops the others' SYNs, and each waits its 1 s retransmit (a web server's backlog
+    # is hundreds).
+    monkeypatch.setattr(PrecomputedServer, "request_queue_size", 64)
+    folder = tmp_path / "served"
+    for name, array in arrays().items():
+        write_layer(f"file://{folder / name}", array)
+    server = start_data_server(folder)
+    try:
+        yield {name: f"precomputed://{server.url}/{name}" for name in arrays()} | {
+            "folder": folder,
+            "url": server.url,
+        }
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> str:
+    """An S3-compatible server on 127.0.0.1 (moto), for the module's tests."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_store(moto_endpoint, monkeypatch) -> dict:
+    """The layers in a new bucket of the S3 stand-in, named `s3://bucket/layer` as on AWS:
+    boto3 (under cloud-files) sends them to the endpoint AWS_ENDPOINT_URL_S3 names, with the
+    credentials cloud-files takes from the environment (it wants all three)."""
+    import boto3
+
+    for key, value in {
+        "AWS_ENDPOINT_URL_S3": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    # A bucket of its own: cloud-files keeps its connections and credentials per bucket.
+    bucket = f"layers-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
+    for name, array in arrays().items():
+        write_layer(f"s3://{bucket}/{name}", array)
+    return {name: f"precomputed://s3://{bucket}/{name}" for name in arrays()} | {"bucket": bucket}
+
+
+def test_a_layer_read_over_http_is_the_local_one_voxel_for_voxel(local, http_store):
+    for name in ("raw", "seg"):
+        with open_volume(http_store[name]) as remote, open_volume(local[name]) as here:
+            assert remote.shape == here.shape == SHAPE
+            np.testing.assert_array_equal(remote[...], here[...])
+            np.testing.assert_array_equal(remote[1:7, 3:20, 5:31], here[1:7, 3:20, 5:31])
+    volume = read_volume_pair(http_store["raw"], http_store["seg"])
+    assert volume.voxel_size_nm == VOXEL and volume.name == "raw"
+    np.testing.assert_array_equal(volume.raw, arrays()["raw"])
+
+
+def test_a_layer_read_from_s3_is_the_local_one_voxel_for_voxel(local, s3_store):
+    for name, read in (("raw", read_raw), ("seg", read_labels)):
+        remote, voxel_size = read(s3_store[name])
+        np.testing.assert_array_equal(remote, read(local[name])[0])
+        assert voxel_size == VOXEL
+    region = (slice(2, 8), slice(0, 17), slice(9, 32))
+    np.testing.assert_array_equal(
+        read_raw(s3_store["raw"], region=region)[0], arrays()["raw"][region]
+    )
+
+
+def test_a_chunk_the_web_server_lacks_is_an_error_naming_it_never_zeros(http_store):
+    spec = http_store["raw"]
+    (lost,) = (http_store["folder"] / "raw").glob(f"{FIRST_CHUNK}*")
+    lost.unlink()
+    with pytest.raises(
+        MissingChunkError, match=f"^{re.escape(spec)}: chunk {FIRST_CHUNK} is missing"
+    ):
+        read_raw(spec)
+    filled = read_raw(f"{spec}#fill_missing")[0]
+    assert not filled[:4, :16, :16].any()
+    np.testing.assert_array_equal(filled[4:], arrays()["raw"][4:])
+    # A part away from it reads; staging in place refuses the box that holds it.
+    np.testing.assert_array_equal(read_raw(f"{spec}[4:8, 0:24, 0:32]")[0], arrays()["raw"][4:])
+    with pytest.raises(MissingChunkError, match=f"chunk {FIRST_CHUNK} is missing"):
+        stage_in_place(http_store["folder"].parent / "eval.json", spec)
+
+
+def test_a_chunk_deleted_from_s3_is_an_error_naming_it_never_zeros(s3_store):
+    import boto3
+
+    spec = s3_store["raw"]
+    boto3.client("s3").delete_object(Bucket=s3_store["bucket"], Key=f"raw/{FIRST_CHUNK}")
+    with pytest.raises(
+        MissingChunkError, match=f"^{re.escape(spec)}: chunk {FIRST_CHUNK} is missing"
+    ):
+        read_raw(spec)
+    assert not read_raw(f"{spec}#fill_missing")[0][:4, :16, :16].any()
+
+
+def test_a_layer_the_store_does_not_have_fails_with_one_line(http_store):
+    spec = f"precomputed://{http_store['url']}/nothing"
+    with pytest.raises(VolumeFileMissing, match=f"^{re.escape(spec)}: no precomputed layer"):
+        read_raw(spec)
+
+
+def stage(spec: str, staged: Path) -> tuple[str, str]:
+    """The volume to segment staged in place from `spec` as the workflow's stage task runs it
+    (`run_once` with `role_settings` and `source_files`): (what run_once did, its token)."""
+    data = DataConfig(eval_raw=spec, eval_roi="0:8, 0:24, 0:32")
+    settings = role_settings(data, "eval")
+    inputs = source_files(data, "eval")
+    done = run_once(settings, inputs, [staged], lambda: stage_role(staged, settings))
+    return done, read_stamp(staged)["token"]
+
+
+@pytest.mark.parametrize("store", ["http_store", "s3_store"])
+def test_a_changed_remote_chunk_restages_and_keys_only_the_work_over_it(store, request, tmp_path):
+    """The stage's settings hold the store's state of the box (a HEAD per chunk file), so a
+    resume re-stages when a chunk changed there; its record's cells re-key only the parts
+    that read that chunk. Unchanged, nothing runs again."""
+    layers = request.getfixturevalue(store)
+    spec, staged = layers["raw"], tmp_path / "staged" / "eval.json"
+    staged.parent.mkdir()
+    assert source_files(DataConfig(eval_raw=spec), "eval") == []  # no file here to watch
+    done, token = stage(spec, staged)
+    over, away = Roi.parse("0:4, 0:16, 0:16"), Roi.parse("4:8, 16:24, 16:32")
+    keys = {roi: region_token(staged, roi) for roi in (over, away)}
+    assert done == "ran" and stage(spec, staged) == ("up to date", token)
+    np.testing.assert_array_equal(read_raw(read_staged(staged).raw)[0], arrays()["raw"])
+
+    if store == "http_store":  # a web server's state is size and Last-Modified, to the second
+        rewrite_first_chunk(f"file://{layers['folder'] / 'raw'}")
+        (chunk,) = (layers["folder"] / "raw").glob(f"{FIRST_CHUNK}*")
+        os.utime(chunk, (chunk.stat().st_atime, chunk.stat().st_mtime + 5))
+    else:  # S3's ETag is the chunk's md5
+        rewrite_first_chunk(spec.removeprefix("precomputed://"))
+    done, changed = stage(spec, staged)
+    assert done == "ran" and changed != token
+    assert region_token(staged, over) != keys[over] and region_token(staged, away) == keys[away]
+    changed_raw = read_raw(read_staged(staged).raw)[0]
+    assert changed_raw[1, 2, 3] == arrays()["raw"][1, 2, 3] ^ 1
+
+
+def test_a_volume_copied_from_http_is_the_copy_of_the_local_one(local, http_store, tmp_path):
+    """Staged as a copy (a training volume), the same voxels give the same token."""
+    tokens = [
+        stage_files(tmp_path / f"{where}.h5", layers["raw"], layers["seg"], roi="2:8, 0:24, 4:30")
+        for where, layers in (("local", local), ("http", http_store))
+    ]
+    assert tokens[0] == tokens[1]
