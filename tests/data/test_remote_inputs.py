@@ -94,7 +94,8 @@ def local(tmp_path) -> dict[str, str]:
 @pytest.fixture
 def http_store(tmp_path, monkeypatch) -> dict:
     """The layers served over HTTP from a folder, as a lab serves them: {"raw", "seg": spec,
-    "folder": the served folder, "url": the layers' base URL}."""
+    "folder": the served folder, "url": the layers' base URL, "write": where more layers go,
+    "read": their specs' start}."""
     from pipeline.export.viewer import PrecomputedServer, start_data_server
 
     # cloud-files opens 20 connections at once; with socketserver's listen backlog of 5 the
@@ -109,6 +110,8 @@ def http_store(tmp_path, monkeypatch) -> dict:
         yield {name: f"precomputed://{server.url}/{name}" for name in arrays()} | {
             "folder": folder,
             "url": server.url,
+            "write": f"file://{folder}",
+            "read": f"precomputed://{server.url}",
         }
     finally:
         server.shutdown()
@@ -149,7 +152,11 @@ def s3_store(moto_endpoint, monkeypatch) -> dict:
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
     for name, array in arrays().items():
         write_layer(f"s3://{bucket}/{name}", array)
-    return {name: f"precomputed://s3://{bucket}/{name}" for name in arrays()} | {"bucket": bucket}
+    return {name: f"precomputed://s3://{bucket}/{name}" for name in arrays()} | {
+        "bucket": bucket,
+        "write": f"s3://{bucket}",
+        "read": f"precomputed://s3://{bucket}",
+    }
 
 
 def test_a_layer_read_over_http_is_the_local_one_voxel_for_voxel(local, http_store):
@@ -209,10 +216,10 @@ def test_a_layer_the_store_does_not_have_fails_with_one_line(http_store):
         read_raw(spec)
 
 
-def stage(spec: str, staged: Path) -> tuple[str, str]:
+def stage(spec: str, staged: Path, roi: str = "0:8, 0:24, 0:32") -> tuple[str, str]:
     """The volume to segment staged in place from `spec` as the workflow's stage task runs it
     (`run_once` with `role_settings` and `source_files`): (what run_once did, its token)."""
-    data = DataConfig(eval_raw=spec, eval_roi="0:8, 0:24, 0:32")
+    data = DataConfig(eval_raw=spec, eval_roi=roi)
     settings = role_settings(data, "eval")
     inputs = source_files(data, "eval")
     done = run_once(settings, inputs, [staged], lambda: stage_role(staged, settings))
@@ -254,3 +261,42 @@ def test_a_volume_copied_from_http_is_the_copy_of_the_local_one(local, http_stor
         for where, layers in (("local", local), ("http", http_store))
     ]
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("store", ["http_store", "s3_store"])
+def test_a_volume_in_a_store_is_segmented_as_the_same_volume_on_this_machine(
+    store, request, tmp_path
+):
+    """Staged in place and segmented block by block (the stand-in network of
+    tests/inference/test_inference.py, which sees only the image): from the store the same
+    segmentation, voxel for voxel, as from the local layer."""
+    from test_inference import (
+        CONFIG,
+        MODEL,
+        assert_same_segmentation,
+        hand_made_volume,
+        stand_in_predictor,
+    )
+
+    from pipeline.inference.blocks import BlockConfig
+    from pipeline.inference.stitching import segment_blockwise
+
+    layers, (image, labels) = request.getfixturevalue(store), hand_made_volume()
+    write_layer(f"{layers['write']}/hand", image)
+    write_layer(f"file://{tmp_path / 'local' / 'hand'}", image)
+    segmentations = []
+    for where, spec in [
+        ("local", f"precomputed://file://{tmp_path / 'local' / 'hand'}"),
+        ("store", f"{layers['read']}/hand"),
+    ]:
+        (tmp_path / where / "staged").mkdir(parents=True)
+        staged = tmp_path / where / "staged" / "eval.json"
+        stage(spec, staged, roi="")
+        with open_volume(read_staged(staged).raw) as raw:
+            blocks = BlockConfig(block_shape_zyx=(16, 24, 24), overlap_zyx=(0, 8, 8))
+            blocks_dir = tmp_path / where / "blocks"
+            segmentations.append(
+                segment_blockwise(raw, stand_in_predictor, MODEL, CONFIG, blocks, blocks_dir)[0]
+            )
+    np.testing.assert_array_equal(segmentations[1], segmentations[0])
+    assert_same_segmentation(segmentations[0], labels)
