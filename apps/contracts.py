@@ -499,6 +499,39 @@ class MergeMeshes(Contract):
 
 
 @contract
+class ExportSkeletons(Contract):
+    """A region's skeleton task: reads the begun export's record and the segmentation's full
+    resolution; writes the record of the skeletons' pieces it wrote."""
+
+    begun: Path = input_field()
+    segmentation: Path = input_field()
+    record: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        """The region and a voxel past its high faces (igneous's overlap)."""
+        from pipeline.export.skeletons import skeleton_read
+
+        return None, Part(skeleton_read(Roi.parse(settings["region"]), settings["shape"]))
+
+
+@contract
+class PlanSkeletons(Contract):
+    """The skeleton shards' plan: reads every skeleton task's record; writes the plan's record."""
+
+    skeletons: Paths = input_field()
+    plan: Path = output_field()
+
+
+@contract
+class MergeSkeletons(Contract):
+    """A skeleton shards' merge: reads the plan's record; writes the record of the shards (or,
+    unsharded, the segments' files) it wrote."""
+
+    plan: Paths = input_field()
+    record: Path = output_field()
+
+
+@contract
 class FinishExport(Contract):
     """The export's check and summary: reads the staged volume, the segmentation's full
     resolution, then every export task's record; writes the export's folder."""

@@ -1,13 +1,15 @@
-"""Neuroglancer precomputed layers (image, segmentation with meshes) of the segmented volume, as
-small tasks (pipeline.export.layers): one begins the export, one per region writes every scale of both
-layers (sharded: and meshes the region, then one plans the mesh shards and a task per shard
-merges it; unsharded: one per igneous meshing task meshes), and the last one checks what they
-wrote, adds the segment properties and writes the summary. Each task records what it wrote in
-the export's folder. No task holds more than a region (`ExportConfig.task_voxels` per axis) or a
-mesh shard, whatever the volume's size.
+"""Neuroglancer precomputed layers (image, segmentation with meshes and skeletons) of the segmented
+volume, as small tasks (pipeline.export.layers): one begins the export, one per region writes every
+scale of both layers (sharded: and meshes the region, then one plans the mesh shards and a task per
+few shards merges them; unsharded: one per igneous meshing task meshes), with skeletons one per
+region skeletonizes it, then one plans the skeleton shards and a task per few shards merges
+them, and the last one checks what they wrote, adds the segment properties and writes the
+summary. Each task records what it wrote in the export's folder. No task holds more than a
+region (`ExportConfig.task_voxels` per axis) or a shard's meshes or skeletons, whatever the
+volume's size.
 
 Each task's settings: {"export": ExportConfig, "shape": volume zyx, "region": "z0:z1, ..." with
-"index", or "mesh": index, or "shards" (the plan), or "merge": index with "merges": count, or
+"index", or "mesh": index, or "shards" (a plan), or "merge": index with "merges": count, or
 "tasks": {kind: count} (the last)};
 `folder` is the export's folder (an argument, so a moved run stays up to date)."""
 
@@ -17,9 +19,12 @@ from apps.contracts import (
     BeginExport,
     ExportMeshes,
     ExportRegion,
+    ExportSkeletons,
     FinishExport,
     MergeMeshes,
+    MergeSkeletons,
     PlanMeshes,
+    PlanSkeletons,
 )
 from site_configs import CPU_LABEL
 
@@ -110,6 +115,57 @@ def merge_meshes(settings: dict, folder: str, io: MergeMeshes, inputs=(), output
     def work() -> None:
         config = from_dict(ExportConfig, settings["export"])
         merged = merge_part(folder, config, settings["merge"], settings["merges"])
+        save_files_record(io.record, merged)
+
+    return run_once(settings, io.inputs(), io.outputs(), work)
+
+
+@python_app(executors=[CPU_LABEL])
+def export_skeletons(settings: dict, folder: str, io: ExportSkeletons, inputs=(), outputs=()):
+    """Skeleton task `settings["index"]`: igneous's SkeletonTask of its region of the full
+    resolution (all it reads); its record holds the skeletons' pieces it wrote."""
+    from pipeline.core.roi import Roi
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import save_files_record, skeleton_part
+
+    def work() -> None:
+        region = Roi.parse(settings["region"])
+        save_files_record(io.record, skeleton_part(folder, settings["index"], region))
+
+    # Keyed on the voxels it reads: a region changed elsewhere keeps it.
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
+
+
+@python_app(executors=[CPU_LABEL])
+def plan_skeletons(settings: dict, folder: str, io: PlanSkeletons, inputs=(), outputs=()):
+    """The skeletons' plan, from the skeleton tasks' pieces: which segments each of about
+    `settings["shards"]` shards holds, and where their pieces are; the skeleton info."""
+    from pipeline.core.config_io import from_dict
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import (
+        ExportConfig,
+        plan_skeletons,
+        recorded_files,
+        save_files_record,
+    )
+
+    def work() -> None:
+        sharded = from_dict(ExportConfig, settings["export"]).sharded
+        pieces = (recorded_files(p) for p in io.skeletons)
+        save_files_record(io.plan, plan_skeletons(folder, pieces, settings["shards"], sharded))
+
+    return run_once(settings, io.inputs(), io.outputs(), work)
+
+
+@python_app(executors=[CPU_LABEL])
+def merge_skeletons(settings: dict, folder: str, io: MergeSkeletons, inputs=(), outputs=()):
+    """Merge task `settings["merge"]` (of `settings["merges"]`) of the skeleton shards; the
+    pieces it reads are the plan's."""
+    from pipeline.core.stamps import run_once
+    from pipeline.export.layers import merge_skeleton_part, save_files_record
+
+    def work() -> None:
+        merged = merge_skeleton_part(folder, settings["merge"], settings["merges"])
         save_files_record(io.record, merged)
 
     return run_once(settings, io.inputs(), io.outputs(), work)

@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         prog="python -m pipeline.cli.export",
         description="Write an EM volume and its segmentation as Neuroglancer precomputed layers "
-        "(image, segmentation with meshes) into a folder; view it with "
+        "(image, segmentation with meshes and skeletons) into a folder; view it with "
         "python -m pipeline.cli.viewer.",
     )
     add = parser.add_argument
@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a file per chunk and legacy meshes (any static web server serves them; the "
         "default, sharded, needs one that answers Range requests, as pipeline.cli.viewer does)",
     )
+    add("--no-skeletons", action="store_true", help="no skeletons of the segments (kimimaro's)")
     return parser
 
 
@@ -72,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mesh_max_error_nm=args.mesh_max_error_nm,
         gzip=args.gzip,
         sharded=not args.unsharded,
+        skeletons=not args.no_skeletons,
     )
     raw, voxel_size = read_raw(args.raw, args.voxel_size)
     segmentation, _ = read_labels(args.segmentation, voxel_size)

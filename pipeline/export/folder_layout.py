@@ -1,7 +1,7 @@
 """What an export folder holds and how its parts are named, shared by the export
-(pipeline.export.layers) and its meshing (pipeline.export.meshes): the layers' names, the export's
-settings, a scale, the one place sizes change axis order, a layer's `info` read back, and what a
-task records of a file it wrote.
+(pipeline.export.layers), its meshing (pipeline.export.meshes) and its skeletons
+(pipeline.export.skeletons): the layers' names, the export's settings, a scale, the one place
+sizes change axis order, a layer's `info` read back, and what a task records of a file it wrote.
 """
 
 import json
@@ -17,12 +17,13 @@ from pipeline.data.volumes import ZYX, VoxelSize
 IMAGE_LAYER = "image"
 SEGMENTATION_LAYER = "segmentation"
 MESH_DIR = "mesh"
+SKELETON_DIR = "skeletons"
 PROPERTIES_DIR = "segment_properties"
 
 
 @dataclass(frozen=True)
 class ExportConfig:
-    """How the precomputed layers are cut, downsampled, meshed and compressed."""
+    """How the precomputed layers are cut, downsampled, meshed, skeletonized and compressed."""
 
     # Chunk edge in voxels along the finest axis; coarser axes get proportionally fewer voxels,
     # so a chunk is about as long in nm along every axis (at every scale). Both layers' when
@@ -45,6 +46,10 @@ class ExportConfig:
     # (pipeline.export.shards says how the shards are cut). Served with HTTP Range requests
     # (pipeline.export.viewer does); false: a file per chunk, which any static web server serves.
     sharded: bool = True
+    # Skeletons of every segment (kimimaro's TEASAR, by igneous's skeleton tasks: a task per
+    # region, then merges), which Neuroglancer draws with the segments; sharded like the layers
+    # (`sharded`), else a file per segment (pipeline.export.skeletons).
+    skeletons: bool = True
 
     def __post_init__(self) -> None:
         if not (isinstance(self.task_voxels, int) and 16 <= self.task_voxels <= 4096):
@@ -66,7 +71,7 @@ class ExportConfig:
             raise ConfigError(
                 f"export config: mesh_max_error_nm must be a number >= 0, got {self.mesh_max_error_nm!r}"
             )
-        for name in ("gzip", "sharded"):
+        for name in ("gzip", "sharded", "skeletons"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"export config: {name} must be true or false, got {getattr(self, name)!r}"

@@ -1,4 +1,5 @@
-"""Export an EM volume and its segmentation as Neuroglancer precomputed layers, with meshes.
+"""Export an EM volume and its segmentation as Neuroglancer precomputed layers, with meshes and
+skeletons.
 
 The export folder (one atomic unit: built beside its destination, then renamed into place):
 
@@ -6,6 +7,8 @@ The export folder (one atomic unit: built beside its destination, then renamed i
     segmentation/          uint64, "compressed_segmentation" encoding (decoded by Neuroglancer)
         mesh/              meshes in nm: sharded multi-resolution (Draco) meshes by default,
                            else legacy meshes (a manifest `<id>:0` per segment, its fragments)
+        skeletons/         skeletons in nm (`ExportConfig.skeletons`): sharded as the layers,
+                           else a file per segment
         segment_properties/  every segment id with its voxel count (Neuroglancer lists and sorts them)
     records/               each task's record: the files it wrote, with size and mtime
     export.json            the summary, written last: how many records of each kind there are
@@ -24,7 +27,10 @@ segmentation's coarser scales (`write_region`), downsampling them itself with ti
 igneous's downsampling tasks call), so no task reads what another export task wrote, and
 sharded, meshes the region (its fragments, which `plan_meshes` then assigns to mesh shards and
 `merge_part` tasks merge, pipeline.export.meshes); unsharded, `mesh_part`, one per igneous
-meshing task, meshes the finished segmentation (legacy fragments);
+meshing task, meshes the finished segmentation (legacy fragments); with skeletons,
+`skeleton_part`, one per region, skeletonizes the region of the full resolution, then
+`plan_skeletons` and `merge_skeleton_part` tasks make the skeleton shards
+(pipeline.export.skeletons);
 `finish_export` repairs what was lost since, adds legacy meshes' manifests, the segment
 properties (from the regions' counts) and, last, the summary. The export is complete when every
 record the summary counts is there and every file each lists is as recorded
@@ -70,6 +76,7 @@ from pipeline.export.folder_layout import (
     MESH_DIR,
     PROPERTIES_DIR,
     SEGMENTATION_LAYER,
+    SKELETON_DIR,
     ExportConfig,
     Scale,
     file_record,
@@ -78,9 +85,8 @@ from pipeline.export.folder_layout import (
     read_info,
     xyz,
 )
+from pipeline.export.fragment_shards import FRAGMENTS_SUFFIX, PLAN
 from pipeline.export.meshes import (
-    FRAGMENTS_SUFFIX,
-    PLAN,
     begin_legacy_meshing,
     begin_sharded_meshing,
     fragment_part,
@@ -106,6 +112,13 @@ from pipeline.export.segmentation_layer import (
     write_shard,
 )
 from pipeline.export.shards import ShardPlan, plan_shards
+from pipeline.export.skeletons import (
+    drop_skeletons,
+    merge_skeleton_part,
+    skeleton_dir,
+    skeleton_part,
+    skeleton_shard_plan,
+)
 
 # 1: it listed every file; 2: it counts the tasks' records; 3: records hold their stamps
 # (`*.record`, JSON). A format 2 export is not complete: made again.
@@ -114,11 +127,16 @@ MANIFEST_FORMAT = 3
 # shard's encoded meshes (and one segment's fragments), so a shard of about as many segments as
 # a small export's one keeps that memory flat from 256^3 up.
 REGIONS_PER_MESH_SHARD = 2
-# Mesh shards a merge task makes, one after the other: fewer tasks (and records) than shards.
-MESH_SHARDS_PER_MERGE = 4
+# The same for skeletons: a segment's skeleton is some hundredths of its mesh's bytes, so a
+# shard takes more regions' segments for shard files as large (and four times fewer of them).
+REGIONS_PER_SKELETON_SHARD = 8
+# Shards a merge task makes, one after the other: fewer tasks (and records) than shards.
+SHARDS_PER_MERGE = 4
 # The export's tasks, in order; a record each (`task_record_path`). "plan" and "merge" are the
-# sharded meshes' (pipeline.export.meshes).
-TASK_KINDS = ("region", "mesh", "plan", "merge", "finish")
+# sharded meshes' (pipeline.export.meshes), "skeleton*" the skeletons' (pipeline.export.skeletons).
+TASK_KINDS = (
+    "region", "mesh", "plan", "merge", "skeleton", "skeleton_plan", "skeleton_merge", "finish",
+)  # fmt: skip
 # What `begin_export` writes: the layers' and the meshes' info.
 BEGUN_FILES = (
     f"{IMAGE_LAYER}/info",
@@ -267,18 +285,32 @@ def export_tasks(
 ) -> dict[str, int]:
     """How many tasks of each kind (`TASK_KINDS`, but the last) write the export: a region task
     per region (`export_regions`); sharded, the region tasks mesh their regions too, then one
-    plan task and a merge task per `MESH_SHARDS_PER_MERGE` mesh shards (`mesh_shards`);
-    unsharded, a meshing task per igneous meshing region."""
+    plan task and a merge task per `SHARDS_PER_MERGE` mesh shards (`mesh_shards`);
+    unsharded, a meshing task per igneous meshing region. With skeletons, a skeleton task per
+    region, one plan task and a merge task per `SHARDS_PER_MERGE` skeleton shards
+    (`skeleton_shards`)."""
     regions = len(export_regions(shape_zyx, voxel_size_nm, config, segmentation_chunk_zyx))
     if config.sharded:
-        merges = -(-mesh_shards(regions) // MESH_SHARDS_PER_MERGE)
-        return {"region": regions, "mesh": 0, "plan": 1, "merge": merges}
-    return {"region": regions, "mesh": mesh_task_count(shape_zyx, config), "plan": 0, "merge": 0}
+        meshes = {"mesh": 0, "plan": 1, "merge": -(-mesh_shards(regions) // SHARDS_PER_MERGE)}
+    else:
+        meshes = {"mesh": mesh_task_count(shape_zyx, config), "plan": 0, "merge": 0}
+    merges = -(-skeleton_shards(regions) // SHARDS_PER_MERGE)
+    skeletons = {"skeleton": regions, "skeleton_plan": 1, "skeleton_merge": merges}
+    return {
+        "region": regions,
+        **meshes,
+        **(skeletons if config.skeletons else dict.fromkeys(skeletons, 0)),
+    }
 
 
 def mesh_shards(regions: int) -> int:
-    """About how many mesh shards an export of `regions` regions asks for (`mesh_sharding`)."""
+    """About how many mesh shards an export of `regions` regions asks for (`hashed_sharding`)."""
     return -(-regions // REGIONS_PER_MESH_SHARD)
+
+
+def skeleton_shards(regions: int) -> int:
+    """About how many skeleton shards an export of `regions` regions asks for."""
+    return -(-regions // REGIONS_PER_SKELETON_SHARD)
 
 
 def full_resolution_key(voxel_size_nm: VoxelSize) -> str:
@@ -329,13 +361,15 @@ def begin_export(
         for record in (folder / RECORDS_DIR).glob(f"{kind}_*"):
             record.unlink()
     # The segmentation's full resolution is the stitching's; everything after it the export's.
-    for name in [MESH_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
+    for name in [MESH_DIR, SKELETON_DIR, PROPERTIES_DIR, *(s["key"] for s in info["scales"][1:])]:
         shutil.rmtree(folder / SEGMENTATION_LAYER / name, ignore_errors=True)
     image = layer_info(IMAGE_LAYER, scales[0])
     add_scales(folder, IMAGE_LAYER, image, scales, shardings)
     info["scales"] = info["scales"][:1]
-    # Named now: meshing and the properties then only add files.
+    # Named now: meshing and the properties then only add files. The skeletons' plan names
+    # them once they are made (`skeleton_shard_plan`).
     info["mesh"], info["segment_properties"] = MESH_DIR, PROPERTIES_DIR
+    info.pop("skeletons", None)
     # Sharded, the segmentation's chunks are the image's (a shard's region is the same).
     segmentation = scales if shardings else _segmentation_scales(scales, full)
     add_scales(folder, SEGMENTATION_LAYER, info, segmentation, shardings)
@@ -484,6 +518,24 @@ def region_step(
     return record
 
 
+def _fragments(folder: Path, tasks: Iterable[dict[str, list[int]]]) -> dict[int, Path]:
+    """{task index: its `.frags` file} of the tasks that wrote one (`tasks`: each one's files,
+    in task order)."""
+    return {
+        k: folder / name
+        for k, files in enumerate(tasks)
+        for name in files
+        if name.endswith(FRAGMENTS_SUFFIX)
+    }
+
+
+def _planned(folder: Path, where: Path) -> dict[str, list[int]]:
+    """What a plan task wrote in `where` (the mesh or skeleton folder): its info and the plan."""
+    return {
+        p.relative_to(folder).as_posix(): file_record(p) for p in (where / "info", where / PLAN)
+    }
+
+
 def plan_meshes(
     folder: str | Path, regions: Iterable[dict[str, list[int]]], shards: int
 ) -> dict[str, list[int]]:
@@ -491,16 +543,19 @@ def plan_meshes(
     task wrote (`regions`: each one's files, in task order, its `.frags` among them if any);
     returns the files it wrote."""
     folder = Path(folder)
-    fragments = {
-        k: folder / name
-        for k, files in enumerate(regions)
-        for name in files
-        if name.endswith(FRAGMENTS_SUFFIX)
-    }
-    mesh_shard_plan(folder, fragments, shards)
-    mesh = folder / SEGMENTATION_LAYER / MESH_DIR
-    written = [mesh / "info", mesh / PLAN]
-    return {path.relative_to(folder).as_posix(): file_record(path) for path in written}
+    mesh_shard_plan(folder, _fragments(folder, regions), shards)
+    return _planned(folder, folder / SEGMENTATION_LAYER / MESH_DIR)
+
+
+def plan_skeletons(
+    folder: str | Path, skeletons: Iterable[dict[str, list[int]]], shards: int, sharded: bool
+) -> dict[str, list[int]]:
+    """The skeletons' plan (`skeleton_shard_plan`: about `shards` shards, `sharded` or a file
+    per segment) from what every skeleton task wrote (`skeletons`: each one's files, in task
+    order); returns the files it wrote."""
+    folder = Path(folder)
+    skeleton_shard_plan(folder, _fragments(folder, skeletons), shards, sharded)
+    return _planned(folder, skeleton_dir(folder))
 
 
 def repair_export(
@@ -514,9 +569,11 @@ def repair_export(
     """Rewrite what changed after its task wrote it (a lost or truncated file; the whole folder),
     and its task's record: the damaged regions from `read_region(roi) -> (raw, segmentation)`,
     then, when a region was rewritten or a fragment is damaged, the meshing tasks, and for
-    sharded meshes their plan and merges. `tasks`: how many of each kind (`TASK_KINDS`); the
-    records are read once, a record at a time: a task's list of files is not kept. Returns what
-    was repaired and every region's segment counts (ids, counts), for `finish_export`."""
+    sharded meshes their plan and merges; the skeleton tasks whose pieces are damaged or that
+    read a region rewritten, and then their plan and merges. `tasks`: how many of each kind
+    (`TASK_KINDS`); the records are read once, a record at a time: a task's list of files is
+    not kept. Returns what was repaired and every region's segment counts (ids, counts), for
+    `finish_export`."""
     folder = Path(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete while parts are rewritten
     repaired, counts = [], []
@@ -527,19 +584,21 @@ def repair_export(
         regions = export_regions(shape_zyx, voxel_size_nm, config, chunk)
         begin_export(folder, shape_zyx, voxel_size_nm, config, keep_records=True)
         repaired.append("layers")
+    placed, rewritten = [], set()  # every region, in task order; the starts of those rewritten
     for k in range(tasks.get("region", 0)):
         path = task_record_path(folder, "region", k)
         record = None if regions else load_region_record(path)
+        region = regions[k] if regions else record["region"]
         if record is None or damaged(folder, record["files"]):
-            region = regions[k] if regions else record["region"]
             record = region_step(folder, k, region, read_region, config)
             _resave(save_region_record, path, region, record)
             repaired.append(f"region {region}")
+            rewritten.add(region.start)
         counts.append({"ids": record["ids"], "counts": record["counts"]})
-    rewritten = bool(repaired)
+        placed.append(region)
     for j in range(tasks.get("mesh", 0)):
         path = task_record_path(folder, "mesh", j)
-        if rewritten or damaged(folder, recorded_files(path)):
+        if repaired or damaged(folder, recorded_files(path)):
             _resave(save_files_record, path, mesh_part(folder, config, j))
             repaired.append(f"mesh {j}")
     if tasks.get("plan"):
@@ -558,7 +617,49 @@ def repair_export(
             if replan or damaged(folder, recorded_files(path)):
                 _resave(save_files_record, path, merge_part(folder, config, j, tasks["merge"]))
                 repaired.append(f"mesh merge {j}")
+    _repair_skeletons(folder, tasks, placed, rewritten, config, repaired)
     return repaired, counts
+
+
+def _repair_skeletons(
+    folder: Path,
+    tasks: dict[str, int],
+    regions: Sequence[Roi],
+    rewritten: set[ZYX],
+    config: ExportConfig,
+    repaired: list[str],
+) -> None:
+    """`repair_export`'s part for the skeletons (`regions`: every region; `rewritten`: the
+    starts of those it wrote again), what it rewrites added to `repaired`: the skeleton tasks
+    whose pieces are damaged or that read a region rewritten (the tiling's regions abut, so
+    those a task reads past its high faces start at its own start or stop along each axis),
+    then, if any was or the plan is damaged, the plan and every merge, else the damaged
+    merges."""
+    before = len(repaired)
+    for k in range(tasks.get("skeleton", 0)):
+        path, region = task_record_path(folder, "skeleton", k), regions[k]
+        read = itertools.product(*zip(region.start, region.stop, strict=True))
+        if not rewritten.isdisjoint(read) or damaged(folder, recorded_files(path)):
+            _resave(save_files_record, path, skeleton_part(folder, k, region))
+            repaired.append(f"skeleton {k}")
+    if not tasks.get("skeleton_plan"):
+        return
+    path = task_record_path(folder, "skeleton_plan", 0)
+    replan = len(repaired) > before or damaged(folder, recorded_files(path))
+    if replan:  # every shard is merged again: the plan's shards go
+        written = (
+            recorded_files(task_record_path(folder, "skeleton", k))
+            for k in range(tasks["skeleton"])
+        )
+        shards = skeleton_shards(tasks["skeleton"])
+        _resave(save_files_record, path, plan_skeletons(folder, written, shards, config.sharded))
+        repaired.append("skeleton plan")
+    merges = tasks.get("skeleton_merge", 0)
+    for j in range(merges):
+        path = task_record_path(folder, "skeleton_merge", j)
+        if replan or damaged(folder, recorded_files(path)):
+            _resave(save_files_record, path, merge_skeleton_part(folder, j, merges))
+            repaired.append(f"skeleton merge {j}")
 
 
 def finish_export(
@@ -570,8 +671,9 @@ def finish_export(
     tasks: dict[str, int],
     repaired: Sequence[str] = (),
 ) -> tuple[int, int]:
-    """After every region and meshing task: for legacy meshes the manifests Neuroglancer looks
-    up, the segment properties from the regions' counts (`regions`: each one's `ids` and
+    """After every region, meshing and skeleton task: for legacy meshes the manifests
+    Neuroglancer looks up, without skeletons none named (`drop_skeletons`), the segment
+    properties from the regions' counts (`regions`: each one's `ids` and
     `counts`, as its record has them), this task's own record, then the summary `export.json`
     (how many records of each kind `tasks` says there are, what `repaired` says was rewritten),
     last. Returns (segments, files recorded)."""
@@ -579,6 +681,8 @@ def finish_export(
     (folder / MANIFEST).unlink(missing_ok=True)  # not complete again until written last
     mesh = folder / SEGMENTATION_LAYER / MESH_DIR
     manifests = [] if config.sharded else write_mesh_manifests(mesh)
+    if not config.skeletons:  # made before they were turned off, or none: the info names none
+        drop_skeletons(folder)
     ids = np.concatenate([r["ids"] for r in regions]) if regions else np.zeros(0, np.uint64)
     counts = np.concatenate([r["counts"] for r in regions]) if regions else np.zeros(0, np.int64)
     if not ids.size:
@@ -652,9 +756,9 @@ def export_precomputed(
     progress: bool = False,
 ) -> ExportResult:
     """Write `raw` (uint8) and `segmentation` (unsigned ints, 0 = background), both (z, y, x), as
-    precomputed layers `image` and `segmentation` with meshes under `out_dir`, atomically: the
-    workflow's export tasks (`begin_export`, `write_region`, the meshing's, `finish_export`) run
-    here one after the other, on arrays in memory.
+    precomputed layers `image` and `segmentation` with meshes and skeletons under `out_dir`,
+    atomically: the workflow's export tasks (`begin_export`, `write_region`, the meshing's, the
+    skeletons', `finish_export`) run here one after the other, on arrays in memory.
 
     An existing export at `out_dir` is replaced; any other non-empty folder there is an error.
     """
@@ -699,6 +803,20 @@ def export_precomputed(
         for j in range(tasks["merge"]):
             merged = merge_part(tmp, config, j, tasks["merge"])
             save_files_record(task_record_path(tmp, "merge", j), merged)
+            bar.update()
+        skeletons = []
+        for k in range(tasks["skeleton"]):
+            skeletons.append(skeleton_part(tmp, k, regions[k]))
+            save_files_record(task_record_path(tmp, "skeleton", k), skeletons[-1])
+            bar.update()
+        if tasks["skeleton_plan"]:
+            shards = skeleton_shards(tasks["skeleton"])
+            planned = plan_skeletons(tmp, skeletons, shards, config.sharded)
+            save_files_record(task_record_path(tmp, "skeleton_plan", 0), planned)
+            bar.update()
+        for j in range(tasks["skeleton_merge"]):
+            merged = merge_skeleton_part(tmp, j, tasks["skeleton_merge"])
+            save_files_record(task_record_path(tmp, "skeleton_merge", j), merged)
             bar.update()
         segment_count, file_count = finish_export(tmp, records, shape, voxel_size, config, tasks)
         bar.update()

@@ -15,18 +15,15 @@ segment per task and a manifest per segment. Three phases, each task holding a b
    igneous's MeshTask with `sharded=True` meshes the region into one `<task>.frags` file (a
    MapBuffer of its segments' meshes).
 3. `mesh_shard_plan`, once, after every fragment task: the `sharding` spec and one plan file
-   (`PLAN`: each shard's segments, and for each segment the fragment tasks holding its
-   meshes), written before `merge_shard` runs for each shard (igneous's
+   (pipeline.export.fragment_shards: each shard's segments, and for each segment the fragment
+   tasks holding its meshes), written before `merge_shard` runs for each shard (igneous's
    MultiResShardedMeshMergeTask's steps, a segment at a time: its levels of detail, the shard
    file `<shard>.shard`). A merge task (`merge_part`) takes every shard whose number is its
-   index modulo their count: about a shard a merge task, a fixed number of them (the
-   workflow's tasks are known before it runs).
+   index modulo their count.
 
 Files under `segmentation/mesh/`: `info`, a `.frags` per region holding a segment, the
 plan and a `.shard` per shard holding a mesh. Neuroglancer reads only `info` and the shards; the
-rest is what a merge re-run (a damaged shard) reads again. igneous's own way keeps a spatial
-index file per task and a `.labels` file per shard besides, and every merge task reads the
-whole spatial index.
+rest is what a merge re-run (a damaged shard) reads again.
 
 Axes: the project is (z, y, x); igneous and cloud-volume are (x, y, z).
 """
@@ -39,7 +36,6 @@ import os
 import re
 import shutil
 from array import array as typed_array
-from collections.abc import Iterator
 from pathlib import Path
 from time import strftime
 from typing import TYPE_CHECKING
@@ -48,7 +44,6 @@ import numpy as np
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import PrecomputedError
-from pipeline.core.memory import release_memory
 from pipeline.core.roi import Roi
 from pipeline.data.volumes import ZYX
 from pipeline.export.folder_layout import (
@@ -61,9 +56,19 @@ from pipeline.export.folder_layout import (
     read_info,
     xyz,
 )
+from pipeline.export.fragment_shards import (
+    fragments_path,
+    merge_in_turn,
+    plan_shards,
+    planned_shard_count,
+    read_piece,
+    shard_name,
+    shard_segments,
+    write_fragments,
+    write_shard,
+)
 
 if TYPE_CHECKING:  # imported where used: cloud-volume and igneous take seconds to import
-    from cloudvolume import Mesh
     from cloudvolume.lib import Bbox
 
 
@@ -225,18 +230,6 @@ def _mesh_dir(folder: Path) -> Path:
     return folder / SEGMENTATION_LAYER / MESH_DIR
 
 
-FRAGMENTS_SUFFIX = ".frags"
-
-
-def _fragments_path(folder: Path, index: int) -> Path:
-    """Where fragment task `index` keeps its region's meshes (a MapBuffer by segment id)."""
-    return _mesh_dir(folder) / f"{index}{FRAGMENTS_SUFFIX}"
-
-
-# The shards' plan (`mesh_shard_plan`), in the mesh folder: one file whatever the shard count.
-PLAN = "plan.npy"
-
-
 def begin_sharded_meshing(folder: Path, config: ExportConfig) -> None:
     """Before the fragment tasks run side by side: an empty mesh folder (an earlier run's
     fragments and shards go) with igneous's mesh `info` (legacy type: what `fragment_part`
@@ -270,118 +263,38 @@ def fragment_part(
 ) -> dict[str, list[int]]:
     """Run igneous's meshing task of `region` (export region `index`, whose region task calls
     this) with `sharded=True` on a begun export (`begin_sharded_meshing`): its region's meshes
-    in one MapBuffer file, as igneous writes it, but named after the task (`<index>.frags`, so
-    the plan need not list names) and written atomically. Returns the file written
+    in one MapBuffer file, as igneous writes it, but named after the task
+    (`fragment_shards.fragments_path`) and written atomically. Returns the file written
     (`file_record`), or nothing for a region without a segment."""
-    from mapbuffer import MapBuffer
-
     folder = Path(folder)
     task = _igneous_mesh_task(folder, config, region, sharded=True)
-    path = _fragments_path(folder, index)
+    path = fragments_path(_mesh_dir(folder), index)
     path.unlink(missing_ok=True)  # a stale one (its region since emptied) is not this run's
 
     def upload(meshes: dict, bbox: "Bbox") -> None:  # igneous's `_upload_batch`, atomically
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(MapBuffer(meshes, compress="br").tobytes())
+        write_fragments(path, meshes)
 
     task._upload_batch = upload
     task.execute()
     return {path.relative_to(folder).as_posix(): file_record(path)} if path.exists() else {}
 
 
-def mesh_sharding(segment_count: int, shards: int) -> dict:
-    """The meshes' `sharding` spec for `segment_count` segments in about `shards` shards, by
-    igneous's rules (`compute_shard_params_for_hashed`, as `create_sharded_multires_mesh_tasks`
-    calls it): 2^round(log2(`shards`)) shards, or more where the segments would overflow the
-    indices sized for a 100 Mbit/s reader (8 KiB shard index, 32 KiB minishard indices);
-    murmurhash spreads the segments (a shard's count varies by about its square root); draco
-    meshes stored raw. The export asks for a shard per few regions (pipeline.export.layers's
-    `REGIONS_PER_MESH_SHARD`), so a shard holds about as many segments whatever the volume's
-    size (igneous's command asks for one per 1000 segments: at 256^3 one shard would hold every
-    segment, at 1024^3 a thousand)."""
-    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification
-    from igneous.task_creation.common import compute_shard_params_for_hashed
-
-    if shards < 1:
-        raise ValueError(f"shards must be >= 1, got {shards}")
-    shard_bits, minishard_bits, preshift_bits = compute_shard_params_for_hashed(
-        num_labels=segment_count,
-        shard_index_bytes=2**13,
-        minishard_index_bytes=2**15,
-        min_shards=shards,
-    )
-    spec = ShardingSpecification(
-        type="neuroglancer_uint64_sharded_v1",
-        preshift_bits=preshift_bits,
-        hash="murmurhash3_x86_128",
-        minishard_bits=minishard_bits,
-        shard_bits=shard_bits,
-        minishard_index_encoding="gzip",
-        data_encoding="raw",
-    )
-    return json.loads(spec.to_json())  # its numbers as ints (it holds numpy's)
-
-
-def _shard_name(spec: dict, shard_number: int) -> str:
-    """A shard's name (hex, as wide as its bits need): cloud-volume's and shardcomputer's."""
-    return format(shard_number, "x").zfill(math.ceil(spec["shard_bits"] / 4))
-
-
 def _mesh_info(folder: Path) -> dict:
     return json.loads((_mesh_dir(folder) / "info").read_text())
 
 
-class _FileBytes:
-    """A file's bytes, read where a MapBuffer slices them (its index, then one value at a time).
-    Given the file itself, MapBuffer maps it whole, and every page it reads stays resident as
-    the process's memory: a merge task reading its segments across every region's fragments
-    would hold them all."""
-
-    def __init__(self, file: "io.BufferedReader") -> None:
-        self._file, self._size = file, os.fstat(file.fileno()).st_size
-
-    def __len__(self) -> int:
-        return self._size
-
-    def __getitem__(self, where: slice) -> bytes:
-        start, stop, _ = where.indices(self._size)
-        self._file.seek(start)
-        return self._file.read(max(0, stop - start))
-
-
-def _fragment_ids(path: Path) -> np.ndarray:
-    """The segment ids a `.frags` file holds meshes of (its index only, not its meshes)."""
-    from mapbuffer import MapBuffer
-
-    with open(path, "rb") as f:
-        return np.fromiter(MapBuffer(_FileBytes(f)).keys(), np.uint64)
-
-
 def mesh_shard_plan(folder: Path, fragments: dict[int, Path], shards: int) -> int:
     """Once, after every fragment task (`fragments`: task index -> its `.frags` file, for the
-    tasks that wrote one) and before any merge task: the mesh `info` Neuroglancer reads
-    (igneous's `configure_multires_info`: multires type, vertex quantization, the mip's
-    resolution as transform, lod scale 1; and the sharding of `mesh_sharding`, about `shards`
-    shards), atomically, then the plan `PLAN` (what igneous keeps in a `.labels` file per shard
-    and finds in the spatial index, `_write_plan`), and igneous's provenance entry for the
-    merge. Shards of an earlier plan go first. Returns the number of shards
-    (`mesh_shard_count`). Holds every (segment, task) pair of the volume: 16 bytes each, plus
-    shardcomputer's lists (about 50 bytes a segment), once."""
-    import shardcomputer
+    tasks that wrote one) and before any merge task: the plan of about `shards` shards
+    (`fragment_shards.plan_shards`; draco meshes stored raw), then the mesh `info` Neuroglancer
+    reads (igneous's `configure_multires_info`: multires type, vertex quantization, the mip's
+    resolution as transform, lod scale 1; and the plan's sharding), atomically, and igneous's
+    provenance entry for the merge. Returns the number of shards (`mesh_shard_count`)."""
     from igneous.task_creation.common import operator_contact
 
     folder = Path(folder)
-    segments = [_fragment_ids(path) for path in fragments.values()]
-    owners = [
-        np.full(ids.size, task, np.uint64) for task, ids in zip(fragments, segments, strict=True)
-    ]
-    pairs = np.concatenate([np.zeros(0, np.uint64), *segments])
-    tasks = np.concatenate([np.zeros(0, np.uint64), *owners])
-    ids = np.unique(pairs)
-    spec = mesh_sharding(ids.size, shards)
     mesh = _mesh_dir(folder)
-    for stale in mesh.glob("*.shard"):
-        stale.unlink()
+    spec = plan_shards(mesh, fragments, shards, data_encoding="raw")
     info = _mesh_info(folder)
     resolution = read_info(folder, SEGMENTATION_LAYER)["scales"][info["mip"]]["resolution"]
     info.update(
@@ -399,15 +312,6 @@ def mesh_shard_plan(folder: Path, fragments: dict[int, Path], shards: int) -> in
     )
     with atomic_path(mesh / "info") as tmp:
         tmp.write_text(json.dumps(info))
-    assigned = shardcomputer.assign_labels_to_shards(
-        ids, spec["preshift_bits"], spec["shard_bits"], spec["minishard_bits"]
-    )
-    count = 2 ** spec["shard_bits"]
-    shard_of = np.zeros(ids.size, np.uint64)
-    for shard in range(count):
-        members = np.asarray(assigned.get(_shard_name(spec, shard), []), np.uint64)
-        shard_of[np.searchsorted(ids, members)] = shard
-    _write_plan(mesh / PLAN, count, shard_of[np.searchsorted(ids, pairs)], pairs, tasks)
     provenance = folder / SEGMENTATION_LAYER / "provenance"
     record = json.loads(provenance.read_text())
     # igneous's operator: `git config user.email`, printed to stdout without one.
@@ -431,56 +335,7 @@ def mesh_shard_plan(folder: Path, fragments: dict[int, Path], shards: int) -> in
     )
     with atomic_path(provenance) as tmp:
         tmp.write_text(json.dumps(record))
-    return count
-
-
-def _write_plan(
-    path: Path, count: int, shards: np.ndarray, segments: np.ndarray, tasks: np.ndarray
-) -> None:
-    """The plan of `count` shards from (shard, segment, fragment task) triples, as one uint64
-    array a merge task maps and slices (`_shard_segments`), reading only its shard's part:
-    [count, segments n, pairs m, shard -> first segment (count + 1), segment ids (n, by shard
-    then id), segment -> first pair (n + 1), the tasks holding each segment's fragments (m)]."""
-    order = np.lexsort((tasks, segments, shards))
-    segments, shards, tasks = segments[order], shards[order], tasks[order]
-    firsts = np.flatnonzero(np.diff(segments, prepend=segments[:1] + 1) != 0)
-    ids, owners = segments[firsts], shards[firsts]
-    by_shard = np.searchsorted(owners, np.arange(count + 1))
-    parts = [[count, ids.size, tasks.size], by_shard, ids, [*firsts, tasks.size], tasks]
-    # Each as uint64 first: int64 and uint64 together would make floats (ids past 2^53 lost).
-    plan = np.concatenate([np.asarray(part, np.uint64) for part in parts])
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, plan)
-
-
-def _shard_segments(folder: Path, shard: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(segment id, the fragment tasks holding its meshes) of every segment of `shard`, from
-    the plan (`_write_plan`); PrecomputedError when it is missing or cut short."""
-    path = _mesh_dir(folder) / PLAN
-    try:
-        plan = np.load(path, mmap_mode="r")
-        count, n, m = (int(v) for v in plan[:3])
-        if plan.size != 3 + count + 1 + n + n + 1 + m or not 0 <= shard < count:
-            raise ValueError(f"{plan.size} numbers, shard {shard} of {count}")
-    except (OSError, ValueError) as exc:
-        raise PrecomputedError(f"{path}: no whole plan of the mesh shards ({exc})") from None
-    ids_at, pairs_at = 3 + count + 1, 3 + count + 1 + n
-    tasks_at = pairs_at + n + 1
-    first, last = int(plan[3 + shard]), int(plan[3 + shard + 1])
-    starts = np.asarray(plan[pairs_at + first : pairs_at + last + 1], np.int64)
-    for k, segment in enumerate(np.asarray(plan[ids_at + first : ids_at + last])):
-        yield int(segment), np.asarray(plan[tasks_at + starts[k] : tasks_at + starts[k + 1]])
-
-
-def _fragment(folder: Path, task: int, segment: int) -> "Mesh":
-    """`segment`'s mesh in fragment task `task`'s file, read alone (`_FileBytes`): the file is
-    opened and closed again, so a merge holds no file open between segments (a shard's segments
-    come from regions all over the volume)."""
-    from cloudvolume import Mesh
-    from mapbuffer import MapBuffer
-
-    with open(_fragments_path(folder, task), "rb") as f:
-        return MapBuffer(_FileBytes(f), frombytesfn=Mesh.from_precomputed)[segment]
+    return 2 ** spec["shard_bits"]
 
 
 def _sharding(folder: Path) -> dict:
@@ -491,9 +346,8 @@ def _sharding(folder: Path) -> dict:
 
 
 def mesh_shard_count(folder: Path) -> int:
-    """The number of shards (some maybe empty) of the plan `mesh_shard_plan` wrote in `folder`:
-    read back, so a resumed run needs no segment ids."""
-    return 2 ** _sharding(Path(folder))["shard_bits"]
+    """The number of shards (some maybe empty) of the plan `mesh_shard_plan` wrote in `folder`."""
+    return planned_shard_count(_mesh_dir(Path(folder)))
 
 
 def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[str, list[int]]:
@@ -511,21 +365,20 @@ def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[s
     is the shard's encoded meshes and one segment's fragments. It reads its part of the plan
     (no `.labels` file, no spatial index) and only the `.frags` files holding its segments."""
     from cloudvolume import CloudVolume, Mesh
-    from cloudvolume.datasource.precomputed.sharding import synthesize_shard_files
     from igneous.tasks.mesh.multires import process_mesh
 
     folder = Path(folder)
+    mesh_dir = _mesh_dir(folder)
     spec = _sharding(folder)
     count = 2 ** spec["shard_bits"]
     if not 0 <= shard_number < count:
         raise ValueError(f"mesh shard {shard_number} of {count}")
-    path = _mesh_dir(folder) / f"{_shard_name(spec, shard_number)}.shard"
-    path.unlink(missing_ok=True)
+    (mesh_dir / f"{shard_name(spec, shard_number)}.shard").unlink(missing_ok=True)
     volume = CloudVolume(layer_url(folder, SEGMENTATION_LAYER), progress=False)
     volume.mip = volume.mesh.meta.mip
     encoded, manifest_at = {}, {}
-    for segment, tasks in _shard_segments(folder, shard_number):
-        parts = [_fragment(folder, int(task), segment) for task in tasks]
+    for segment, tasks in shard_segments(mesh_dir, shard_number):
+        parts = [read_piece(mesh_dir, int(t), segment, Mesh.from_precomputed) for t in tasks]
         mesh = Mesh.concatenate(*parts, segid=segment).consolidate()
         manifest, meshes = process_mesh(
             volume, segment, mesh, config.num_scales - 1, MIN_CHUNK_VOXELS,
@@ -536,23 +389,12 @@ def merge_shard(folder: Path, config: ExportConfig, shard_number: int) -> dict[s
             encoded[segment] = meshes + manifest.to_binary()
     if not encoded:
         return {}
-    shards = synthesize_shard_files(volume.mesh.reader.spec, encoded, manifest_at)
-    if list(shards) != [path.name]:
-        raise PrecomputedError(f"mesh shard {path.name}: the plan's segments made {list(shards)}")
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(shards[path.name])
+    path = write_shard(mesh_dir, spec, shard_number, encoded, manifest_at)
     return {path.relative_to(folder).as_posix(): file_record(path)}
 
 
 def merge_part(folder: Path, config: ExportConfig, index: int, count: int) -> dict[str, list[int]]:
     """Merge task `index` of `count`: every shard of the plan whose number is `index` modulo
     `count` (`merge_shard`), one after the other. Returns the shard files written."""
-    if not 0 <= index < count:
-        raise ValueError(f"merge task {index} of {count}")
-    files = {}
-    for shard in range(index, mesh_shard_count(folder), count):
-        files |= merge_shard(folder, config, shard)
-        # A shard's memory handed back before the next: held on, its fragmented heap grew a
-        # merge task's peak by up to 20 MB after region tasks in the same worker.
-        release_memory()
-    return files
+    shards = mesh_shard_count(folder)
+    return merge_in_turn(lambda n: merge_shard(folder, config, n), index, count, shards)

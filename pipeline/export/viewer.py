@@ -345,6 +345,7 @@ def start_viewer(
         else _check_segments(folder, segments)
     )
     full_resolution = _read_json(folder / IMAGE_LAYER / "info")["scales"][0]
+    skeletons = "skeletons" in _read_json(folder / SEGMENTATION_LAYER / "info")
     neuroglancer.set_server_bind_address(BIND_ADDRESS, bind_port=viewer_port)
     viewer = neuroglancer.Viewer()  # starts Neuroglancer's server: its page may read the data
     try:
@@ -355,15 +356,19 @@ def start_viewer(
         raise
     handle = ViewerHandle(url, server.url, viewer, server)
     try:
-        _show(viewer, handle.data_url, segments, full_resolution)
+        _show(viewer, handle.data_url, segments, full_resolution, skeletons)
     except BaseException:
         handle.close()
         raise
     return handle
 
 
-def _show(viewer: neuroglancer.Viewer, data_url: str, segments: list[int], scale: dict) -> None:
-    """Both layers from `data_url`, `segments` selected, the whole volume in view."""
+def _show(
+    viewer: neuroglancer.Viewer, data_url: str, segments: list[int], scale: dict, skeletons: bool
+) -> None:
+    """Both layers from `data_url`, `segments` selected, the whole volume in view; with
+    `skeletons`, the segmentation's skeletons named among its sources (Neuroglancer finds them
+    through the segmentation's `info`, and draws them with its segments)."""
     # Precomputed sizes are (x, y, z), and so are Neuroglancer's coordinates.
     resolution_xyz, size_xyz = scale["resolution"], scale["size"]
     with viewer.txn() as state:
@@ -374,8 +379,12 @@ def _show(viewer: neuroglancer.Viewer, data_url: str, segments: list[int], scale
         state.layers[IMAGE_LAYER] = neuroglancer.ImageLayer(
             source=f"precomputed://{data_url}/{IMAGE_LAYER}"
         )
+        source = neuroglancer.LayerDataSource(
+            url=f"precomputed://{data_url}/{SEGMENTATION_LAYER}",
+            subsources={"skeletons": True} if skeletons else {},  # Neuroglancer's name
+        )
         state.layers[SEGMENTATION_LAYER] = neuroglancer.SegmentationLayer(
-            source=f"precomputed://{data_url}/{SEGMENTATION_LAYER}", segments=segments
+            source=source, segments=segments
         )
         state.layout = "xy-3d"
         # Zoom in units of the finest voxel (the scales above); fit the volume's x-y extent.

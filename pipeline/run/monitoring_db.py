@@ -37,6 +37,9 @@ STAGE_OF_APP = {
     "export_meshes": "export",
     "plan_meshes": "export",
     "merge_meshes": "export",
+    "export_skeletons": "export",
+    "plan_skeletons": "export",
+    "merge_skeletons": "export",
     "report_study": "study",
     "finish_export": "export",
 }

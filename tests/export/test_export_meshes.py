@@ -14,6 +14,7 @@ from cloudvolume import CloudVolume
 from cloudvolume.exceptions import MeshMissingError
 
 from pipeline.core.errors import PrecomputedError
+from pipeline.export import fragment_shards
 from pipeline.export import layers as export
 from pipeline.export import meshes as sharded
 from pipeline.export.layers import ExportConfig, damaged, file_record
@@ -52,7 +53,7 @@ def snapshot(folder, names):
 
 MESH = "segmentation/mesh"
 SHARED = ["segmentation/info", "segmentation/provenance", f"{MESH}/info"]
-PLAN = f"{MESH}/{sharded.PLAN}"
+PLAN = f"{MESH}/{fragment_shards.PLAN}"
 
 
 def fragment_files(folder, fragments) -> dict:
@@ -62,7 +63,9 @@ def fragment_files(folder, fragments) -> dict:
 
 def shard_segments(folder, count) -> dict[int, list[int]]:
     """Each shard's segments, as the plan lists them."""
-    return {n: [s for s, _ in sharded._shard_segments(folder, n)] for n in range(count)}
+    return {
+        n: [s for s, _ in fragment_shards.shard_segments(folder / MESH, n)] for n in range(count)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -277,14 +280,14 @@ def test_a_shard_is_what_igneous_makes_of_the_same_fragments(meshed):
     volume.mip = volume.mesh.meta.mip
     number, files = next((n, f) for n, f in enumerate(meshed["shards"]) if f)
     meshes = {}
-    for segment, tasks in sharded._shard_segments(folder, number):
+    for segment, tasks in fragment_shards.shard_segments(folder / MESH, number):
         parts = []
         for task in tasks:
             content = (folder / MESH / f"{task}.frags").read_bytes()
             parts.append(MapBuffer(content, frombytesfn=Mesh.from_precomputed)[segment])
         meshes[segment] = Mesh.concatenate(*parts, segid=segment).consolidate()
     assert len(meshes) > 10 and any(
-        len(tasks) > 1 for _, tasks in sharded._shard_segments(folder, number)
+        len(tasks) > 1 for _, tasks in fragment_shards.shard_segments(folder / MESH, number)
     )
     name, content = create_mesh_shard(
         volume, meshes, CONFIG.num_scales - 1, sharded.DRACO_COMPRESSION_LEVEL, False,
@@ -338,10 +341,13 @@ def test_a_shard_no_segment_hashes_to_has_no_file(meshed, tmp_path):
 
 
 def test_shard_count_follows_the_merge_tasks_unless_the_indices_overflow():
-    assert sharded.mesh_sharding(0, 1)["shard_bits"] == 0
-    assert sharded.mesh_sharding(1500, 2)["shard_bits"] == 1
-    assert sharded.mesh_sharding(123, 5)["shard_bits"] == 2  # 2^round(log2(5))
-    assert sharded.mesh_sharding(10**6, 64)["shard_bits"] == 6
-    assert sharded.mesh_sharding(10**7, 1)["shard_bits"] == 4  # 8 KiB and 32 KiB indices
+    def bits(segments: int, shards: int) -> int:
+        return fragment_shards.hashed_sharding(segments, shards, "raw")["shard_bits"]
+
+    assert bits(0, 1) == 0
+    assert bits(1500, 2) == 1
+    assert bits(123, 5) == 2  # 2^round(log2(5))
+    assert bits(10**6, 64) == 6
+    assert bits(10**7, 1) == 4  # 8 KiB and 32 KiB indices
     with pytest.raises(ValueError, match="shards must be >= 1"):
-        sharded.mesh_sharding(10, 0)
+        fragment_shards.hashed_sharding(10, 0, "raw")
