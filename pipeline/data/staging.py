@@ -91,9 +91,10 @@ class DataConfig:
     train_seed: int = 0
     eval_seed: int = 1
     select_seed: int = 2
-    # Volumes: path.h5:dataset, path.zarr:array or precomputed://URL (file:///layer, or read
-    # from a store: https://, http://, s3://, gs://); in a config file a relative path is
-    # relative to the file's folder.
+    # Volumes: path.h5:dataset, path.zarr:array, precomputed://URL (file:///layer, or read
+    # from a store: https://, http://, s3://, gs://) or folder:*.tif (a folder of TIFF
+    # sections, in the order of their names); in a config file a relative path is relative to
+    # the file's folder.
     train_raw: str = _volume()  # your training image ...
     train_labels: str = _volume()  # ... and its ground truth
     eval_raw: str = _volume()  # the volume to segment; without eval_labels it is not scored
@@ -235,7 +236,7 @@ def reads_in_place(data: DataConfig) -> bool:
 def metadata_files(spec: VolumeSpec) -> list[Path]:
     """The files that describe a volume: of a precomputed layer its `info` (none of a layer
     read by URL), of a zarr array its `.zarray` (and `.zattrs`), not the chunk files of a volume
-    that may hold millions; an HDF5 file is itself."""
+    that may hold millions; an HDF5 file is itself, and so is a folder of TIFF sections."""
     if spec.url:
         return []
     if spec.precomputed:

@@ -7,7 +7,8 @@ literature and flags write sizes as (x, y, z); convert at the edge, never here.
 Volumes are addressed by specs `path.h5:dataset`, `path.zarr:array` for chunked volumes that
 many tasks write at once (`pipeline.data.zarr_volumes`), or `precomputed://URL` for Neuroglancer
 precomputed inputs read in place, on this machine (`file:///layer`) or from a store by URL
-(`https://`, `http://`, `s3://`, `gs://`; `pipeline.data.precomputed_volumes`). Reading
+(`https://`, `http://`, `s3://`, `gs://`; `pipeline.data.precomputed_volumes`), or
+`folder:*.tif` for a folder of TIFF sections (`pipeline.data.tiff_volumes`). Reading
 validates and fails with one line that names the file and the problem; writing is atomic
 (temporary file, then rename).
 """
@@ -44,6 +45,7 @@ from pipeline.data.precomputed_volumes import (
     layer_url,
 )
 from pipeline.data.precomputed_volumes import PREFIX as PRECOMPUTED_PREFIX
+from pipeline.data.tiff_volumes import TiffSections, is_tiff_sections
 from pipeline.data.zarr_volumes import ChunkDigests, ZarrInput, create_zarr, is_zarr, open_zarr
 
 VOXEL_SIZE_ATTR = "voxel_size_nm"
@@ -97,8 +99,8 @@ class VolumeSpec:
         path, sep, dataset = text.rpartition(":")
         if not sep or not path or not dataset:
             raise DatasetMissing(
-                f"volume spec {spec!r} must look like path.h5:dataset, path.zarr:array "
-                "or precomputed://URL (a box of it: ...[z0:z1, y0:y1, x0:x1])"
+                f"volume spec {spec!r} must look like path.h5:dataset, path.zarr:array, "
+                "precomputed://URL or folder:*.tif (a box of it: ...[z0:z1, y0:y1, x0:x1])"
             )
         return cls(Path(path), dataset, box)
 
@@ -135,7 +137,9 @@ class Window:
     """A box of a volume as a read-only volume of its own: `shape`, `dtype`, `attrs` (the
     volume's) and slicing from 0 with steps of 1, clipped to the box."""
 
-    def __init__(self, dataset: "h5py.Dataset | ZarrInput | PrecomputedArray", box: Roi, spec):
+    def __init__(
+        self, dataset: "h5py.Dataset | ZarrInput | PrecomputedArray | TiffSections", box: Roi, spec
+    ):
         if any(b > n for b, n in zip(box.stop, dataset.shape, strict=True)):
             raise VolumeShapeError(
                 f"{spec}: the box reaches outside the volume of shape {tuple(dataset.shape)}"
@@ -167,7 +171,7 @@ class LabeledVolume:
 @contextlib.contextmanager
 def _checked_dataset(
     spec: VolumeSpec, writable: bool = False
-) -> Iterator["h5py.Dataset | zarr.Array | PrecomputedArray | Window"]:
+) -> Iterator["h5py.Dataset | zarr.Array | PrecomputedArray | TiffSections | Window"]:
     """The 3-D dataset `spec` names, open (its box only, a `Window`, where the spec has one)."""
     if writable and spec.box:
         raise VolumeError(f"{spec}: a box of a volume is read, not written")
@@ -178,11 +182,12 @@ def _checked_dataset(
 @contextlib.contextmanager
 def _whole_dataset(
     spec: VolumeSpec, writable: bool = False
-) -> Iterator["h5py.Dataset | zarr.Array | PrecomputedArray"]:
+) -> Iterator["h5py.Dataset | zarr.Array | PrecomputedArray | TiffSections"]:
     """The 3-D dataset `spec` names, open; one-line errors for a missing or unreadable file, a
     missing dataset, a dataset that is not 3-D and, in the caller's block too, data or metadata
     that cannot be read. A `.zarr` path is a chunked volume (`pipeline.data.zarr_volumes`), a spec
-    without a dataset a precomputed layer (`pipeline.data.precomputed_volumes`)."""
+    without a dataset a precomputed layer (`pipeline.data.precomputed_volumes`), one whose
+    dataset is a glob of .tif files a folder of sections (`pipeline.data.tiff_volumes`)."""
     if writable and (spec.precomputed or not is_zarr(spec.path)):
         raise VolumeError(f"{spec}: only zarr volumes are written part by part in place")
     if spec.chunk_digests and (spec.precomputed or not is_zarr(spec.path) or writable):
@@ -204,6 +209,9 @@ def _whole_dataset(
                     array, spec.path / spec.dataset, spec.fill_missing, spec.chunk_digests
                 )
             )
+        return
+    if is_tiff_sections(spec.dataset):
+        yield TiffSections(spec.path, spec.dataset)
         return
     if not spec.path.is_file():
         raise VolumeFileMissing(f"{spec.path}: file not found")
