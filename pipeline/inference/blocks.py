@@ -4,7 +4,10 @@ A volume is cut into a grid of blocks of one shape that overlap by at least `ove
 (`plan_blocks`: the blocks along each axis are spread evenly, so every overlap is about the same).
 `segment_block` is a pure function of its inputs, meant to run as one parallel task per block;
 `write_block_result` stores its result atomically as `block_Z_Y_X.npz`, so `block_done` (the file
-exists) means finished, and a restarted run skips finished blocks.
+exists) means finished, and a restarted run skips finished blocks. The file holds the block's
+flood records too (`FloodRecords`, the arrays named `flood_*`); a result written before they
+were kept has none and is read as it was (same format: its labels, on which the stamps key
+everything after, are what they would be now).
 
 Stitching the blocks' results into one segmentation: `pipeline.inference.stitching`.
 """
@@ -29,7 +32,14 @@ from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import BlockResultError, ConfigError, VolumeShapeError, first_line
 from pipeline.core.roi import Roi
 from pipeline.data.volumes import reading
-from pipeline.inference.flood_fill import ZYX, InferenceConfig, InferenceStats, Predictor, segment
+from pipeline.inference.flood_fill import (
+    ZYX,
+    FloodRecords,
+    InferenceConfig,
+    InferenceStats,
+    Predictor,
+    segment_with_floods,
+)
 from pipeline.network.model import ModelConfig
 
 BLOCK_FORMAT = 1
@@ -167,12 +177,15 @@ def plan_blocks(volume_shape: Sequence[int], config: BlockConfig) -> BlockGrid:
 
 @dataclass(frozen=True, eq=False)
 class BlockResult:
-    """A block's segmentation (local ids 1..n, 0 = none), its stats and the settings that made it."""
+    """A block's segmentation (local ids 1..n, 0 = none), its stats, the settings that made it
+    and its flood records (seeds in the volume's coordinates, objects in `labels`' ids; None:
+    not recorded)."""
 
     block: Block
     labels: np.ndarray
     stats: InferenceStats
     provenance: dict
+    floods: FloodRecords | None = None
 
 
 def segment_block(
@@ -203,7 +216,7 @@ def segment_block(
     padding = (
         face_padding(block, raw.shape, model, scored) if config.reflect_faces else ((0, 0),) * 3
     )
-    labels, stats = segment(
+    labels, stats, floods = segment_with_floods(
         np.pad(region, padding, mode="reflect"),
         predict,
         model,
@@ -217,16 +230,20 @@ def segment_block(
     )
     if progress_path is not None:
         Path(progress_path).unlink(missing_ok=True)
+    ids = None
     if padding != ((0, 0),) * 3:
         core = tuple(
             slice(before, before + n) for (before, _), n in zip(padding, block.shape, strict=True)
         )
-        kept, _ = fastremap.renumber(labels[core], preserve_zero=True)
+        kept, ids = fastremap.renumber(labels[core], preserve_zero=True)
         labels = kept.astype(labels.dtype, copy=False)
         stats = dataclasses.replace(
             stats, voxels=int(labels.size), segmented_voxels=int(np.count_nonzero(labels))
         )
-    return BlockResult(block, labels, stats, record)
+    if floods is not None:
+        corner = [a - before for a, (before, _) in zip(block.start, padding, strict=True)]
+        floods = floods.in_volume(corner, ids)
+    return BlockResult(block, labels, stats, record, floods)
 
 
 def infer_regions(block: Block) -> tuple[Roi, None]:
@@ -309,6 +326,8 @@ def write_block_result(path: str | Path, result: BlockResult) -> Path:
         "stats": np.str_(json.dumps(result.stats.to_dict())),
         "provenance": np.str_(json.dumps(result.provenance)),
     }
+    if result.floods is not None:
+        arrays |= result.floods.arrays()
     # A file object, because np.savez would append ".npz" to a temporary name without it.
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, **arrays)
@@ -340,5 +359,9 @@ def read_block_result(path: str | Path, block: Block | None = None) -> BlockResu
     stats = json.loads(str(found["stats"]))
     stats.pop("voxels_per_second")
     return BlockResult(
-        stored, found["labels"], InferenceStats(**stats), json.loads(str(found["provenance"]))
+        stored,
+        found["labels"],
+        InferenceStats(**stats),
+        json.loads(str(found["provenance"])),
+        FloodRecords.read(found),
     )

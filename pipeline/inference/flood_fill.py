@@ -27,6 +27,12 @@ Checkpoints: given a `checkpoint_path`, `segment` saves its state between object
 and goes on from a saved state, so a volume that takes longer than a batch job may run survives
 being stopped (google-research/ffn's `checkpoint_interval`).
 
+Flood records (`segment_with_floods`): every flood, in order, with the object it made (0 if
+none), its seed pass and seed, its FOV evaluations, its voxels and what became of it
+(`FloodRecords`): each FOV evaluation is one flood's, so they tell where the cost went. They are
+kept in the checkpoint's state too, so a resumed segmentation has the records of an
+uninterrupted one.
+
 The network is any `Predictor`: `predict(images, seeds) -> logits`, all (batch, z, y, x, 1)
 float32. `make_model_predictor` wraps a Keras model; tests pass plain functions.
 
@@ -34,15 +40,16 @@ Command line: `python -m pipeline.cli.infer`.
 """
 
 import dataclasses
+import enum
 import hashlib
 import json
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import ndimage
@@ -259,6 +266,125 @@ def _union_box(a: tuple[slice, ...], b: tuple[slice, ...]) -> tuple[slice, ...]:
     )
 
 
+class FloodEnd(enum.IntEnum):
+    """What became of a flood (`FloodRecords.end`)."""
+
+    KEPT = 0  # its object was kept
+    SEED_TOO_WEAK = 1  # its seed voxel fell below move_threshold
+    TOO_SMALL = 2  # its object had fewer than min_segment_size voxels no earlier object owned
+    INCONSISTENT = 3  # the consistency check's two floods disagreed
+    # Kept, but wholly in the reflected padding around a block, which is cut off
+    # (`pipeline.inference.blocks.segment_block`).
+    CROPPED = 4
+
+
+@dataclass
+class Flood:
+    """One `Canvas.flood`, as `FloodRecords` keeps it; `Canvas.try_seed` sets what its seed's
+    attempt came to."""
+
+    seed: tuple[int, ...]  # where the flood started
+    fov_evaluations: int
+    # Of the first flood of an attempt that reached the size test, the voxels tested (the
+    # object's if kept); of any other, its own mask's voxels that no earlier object owned.
+    voxels: int
+    truncated: bool  # stopped at max_fov_evaluations_per_object
+    end: FloodEnd
+    object: int = 0  # the id of the object its attempt made; 0 if none
+    seed_pass: int = 0  # 1, 2, ...; 0 for a flood from no seed pass (the second pass's fills)
+    check: bool = False  # the consistency check's flood from the first one's innermost voxel
+
+
+def _unsigned(values: np.ndarray) -> np.ndarray:
+    """`values` (>= 0) in the smallest unsigned type that holds them."""
+    return values.astype(np.min_scalar_type(int(values.max(initial=0))))
+
+
+# `FloodRecords`' columns and their types in memory (`FloodRecords.arrays` stores them compactly).
+FLOOD_COLUMNS = {
+    "object": np.uint64,
+    "seed_pass": np.int64,
+    "seed": np.int64,
+    "fov_evaluations": np.int64,
+    "voxels": np.int64,
+    "end": np.uint8,
+    "truncated": bool,
+    "check": bool,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class FloodRecords:
+    """Every flood of a segmentation, in order, as columns of `Flood`'s fields (`seed` (N, 3),
+    zyx; a block's in the volume). Each FOV evaluation is one flood's: `fov_evaluations` adds up
+    to `InferenceStats.fov_evaluations`, and the stats' counts are the records' (seeds_tried: the
+    floods that are not a check; objects, objects_too_small, objects_inconsistent: of those, the
+    ends KEPT (and CROPPED), TOO_SMALL, INCONSISTENT; seeds_too_weak: every SEED_TOO_WEAK;
+    objects_truncated: every truncated one)."""
+
+    object: np.ndarray
+    seed_pass: np.ndarray
+    seed: np.ndarray
+    fov_evaluations: np.ndarray
+    voxels: np.ndarray
+    end: np.ndarray
+    truncated: np.ndarray
+    check: np.ndarray
+
+    PREFIX = "flood_"  # of the arrays' names in a file that holds others too
+
+    def __len__(self) -> int:
+        return len(self.object)
+
+    @classmethod
+    def of(cls, floods: Sequence[Flood]) -> "FloodRecords":
+        columns = {
+            name: np.array([getattr(f, name) for f in floods], kind)
+            for name, kind in FLOOD_COLUMNS.items()
+        }
+        return cls(**columns | {"seed": columns["seed"].reshape(-1, 3)})
+
+    def floods(self) -> list[Flood]:
+        return [
+            Flood(tuple(int(v) for v in self.seed[k]), int(self.fov_evaluations[k]),
+                  int(self.voxels[k]), bool(self.truncated[k]), FloodEnd(int(self.end[k])),
+                  int(self.object[k]), int(self.seed_pass[k]), bool(self.check[k]))
+            for k in range(len(self))
+        ]  # fmt: skip
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The columns as compact arrays (`read` reads them back), named with `PREFIX`."""
+        compact = {name: getattr(self, name) for name in FLOOD_COLUMNS}
+        for name in ("object", "seed_pass", "fov_evaluations", "voxels"):
+            compact[name] = _unsigned(compact[name])
+        compact["seed"] = self.seed.astype(np.int32)  # < 0 in a block's padding at a face
+        return {self.PREFIX + name: values for name, values in compact.items()}
+
+    @classmethod
+    def read(cls, found: Mapping[str, np.ndarray]) -> "FloodRecords | None":
+        """The records `arrays` put among `found`'s arrays; None if it holds none (written
+        before they were kept)."""
+        if cls.PREFIX + "object" not in found:
+            return None
+        columns = {
+            name: np.asarray(found[cls.PREFIX + name]).astype(kind)
+            for name, kind in FLOOD_COLUMNS.items()
+        }
+        return cls(**columns | {"seed": columns["seed"].reshape(-1, 3)})
+
+    def in_volume(self, offset_zyx: Sequence[int], ids: Mapping[int, int] | None) -> "FloodRecords":
+        """The records of a segmentation of a region whose first voxel is `offset_zyx` in a
+        volume, seeds in the volume's coordinates; with `ids` (old id: new id), its objects
+        renumbered, a kept object missing from `ids` CROPPED."""
+        seed = self.seed + np.asarray(offset_zyx, np.int64)
+        if ids is None:
+            return dataclasses.replace(self, seed=seed)
+        objects = np.array([ids.get(int(o), 0) for o in self.object], np.uint64)
+        cropped = (self.end == FloodEnd.KEPT) & (objects == 0)
+        end = np.where(cropped, np.uint8(FloodEnd.CROPPED), self.end).astype(np.uint8)
+        return dataclasses.replace(self, object=objects, seed=seed, end=end)
+
+
 class Canvas:
     """One volume being segmented: the image, the segmentation so far and the current object's
     mask logits (NaN where the current flood has not predicted)."""
@@ -279,6 +405,7 @@ class Canvas:
         self.segment_logit = np.float32(logit(config.segment_threshold))
         self.pad_logit = np.float32(logit(config.pad_probability))
         self.counts: Counter[str] = Counter()
+        self.floods: list[Flood] = []  # every flood, in order (`FloodRecords`)
         self.after_batch: Callable[[], None] | None = None  # e.g. a progress report
         # Called with a flood's FOV evaluations so far before each step, where a flood with a
         # smaller budget would stop: the fills of every budget up to this one, from one flood.
@@ -338,6 +465,7 @@ class Canvas:
 
     def flood(self, start: tuple[int, ...]) -> _Object | None:
         """Grow one object from `start` (a valid position); None if its seed voxel got too weak.
+        Recorded in `floods`, as kept until `try_seed` decides otherwise.
 
         The canvas's logits are reset afterwards, so floods do not see each other's predictions.
         """
@@ -345,12 +473,13 @@ class Canvas:
         queue, seen = [start], {self._key(start)}
         low = high = np.array(start)
         logits[start] = logit(config.seed_probability)
-        evaluations = 0
+        evaluations, truncated = 0, False
         while queue and logits[start] >= self.move_logit:
             if self.before_step is not None:
                 self.before_step(evaluations)
             if evaluations >= config.max_fov_evaluations_per_object:
                 self.counts["objects_truncated"] += 1
+                truncated = True
                 break
             batch = self._take_batch(queue)
             for pos, prediction in zip(batch, self._evaluate(batch), strict=True):
@@ -378,6 +507,9 @@ class Canvas:
         kept = logits[start] >= self.move_logit
         mask = logits[box] >= self.segment_logit
         logits[box] = np.nan
+        voxels = int(np.count_nonzero(mask & (self.segmentation[box] == 0)))
+        end = FloodEnd.KEPT if kept else FloodEnd.SEED_TOO_WEAK
+        self.floods.append(Flood(tuple(start), evaluations, voxels, truncated, end))
         if not kept:
             self.counts["seeds_too_weak"] += 1
             return None
@@ -402,7 +534,9 @@ class Canvas:
             return None
         return _Object(box, both)
 
-    def try_seed(self, seed: tuple[int, ...]) -> None:
+    def try_seed(self, seed: tuple[int, ...], seed_pass: int = 0) -> None:
+        """Flood from `seed` unless it is taken or next to an object; keep what the flood (and
+        the consistency check) makes if large enough. Its floods' records get the outcome."""
         if not self.is_valid(seed):
             return
         near = tuple(
@@ -412,22 +546,31 @@ class Canvas:
         if np.any(self.segmentation[near]):
             return
         self.counts["seeds_tried"] += 1
+        attempt = len(self.floods)
         found = self.flood(seed)
+        end, made = FloodEnd.SEED_TOO_WEAK, 0
         if found is not None and self.config.consistency_check:
             found = self._consistent(found, seed)
             if found is None:
                 self.counts["objects_inconsistent"] += 1
-        if found is None:
-            return
-        owned = self.segmentation[found.box]
-        mask = found.mask & (owned == 0)
-        size = int(np.count_nonzero(mask))
-        if size < self.config.min_segment_size:
-            self.counts["objects_too_small"] += 1
-            return
-        self.counts["objects"] += 1
-        self.counts["segmented_voxels"] += size
-        owned[mask] = self.counts["objects"]
+                end = FloodEnd.INCONSISTENT
+        if found is not None:
+            owned = self.segmentation[found.box]
+            mask = found.mask & (owned == 0)
+            size = int(np.count_nonzero(mask))
+            self.floods[attempt].voxels = size
+            if size < self.config.min_segment_size:
+                self.counts["objects_too_small"] += 1
+                end = FloodEnd.TOO_SMALL
+            else:
+                self.counts["objects"] += 1
+                self.counts["segmented_voxels"] += size
+                end, made = FloodEnd.KEPT, self.counts["objects"]
+                owned[mask] = made
+        for k, flood in enumerate(self.floods[attempt:]):
+            flood.seed_pass, flood.check, flood.object = seed_pass, k > 0, made
+            if flood.end != FloodEnd.SEED_TOO_WEAK:  # a flood whose seed failed keeps that end
+                flood.end = end
 
 
 def _check_raw(raw: np.ndarray, model: ModelConfig) -> None:
@@ -452,6 +595,8 @@ class _SeedLoop:
     objects_before: int = 0  # objects when the current pass began
     tried: set[tuple[int, ...]] = dataclasses.field(default_factory=set)
     seconds: float = 0.0  # spent by earlier, interrupted runs
+    # False once resumed from a state saved before floods were recorded: its records are lost.
+    recorded: bool = True
 
 
 def _fingerprint(raw: np.ndarray, model: ModelConfig, config: InferenceConfig, key: str) -> str:
@@ -469,6 +614,7 @@ def _save_state(path: Path, canvas: "Canvas", loop: _SeedLoop, fingerprint: str)
         "objects_before": loop.objects_before,
         "seconds": loop.seconds,
         "fingerprint": fingerprint,
+        "floods_recorded": loop.recorded,
     }
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(
@@ -480,6 +626,7 @@ def _save_state(path: Path, canvas: "Canvas", loop: _SeedLoop, fingerprint: str)
             has_pending=loop.pending is not None,
             tried=np.array(sorted(loop.tried), np.int64).reshape(-1, 3),
             state=json.dumps(state),
+            **FloodRecords.of(canvas.floods).arrays(),
         )
 
 
@@ -500,7 +647,10 @@ def _load_state(path: Path, canvas: "Canvas", fingerprint: str) -> _SeedLoop:
                 objects_before=state["objects_before"],
                 tried={tuple(int(v) for v in s) for s in saved["tried"]},
                 seconds=state["seconds"],
+                recorded=state.get("floods_recorded", False),
             )
+            if loop.recorded:
+                canvas.floods = FloodRecords.read(saved).floods()
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"{path}: unreadable inference checkpoint ({exc})") from None
     canvas.counts.update(state["counts"])
@@ -614,7 +764,7 @@ def _try_pending_seeds(
     while loop.pending:
         seed = loop.pending.pop(0)
         loop.tried.add(seed)
-        canvas.try_seed(seed)
+        canvas.try_seed(seed, loop.next_pass + 1)
         bar.update()
         bar.set_postfix(
             objects=canvas.counts["objects"],
@@ -651,6 +801,18 @@ def segment(
     predict: Predictor,
     model: ModelConfig,
     config: InferenceConfig | None = None,
+    **options: Any,
+) -> tuple[np.ndarray, InferenceStats]:
+    """`segment_with_floods` without the flood records."""
+    segmentation, stats, _ = segment_with_floods(raw, predict, model, config, **options)
+    return segmentation, stats
+
+
+def segment_with_floods(
+    raw: np.ndarray,
+    predict: Predictor,
+    model: ModelConfig,
+    config: InferenceConfig | None = None,
     *,
     progress: bool = False,
     checkpoint_path: str | Path | None = None,
@@ -658,8 +820,9 @@ def segment(
     checkpoint_key: str = "",
     on_progress: Callable[[dict], None] | None = None,
     progress_every_s: float = 60.0,
-) -> tuple[np.ndarray, InferenceStats]:
-    """Flood-fill segmentation of one (z, y, x) uint8 volume: (uint64 ids 1..N, 0 = none; stats).
+) -> tuple[np.ndarray, InferenceStats, FloodRecords | None]:
+    """Flood-fill segmentation of one (z, y, x) uint8 volume: (uint64 ids 1..N, 0 = none; stats;
+    the records of its floods, None if it went on from a checkpoint saved without them).
 
     Deterministic: the same inputs and a deterministic predictor give the same segmentation.
     With `checkpoint_path`, the state between two objects is written there (atomically) every
@@ -695,7 +858,8 @@ def segment(
         seconds=loop.seconds + time.perf_counter() - started,
         **canvas.counts,
     )
-    return canvas.segmentation, stats
+    floods = FloodRecords.of(canvas.floods) if loop.recorded else None
+    return canvas.segmentation, stats, floods
 
 
 # ---------------------------------------------------------------------------------------------
