@@ -203,15 +203,19 @@ def drop_skeletons(folder: Path) -> None:
 def _postprocess(skeleton: "Skeleton") -> "Skeleton":
     """kimimaro's `postprocess` of a segment's pieces merged, its steps in turn: loops removed,
     pieces closer than their radii joined, ticks under `TICK_NM` cut (no dust removed: the
-    tasks' `dust_voxels` did). The edges are made the uint32 its tick removal takes first:
-    osteoid 0.6's `consolidate` makes them int64, which kimimaro 5.8's `create_distance_graph`
-    refuses, so its `postprocess` fails on any skeleton."""
+    tasks' `dust_voxels` did). Each step begins by splitting the skeleton into its connected
+    pieces, which takes uint32 edges; osteoid 0.6's `consolidate`, which ends each step, makes
+    them int64 (kimimaro 5.8's own `postprocess` fails on them), so they are made uint32
+    before each."""
     from kimimaro import post
 
-    skeleton = post.remove_loops(skeleton.consolidate())
-    skeleton = post.join_close_components(skeleton, restrict_by_radius=True)
-    skeleton.edges = skeleton.edges.astype(np.uint32)
-    return post.remove_ticks(skeleton, TICK_NM).consolidate()
+    def uint32(skeleton: "Skeleton") -> "Skeleton":
+        skeleton.edges = skeleton.edges.astype(np.uint32)
+        return skeleton
+
+    skeleton = post.remove_loops(uint32(skeleton.consolidate()))
+    skeleton = post.join_close_components(uint32(skeleton), restrict_by_radius=True)
+    return post.remove_ticks(uint32(skeleton), TICK_NM).consolidate()
 
 
 def merge_skeleton_shard(folder: Path, shard_number: int) -> dict[str, list[int]]:

@@ -426,6 +426,7 @@ def test_scales_stop_when_an_axis_to_halve_is_one_voxel():
         {"mesh_max_error_nm": -1.0},
         {"mesh_max_error_nm": float("nan")},
         {"gzip": "yes"},
+        {"skeletons": 1},
     ],
 )
 def test_config_rejects_bad_values(change):

@@ -32,7 +32,8 @@ VOXEL = (20.0, 10.0, 10.0)
 # Regions of 16 x 32 x 64 voxels: 2 along every axis, a skeleton task each.
 CONFIG = ExportConfig(task_voxels=32, chunk_voxels=8)
 REGIONS = export.export_regions(SHAPE, VOXEL, CONFIG)
-TUBE, TEE, BALL, DUST = 2**40 + 3, 5, 9, 12  # one id beyond 32 bits
+TUBE, TEE, BALL, PAIR, DUST = 2**40 + 3, 5, 9, 10, 12  # one id beyond 32 bits
+OBJECTS = (TUBE, TEE, BALL, PAIR)
 SKELETONS = "segmentation/skeletons"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def segmentation() -> np.ndarray:
     """A tube the whole volume along x, across every region's faces (its axis near the corner
     where four regions meet); a T of two thinner tubes, the bar along y, the stem along x; a
-    ball across a region's face; a cube too small to skeletonize."""
+    ball across a region's face; two balls apart with one id; a cube too small to skeletonize."""
     seg = np.zeros(SHAPE, np.uint64)
     z, y, x = ((np.ogrid[: SHAPE[0], : SHAPE[1], : SHAPE[2]][a] + 0.5) * VOXEL[a] for a in range(3))
     seg[np.broadcast_to((z - 310) ** 2 + (y - 315) ** 2 < 70**2, SHAPE)] = TUBE
@@ -48,6 +49,8 @@ def segmentation() -> np.ndarray:
     stem = ((z - 500) ** 2 + (y - 430) ** 2 < 45**2) & (x > 250) & (x < 880)
     seg[bar | stem] = TEE
     seg[(z - 160) ** 2 + (y - 520) ** 2 + (x - 640) ** 2 < 110**2] = BALL
+    for x0 in (100, 400):  # a segment of two pieces, which stay apart
+        seg[(z - 560) ** 2 + (y - 80) ** 2 + (x - x0) ** 2 < 70**2] = PAIR
     seg[:2, :3, 90:93] = DUST
     return seg
 
@@ -117,7 +120,7 @@ def test_the_segmentation_names_a_sharded_skeleton_source(skeletonized):
 
 def test_every_object_has_a_skeleton_inside_it(skeletonized):
     folder, seg = skeletonized["folder"], skeletonized["seg"]
-    for segment in (TUBE, TEE, BALL):
+    for segment in OBJECTS:
         skeleton = source(folder).get(segment)
         assert len(skeleton.vertices) > 1 and len(skeleton.edges), segment
         assert np.all(skeleton.radius > 0), segment
@@ -142,10 +145,11 @@ def test_a_skeleton_across_regions_is_one_tree_the_length_of_its_object(skeleton
     assert len(tee.components()) == 1
     degrees = np.bincount(tee.edges.ravel(), minlength=len(tee.vertices))
     assert (degrees >= 3).sum() >= 1 and (degrees == 1).sum() == 3  # a fork, three ends
+    assert len(source(folder).get(PAIR).components()) == 2
 
 
 def test_an_object_too_small_gets_no_skeleton(skeletonized):
-    assert planned(skeletonized).keys() == {TUBE, TEE, BALL}  # DUST: under the dust threshold
+    assert planned(skeletonized).keys() == set(OBJECTS)  # DUST: under the dust threshold
 
 
 def test_unsharded_skeletons_are_a_file_per_segment_read_back_alike(skeletonized, tmp_path):
@@ -155,11 +159,11 @@ def test_unsharded_skeletons_are_a_file_per_segment_read_back_alike(skeletonized
     shards = skeletons.skeleton_shard_plan(folder, pieces, 2, sharded=False)
     assert not list((folder / SKELETONS).glob("*.shard"))  # the sharded plan's went
     files = skeletons.merge_skeleton_part(folder, 0, 1)
-    assert shards >= 1 and sorted(files) == sorted(f"{SKELETONS}/{i}" for i in (TUBE, TEE, BALL))
+    assert shards >= 1 and sorted(files) == sorted(f"{SKELETONS}/{i}" for i in OBJECTS)
     assert "sharding" not in json.loads((folder / SKELETONS / "info").read_text())
     unsharded, sharded = source(folder), source(skeletonized["folder"])
     assert not unsharded.meta.is_sharded()
-    for segment in (TUBE, TEE, BALL):
+    for segment in OBJECTS:
         np.testing.assert_array_equal(
             unsharded.get(segment).vertices, sharded.get(segment).vertices
         )
@@ -303,7 +307,7 @@ def test_a_skeleton_task_killed_or_lost_is_redone_on_resume_and_a_finished_one_i
     assert set(resume(folder)) == {"ran"}  # a first run: every task, each stamps its record
     assert resume(folder) == ["up to date"] * steps
     before = pieces(folder)
-    expected = {s: source(folder).get(s).vertices for s in (TUBE, TEE, BALL)}
+    expected = {s: source(folder).get(s).vertices for s in OBJECTS}
 
     # Task 1 killed halfway through writing its pieces: its record and its file gone, half a
     # file beside where it would be.
@@ -346,7 +350,7 @@ def test_an_export_has_skeletons_its_records_vouch_for_and_can_go_without(export
             recorded |= set(export.recorded_files(export.task_record_path(out, kind, k)))
     written = {p.relative_to(out).as_posix() for p in (out / SKELETONS).iterdir()}
     assert written == recorded
-    assert {s.id for s in source(out).get([TUBE, TEE, BALL])} == {TUBE, TEE, BALL}
+    assert {s.id for s in source(out).get(list(OBJECTS))} == set(OBJECTS)
 
     # Damaged, then repaired by the last task: only the skeletons' tasks run again.
     copy = tmp_path / "copy"
