@@ -17,12 +17,18 @@ Each FOV evaluation of the first pass is one flood's, and each flood is counted 
   (its stitched id after the merges): under 1,000, under 10,000, under 100,000, or more.
 
 Across those rows, the FOVs of kept floods whose object "ended in an earlier flood's segment":
-the exported segment holding most of the object's voxels (in its block, voxels of no segment
-aside) is also the one holding most of the voxels of an object an earlier flood of the same
-block made. The flood gave its voxels a label that an earlier flood's object ends with anyway
-(through a merge of the stitching or of the second pass, or the fill of a dropped object); so
-its FOVs bought no segment of their own. What the fill would have done without the flood is
-not run: this bounds from above what stopping such floods could save.
+the exported segment holding most of the object's voxels (its voxels in its block's labels;
+those the exported layer leaves 0 aside) is one that an earlier flood of the same block made,
+i.e. that another, earlier object of the block is part of by its id (stitched, then merged; not
+lost nor dropped). Its voxels end with a label an earlier object has anyway: it was merged into
+that object (by the stitching, through a neighbouring block, or by the second pass's merges) or
+dropped and filled into it. Its FOVs bought no segment of its own. Whether the fill would have
+given its voxels that label had the flood not run is not measured (that takes a run without
+it): this bounds what stopping such floods could save from above. Objects made again in a
+neighbouring block (the blocks' overlaps) do not count: only one block's floods are compared.
+
+FOV evaluations per 10⁶ voxels: of the scored part (as issue 60 counts them) and of the whole
+volume segmented (the scored part's context included).
 
 By seed pass: each pass's floods, their FOVs, the objects they kept and how many of their FOVs
 went to discarded, dropped, or earlier-segment floods. Blocks written before flood records were
@@ -40,11 +46,12 @@ It prints the Markdown tables (for BENCHMARKS.md) and writes them with the JSON 
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from agglomerate import majority_truth, read_array  # bench/agglomerate.py
+from agglomerate import majority_truth, read_array, staged_eval  # bench/agglomerate.py
 
 from pipeline.core.atomic import atomic_path
 from pipeline.export.layers import segmentation_spec
@@ -141,10 +148,12 @@ def tabulate(
     decisions: Sequence[PairDecision],
     config: AgglomerationConfig,
     voxels: int,
+    scored_voxels: int,
 ) -> dict:
     """The accounting: first-pass floods (`rows` per flood, `ROWS`; `earlier` per flood) with
-    `unrecorded_fovs` from blocks without records, the second pass's pair `decisions`, per
-    `voxels` of the volume. JSON-ready."""
+    `unrecorded_fovs` from blocks without records, the second pass's pair `decisions`, per 10⁶
+    voxels of the volume segmented (`voxels`, context included) and of its scored part. JSON-
+    ready."""
     rows = np.asarray(rows, dtype=object)
     fovs = floods.fov_evaluations
     first_total = int(fovs.sum()) + unrecorded_fovs
@@ -192,9 +201,9 @@ def tabulate(
     ]
     for row in second_pass:
         row["share"] = share(row["fov_evaluations"])
-    per_mvoxel = 1e6 / voxels if voxels else 0.0
     return {
         "voxels": voxels,
+        "scored_voxels": scored_voxels,
         "first_pass": first_pass,
         "by_seed_pass": by_pass,
         "second_pass": second_pass,
@@ -205,8 +214,8 @@ def tabulate(
             "second_pass": second_total,
             "in_earlier_segment": int(fovs[earlier].sum()),
             "both": both,
-            "both_per_mvoxel": round(both * per_mvoxel, 1),
-            "first_pass_per_mvoxel": round(first_total * per_mvoxel, 1),
+            "both_per_mvoxel": round(both * 1e6 / voxels, 1),
+            "both_per_scored_mvoxel": round(both * 1e6 / scored_voxels, 1),
         },
     }
 
@@ -217,9 +226,11 @@ def markdown(table: dict, title: str) -> str:
     lines = [
         f"#### FOV evaluations of {title}: where they went",
         "",
-        f"{table['voxels']:,} voxels; first pass {total['first_pass']:,} FOV evaluations "
-        f"({total['first_pass_per_mvoxel']:,} per 10⁶ voxels), second pass {total['second_pass']:,}; "
-        f"both {total['both']:,} ({total['both_per_mvoxel']:,} per 10⁶ voxels). "
+        f"First pass {total['first_pass']:,} FOV evaluations, second pass "
+        f"{total['second_pass']:,}; both {total['both']:,}: {total['both_per_scored_mvoxel']:,} "
+        f"per 10⁶ voxels of the scored part ({table['scored_voxels']:,} voxels), "
+        f"{total['both_per_mvoxel']:,} per 10⁶ of the volume segmented ({table['voxels']:,}, "
+        "its context included). "
         f"{table['floods_truncated']} floods stopped at max_fov_evaluations_per_object; "
         f"{table['consistency_check_floods']} were consistency checks.",
         "",
@@ -298,9 +309,12 @@ def account_run(run_dir: Path) -> dict:
         records.append(floods)
     decisions = [d for p in sorted((folder / "decisions").glob("*.npz")) for d in load_decisions(p)]
     every = np.concatenate([np.zeros(0, bool), *earlier])
+    scored = staged_eval(run_dir).scored
+    scored_voxels = math.prod(scored.shape) if scored else exported.size
     return tabulate(
-        rows, concatenate(records), every, unrecorded, decisions, second, int(exported.size)
-    )
+        rows, concatenate(records), every, unrecorded, decisions, second, int(exported.size),
+        int(scored_voxels),
+    )  # fmt: skip
 
 
 def concatenate(records: Sequence[FloodRecords]) -> FloodRecords:

@@ -641,16 +641,17 @@ def _load_state(path: Path, canvas: "Canvas", fingerprint: str) -> _SeedLoop:
                 )
             canvas.segmentation[...] = saved["segmentation"]
             pending = [tuple(int(v) for v in s) for s in saved["pending"]]
+            # A state saved before floods were recorded goes on without them.
+            floods = FloodRecords.read(saved) if state.get("floods_recorded") else None
             loop = _SeedLoop(
                 next_pass=state["next_pass"],
                 pending=pending if bool(saved["has_pending"]) else None,
                 objects_before=state["objects_before"],
                 tried={tuple(int(v) for v in s) for s in saved["tried"]},
                 seconds=state["seconds"],
-                recorded=state.get("floods_recorded", False),
+                recorded=floods is not None,
             )
-            if loop.recorded:
-                canvas.floods = FloodRecords.read(saved).floods()
+            canvas.floods = floods.floods() if floods is not None else []
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"{path}: unreadable inference checkpoint ({exc})") from None
     canvas.counts.update(state["counts"])

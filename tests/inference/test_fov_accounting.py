@@ -266,6 +266,9 @@ def tiny_run(run: Path, fill_min_size: int, decisions: list) -> dict:
         agglomeration=AgglomerationConfig(fill_unsegmented=True, fill_min_size=fill_min_size),
     )
     (run / "config.json").write_text(json.dumps(config_io.to_dict(config)))
+    (run / "staged").mkdir()  # the record of a volume read in place: its scored part
+    scored = {"raw": "", "labels": "", "voxel_size_nm": [8, 8, 8], "scored_roi": "0:16, 0:40, 0:20"}
+    (run / "staged/eval.json").write_text(json.dumps(scored))
     blocks = plan_blocks(raw.shape, config.blocks)
     results = [segment_block(raw, b, stand_in_predictor, MODEL, CONFIG) for b in blocks]
     for block, result in zip(blocks, results, strict=True):
@@ -309,6 +312,8 @@ def test_the_bench_accounts_for_every_fov_of_a_tiny_run(tmp_path, accounting):
     first_pass = sum(r.stats.fov_evaluations for r in made["results"])
     totals = table["fov_evaluations"]
     assert totals["first_pass"] == first_pass and totals["second_pass"] == 19
+    assert table["scored_voxels"] == 16 * 40 * 20 and table["voxels"] == 16 * 40 * 40
+    assert totals["both_per_scored_mvoxel"] == round((first_pass + 19) * 1e6 / (16 * 40 * 20), 1)
     rows = {row["row"]: row for row in table["first_pass"]}
     assert sum(row["fov_evaluations"] for row in rows.values()) == first_pass
     assert sum(row["fov_evaluations"] for row in table["by_seed_pass"]) == first_pass
@@ -330,3 +335,23 @@ def test_the_bench_accounts_for_every_fov_of_a_tiny_run(tmp_path, accounting):
     assert second["pair fills, merged"]["fov_evaluations"] == 12  # the thresholds' call
     text = accounting.markdown(table, "tiny")
     assert "| kept, dropped by fill_min_size |" in text and "| 1 |" in text
+
+
+def test_a_flood_is_in_an_earlier_floods_segment_only_after_a_flood_made_it(accounting):
+    # A block's floods in order: the object each made (0: none), the exported segment holding
+    # most of its voxels, and the exported segment it is part of by its id (0: dropped).
+    objects = np.array([1, 2, 3, 0, 4, 5, 3, 6, 7], np.uint64)
+    ends_in = np.array([10, 10, 30, 0, 10, 60, 30, 70, 70], np.uint64)
+    made = np.array([10, 0, 30, 0, 10, 0, 30, 0, 70], np.uint64)
+    earlier = accounting.earlier_segment(objects, ends_in, made)
+    assert earlier.tolist() == [
+        False,  # object 1 makes segment 10
+        True,  # object 2, dropped: its voxels were filled into 10
+        False,  # object 3 makes 30
+        False,  # a flood that made no object
+        True,  # object 4, merged into 10 by the second pass
+        False,  # object 5, dropped into a segment no flood of the block made
+        False,  # object 3's consistency check: the same object
+        False,  # object 6, dropped into 70, which a later flood makes
+        False,  # object 7 makes 70
+    ]
