@@ -4,7 +4,8 @@ mostly inside one watershed segment (issue 58's idea). Tried on a finished run's
 For each segment, the learned-watershed segment holding most of its voxels and that share; two
 touching segments (at least `min_contact` voxel faces) with the same one, each at least `share`
 inside it, and a mean P(boundary) by the forest along their contact of at most `max_boundary`
-("no boundary between them"; 1.0 does not look), are merged. By default on the run's exported
+("no boundary between them"; 1.0 does not look), are merged; with `share` None the watershed
+is not looked at, the contact alone decides. By default on the run's exported
 layer (after its second pass); with `--before-fill` on the first pass with the run's own merges,
 then the small objects are dropped and the rest filled as the second pass does. Every setting of
 the grid is scored in the run's scored part.
@@ -23,12 +24,11 @@ Run by hand (not a test), from the repository root:
         --run-dir data/runs/flyem-fib25-selection-second-pass \
         --out data/bench/watershed_evidence_selection_before_fill.json
 
-The choice over several tuning runs' records (`--choose`, records of the same placement): the
-setting with the lowest VI summed over the runs, taken only if that sum is below the sum with no
-pair merged and the summed adapted Rand error is not above it either; otherwise none:
+The choice over several tuning runs' records (`--choose`, either placement or both): the setting
+with the lowest VI summed over the runs, taken only if that sum is below the sum with no pair
+merged and the summed adapted Rand error is not above it either; otherwise none:
 
-    PATH=.venv/bin:$PATH python bench/watershed_evidence.py --choose \
-        data/bench/watershed_evidence_selection.json data/bench/watershed_evidence_training_crop.json
+    PATH=.venv/bin:$PATH python bench/watershed_evidence.py --choose data/bench/watershed_evidence_*.json
 """
 
 import argparse
@@ -56,9 +56,10 @@ from pipeline.secondpass.agglomeration import (
     small_objects,
 )
 
-SHARES = (0.5, 0.6, 0.7, 0.8, 0.9)
+# share None: the watershed not looked at (the contact's P(boundary) alone decides).
+SHARES = (None, 0.5, 0.6, 0.7, 0.8, 0.9)
 MIN_CONTACTS = (1, 50, 200)
-MAX_BOUNDARY = (1.0, 0.7, 0.5)  # 1.0: the contact's P(boundary) not looked at
+MAX_BOUNDARY = (1.0, 0.7, 0.6, 0.5, 0.4)  # 1.0: the contact's P(boundary) not looked at
 
 
 def dominant_basins(overlaps: OverlapCounts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -112,7 +113,7 @@ def supported_pairs(
     pairs: np.ndarray,
     contact_boundary: np.ndarray,
     dominant: tuple[np.ndarray, np.ndarray, np.ndarray],
-    min_share: float,
+    min_share: float | None,
     max_boundary: float,
 ) -> np.ndarray:
     """The rows of `pairs` (N, 2) whose two segments have the same dominant basin, each with at
@@ -129,7 +130,7 @@ def supported_pairs(
         known
         & (basin[:, 0] == basin[:, 1])
         & (basin[:, 0] > 0)
-        & (share.min(axis=1) >= min_share)
+        & ((share.min(axis=1) >= min_share) if min_share is not None else True)
         & (np.asarray(contact_boundary) <= max_boundary)
     )
     return pairs[keep]
@@ -192,29 +193,29 @@ SETTING_KEYS = ("share", "min_contact", "max_boundary")
 
 
 def chosen_setting(records: list[dict]) -> dict:
-    """The setting the tuning runs' `records` (each a `main` output) choose together: the lowest
-    summed VI, if below no pair merged's without a higher summed adapted Rand error; with each
-    run's scores and the sums, or `{"setting": "no pair merged"}` and the sums."""
+    """The setting (placement included) the tuning runs' `records` (`main` outputs, each run with
+    one or both placements) choose together: the lowest VI summed over the runs, if below no
+    pair merged's without a higher summed adapted Rand error; with each run's scores and the
+    sums, or `{"setting": "no pair merged"}` and the sums."""
 
     def totals(rows: list[dict]) -> tuple[float, float]:
         return sum(r["vi"] for r in rows), sum(r["adapted_rand_error"] for r in rows)
 
-    if len({r["before_fill"] for r in records}) != 1:
-        raise SystemExit("--choose: records of one placement (all --before-fill or none)")
-    per_run = [
-        {r.get("setting") or tuple(r[k] for k in SETTING_KEYS): r for r in rec["rows"]}
-        for rec in records
-    ]
-    baseline = totals([rows["no pair merged"] for rows in per_run])
-    settings = [k for k in per_run[0] if isinstance(k, tuple) and all(k in r for r in per_run)]
-    best = min(settings, key=lambda k: totals([rows[k] for rows in per_run])[0])
-    vi, are = totals([rows[best] for rows in per_run])
+    per_run: dict[str, dict] = {}
+    for record in records:
+        rows = per_run.setdefault(record["run_dir"], {})
+        for row in record["rows"]:
+            key = row.get("setting") or (record["before_fill"], *(row[k] for k in SETTING_KEYS))
+            rows.setdefault(key, row)  # "no pair merged" is the run's own layer either way
+    runs = list(per_run.values())
+    baseline = totals([rows["no pair merged"] for rows in runs])
+    settings = [k for k in runs[0] if isinstance(k, tuple) and all(k in r for r in runs)]
+    best = min(settings, key=lambda k: totals([rows[k] for rows in runs])[0])
+    vi, are = totals([rows[best] for rows in runs])
     sums = {"no_pair_merged_vi": round(baseline[0], 4), "no_pair_merged_are": round(baseline[1], 4)}
     if vi < baseline[0] and are <= baseline[1]:
-        runs = [rows[best] for rows in per_run]
-        return (
-            dict(zip(SETTING_KEYS, best, strict=True)) | sums | {"vi": round(vi, 4), "runs": runs}
-        )
+        setting = dict(zip(("before_fill", *SETTING_KEYS), best, strict=True))
+        return setting | sums | {"vi": round(vi, 4), "runs": [rows[best] for rows in runs]}
     return {"setting": "no pair merged", "best_vi": round(vi, 4)} | sums
 
 
@@ -228,6 +229,12 @@ def main() -> None:
         "--before-fill",
         action="store_true",
         help="apply the rule to the first pass with the run's merges, then drop and fill",
+    )
+    parser.add_argument(
+        "--setting",
+        type=json.loads,
+        help="score only this setting of the grid (on a scored part: the one --choose chose), "
+        'e.g. \'{"share": null, "min_contact": 200, "max_boundary": 0.5}\'',
     )
     parser.add_argument("--out", type=Path, help="the results (.json)")
     args = parser.parse_args()
@@ -262,7 +269,12 @@ def main() -> None:
         | scored(finish(np.zeros((0, 2), np.uint64))[part], labels[part])
     )
     print(json.dumps(rows[-1]))
-    for share, min_contact, max_boundary in itertools.product(SHARES, MIN_CONTACTS, MAX_BOUNDARY):
+    grid = itertools.product(SHARES, MIN_CONTACTS, MAX_BOUNDARY)
+    if args.setting:
+        grid = [tuple(args.setting[k] for k in SETTING_KEYS)]
+    for share, min_contact, max_boundary in grid:
+        if share is None and max_boundary >= 1.0:
+            continue  # every touching pair: one object
         enough = faces >= min_contact
         mean_boundary = boundary_sums[enough] / faces[enough]
         pairs = supported_pairs(contacts[enough], mean_boundary, dominant, share, max_boundary)
