@@ -14,7 +14,7 @@ that stands in for inference (`apps.infer.ground_truth_block`: the block's groun
 block-local ids, so no network runs and what is measured is the data path), stitching (pairs,
 join, relabel straight into the export's precomputed segmentation layer, check), evaluation (VI / adapted Rand counted slab
 by slab; no watershed) and the export as tasks (regions: the image and the segmentation's coarser scales; igneous
-meshing; record). Every task's
+meshing; igneous's skeleton tasks, a region each, their plan and merges; record). Every task's
 stamp records its wall time and the peak resident memory of its worker process while it ran
 (`pipeline.core.stamps.run_once`); the script reports, per kind of task, the largest of them.
 
