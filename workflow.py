@@ -126,7 +126,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def view(args: argparse.Namespace) -> int:
-    """`view`: serve the run's export until Ctrl-C; prints the URL to open, a token in it."""
+    """`view`: serve the run's export until Ctrl-C; prints the URL to open, a token in it (an
+    export published to a bucket: only prints its link)."""
     from pipeline.export.viewer import serve_forever
 
     folder = RunPaths(Path(args.run_dir)).precomputed
@@ -215,7 +216,10 @@ def _parser() -> argparse.ArgumentParser:
     status_text = "what a run has done and is doing, from its stamps, records and logs"
     status_parser = commands.add_parser("status", help=status_text, description=status_text)
     status_parser.add_argument("--run-dir", required=True, help="the run's directory")
-    view_text = "serve a run's Neuroglancer layers and open them in a local viewer"
+    view_text = (
+        "serve a run's Neuroglancer layers and open them in a local viewer (published to a "
+        "bucket: print a Neuroglancer link to them there)"
+    )
     view_parser = commands.add_parser("view", help=view_text, description=view_text)
     view_parser.add_argument("--run-dir", required=True, help="the run's directory")
     view_parser.add_argument("--port", type=int, default=0, help="data server port (0 = any free)")

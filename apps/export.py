@@ -175,9 +175,12 @@ def merge_skeletons(settings: dict, folder: str, io: MergeSkeletons, inputs=(), 
 def finish_export(settings: dict, folder: str, io: FinishExport, inputs=(), outputs=()):
     """Rewrites what was lost or damaged since its task wrote it (records in `folder`,
     `settings["tasks"]` of each kind), then the manifests, the segment properties and the
-    summary `export.json`."""
+    summary `export.json`; publishes the export to `[export] destination` unless that is
+    `file://` (pipeline.export.destination)."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
+    from pipeline.export.destination import publish
+    from pipeline.export.folder_layout import HERE
     from pipeline.export.layers import ExportConfig, finish_export, repair_export
 
     volume = str(io.volume)
@@ -190,6 +193,8 @@ def finish_export(settings: dict, folder: str, io: FinishExport, inputs=(), outp
             config,
         )  # fmt: skip
         finish_export(folder, counts, shape, voxel_size, config, tasks, repaired)
+        if config.destination != HERE:
+            publish(folder, config.destination)
 
     return run_once(settings, io.inputs(), io.outputs(), work)
 

@@ -112,3 +112,47 @@ def tiny_run(tmp_path_factory) -> Path:
             shutil.rmtree(run_dir, ignore_errors=True)  # a try that failed
             workflow("--site", "local", "--config", str(TINY), "--run-dir", str(run_dir))
     return run_dir
+
+
+@pytest.fixture
+def no_proxy(monkeypatch):
+    """Requests to 127.0.0.1 go there, not to a proxy this machine's environment names."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> str:
+    """An S3-compatible server on 127.0.0.1 (moto), for the module's tests."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint, no_proxy, monkeypatch) -> str:
+    """A new, empty bucket of the S3 stand-in (its name): boto3 (under cloud-files) sends
+    `s3://bucket/...` to the endpoint AWS_ENDPOINT_URL_S3 names, with the credentials
+    cloud-files takes from the environment (it wants all three)."""
+    import uuid
+
+    import boto3
+
+    for key, value in {
+        "AWS_ENDPOINT_URL_S3": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    # A bucket of its own: cloud-files keeps its connections and credentials per bucket.
+    bucket = f"layers-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
+    return bucket

@@ -28,6 +28,7 @@ def export_steps(plan: RunPlan) -> list[Step]:
     shards and a task per few shards merges them, the last checks and sums up (apps/export.py).
     Each task's record is in the export's folder."""
     config, paths = plan.config, plan.paths
+    from pipeline.export.folder_layout import HERE
     from pipeline.export.layers import (
         RECORDS_DIR,
         export_regions,
@@ -38,7 +39,10 @@ def export_steps(plan: RunPlan) -> list[Step]:
     )
 
     shape = plan.eval_shape
-    base = {"export": config_io.to_dict(config.export), "shape": list(shape)}
+    export = config_io.to_dict(config.export)
+    # Only the last task publishes, and only its settings name a destination other than the
+    # default: one changed runs it alone, and a run made before there were any stays up to date.
+    base = {"export": {k: v for k, v in export.items() if k != "destination"}, "shape": list(shape)}
     # The layers and meshes do not depend on the skeletons: turned on or off (or a run made
     # before they were), only the skeletons' tasks and the last run.
     layers = {**base, "export": {k: v for k, v in base["export"].items() if k != "skeletons"}}
@@ -95,7 +99,8 @@ def export_steps(plan: RunPlan) -> list[Step]:
                                apps.export.merge_skeletons, folder))  # fmt: skip
     every = tuple(record for kind in records.values() for record in kind)
     files = FinishExport(**segmented, records=every, export=paths.precomputed)
-    steps.append(
-        task_step("export", {**base, "tasks": tasks}, files, apps.export.finish_export, folder)
-    )
+    finish = {**base, "tasks": tasks}
+    if config.export.destination != HERE:
+        finish["export"] = export
+    steps.append(task_step("export", finish, files, apps.export.finish_export, folder))
     return steps

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.cli import HelpFormatter, field_help, one_line_errors
 from pipeline.data.volumes import read_labels, read_raw
+from pipeline.export.folder_layout import HERE
 from pipeline.export.layers import ExportConfig, export_precomputed
 
 
@@ -61,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         "default, sharded, needs one that answers Range requests, as pipeline.cli.viewer does)",
     )
     add("--no-skeletons", action="store_true", help="no skeletons of the segments (kimimaro's)")
+    add(
+        "--destination",
+        default=defaults.destination,
+        help="default: %(default)s (the folder --out)\n"
+        + field_help(ExportConfig, "destination").replace("%", "%%"),
+    )
     return parser
 
 
@@ -74,10 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         gzip=args.gzip,
         sharded=not args.unsharded,
         skeletons=not args.no_skeletons,
+        destination=args.destination,
     )
     raw, voxel_size = read_raw(args.raw, args.voxel_size)
     segmentation, _ = read_labels(args.segmentation, voxel_size)
     result = export_precomputed(raw, segmentation, voxel_size, args.out, config, progress=True)
+    if config.destination != HERE:
+        print(f"[export] published to {config.destination}")
     print(
         f"[export] wrote {result.path}: {len(result.scales)} scales, {result.segment_count} "
         f"segments, {result.file_count} files, {result.seconds:.1f} s"

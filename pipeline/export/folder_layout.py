@@ -19,6 +19,9 @@ SEGMENTATION_LAYER = "segmentation"
 MESH_DIR = "mesh"
 SKELETON_DIR = "skeletons"
 PROPERTIES_DIR = "segment_properties"
+# `[export] destination`: the run dir's own folder, and the schemes it may name instead.
+HERE = "file://"
+DESTINATION_SCHEMES = ("file", "s3", "gs")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class ExportConfig:
     # region, then merges), which Neuroglancer draws with the segments; sharded like the layers
     # (`sharded`), else a file per segment (pipeline.export.skeletons).
     skeletons: bool = True
+    # Where the finished export is published (pipeline.export.destination): `file://`, the run
+    # dir's own folder; else a URL (`s3://`, `gs://`, `file:///elsewhere`) the last task copies
+    # it to with cloud-files, where the lab's Neuroglancer links point.
+    destination: str = HERE
 
     def __post_init__(self) -> None:
         if not (isinstance(self.task_voxels, int) and 16 <= self.task_voxels <= 4096):
@@ -76,6 +83,15 @@ class ExportConfig:
                 raise ConfigError(
                     f"export config: {name} must be true or false, got {getattr(self, name)!r}"
                 )
+        scheme = self.destination.partition("://")[0] if isinstance(self.destination, str) else ""
+        if scheme not in DESTINATION_SCHEMES or not self.destination.startswith(f"{scheme}://"):
+            raise ConfigError(
+                f"export config: destination must be a URL of {', '.join(DESTINATION_SCHEMES)} "
+                f"(file:// alone: the run dir), got {self.destination!r}"
+            )
+        if self.gzip and self.destination != HERE:
+            # Local gzip files are `*.gz`, which a bucket would serve under the wrong name.
+            raise ConfigError("export config: gzip = true needs the default destination file://")
 
 
 @dataclass(frozen=True)

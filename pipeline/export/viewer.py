@@ -51,6 +51,8 @@ from typing import BinaryIO
 import neuroglancer
 
 from pipeline.core.errors import PrecomputedError
+from pipeline.export.destination import destination_complete, local_path, published_to
+from pipeline.export.folder_layout import HERE
 from pipeline.export.layers import IMAGE_LAYER, PROPERTIES_DIR, SEGMENTATION_LAYER, export_complete
 
 BIND_ADDRESS = "127.0.0.1"
@@ -64,6 +66,9 @@ SLICE_FIT_PIXELS = 400
 PROJECTION_FIT = 2.5
 # The 3-D panel looks at the volume obliquely (a unit quaternion), so depth shows.
 PROJECTION_ORIENTATION = (0.3, -0.25, -0.05, 0.92)
+# The page a published export's link opens (`remote_link`): Neuroglancer's public one, which
+# reads the store itself.
+NEUROGLANCER_PAGE = "https://neuroglancer-demo.appspot.com"
 # One byte range, `first-last`, `first-` or the suffix `-length` (RFC 9110 14.1.2).
 BYTE_RANGE = re.compile(r"bytes=(\d*)-(\d*)", re.IGNORECASE)
 
@@ -312,7 +317,12 @@ def _read_json(path: Path) -> dict:
 
 def _largest_segments(folder: Path, count: int) -> list[int]:
     """The `count` largest segments, by the voxel counts the export recorded."""
-    inline = _read_json(folder / SEGMENTATION_LAYER / PROPERTIES_DIR / "info")["inline"]
+    return _largest(_read_json(folder / SEGMENTATION_LAYER / PROPERTIES_DIR / "info"), count)
+
+
+def _largest(properties: dict, count: int) -> list[int]:
+    """The `count` largest segments of a segment properties `info`, by their voxel counts."""
+    inline = properties["inline"]
     voxels = next(p["values"] for p in inline["properties"] if p["id"] == "voxels")
     ranked = sorted(zip(voxels, inline["ids"], strict=True), reverse=True)
     return [int(i) for _, i in ranked[:count]]
@@ -356,43 +366,47 @@ def start_viewer(
         raise
     handle = ViewerHandle(url, server.url, viewer, server)
     try:
-        _show(viewer, handle.data_url, segments, full_resolution, skeletons)
+        with viewer.txn() as state:
+            _fill(state, handle.data_url, segments, full_resolution, skeletons)
     except BaseException:
         handle.close()
         raise
     return handle
 
 
-def _show(
-    viewer: neuroglancer.Viewer, data_url: str, segments: list[int], scale: dict, skeletons: bool
+def _fill(
+    state: neuroglancer.ViewerState,
+    data_url: str,
+    segments: list[int],
+    scale: dict,
+    skeletons: bool,
 ) -> None:
     """Both layers from `data_url`, `segments` selected, the whole volume in view; with
     `skeletons`, the segmentation's skeletons named among its sources (Neuroglancer finds them
     through the segmentation's `info`, and draws them with its segments)."""
     # Precomputed sizes are (x, y, z), and so are Neuroglancer's coordinates.
     resolution_xyz, size_xyz = scale["resolution"], scale["size"]
-    with viewer.txn() as state:
-        state.dimensions = neuroglancer.CoordinateSpace(
-            names=["x", "y", "z"], units="nm", scales=resolution_xyz
-        )
-        state.position = [s / 2 for s in size_xyz]
-        state.layers[IMAGE_LAYER] = neuroglancer.ImageLayer(
-            source=f"precomputed://{data_url}/{IMAGE_LAYER}"
-        )
-        source = neuroglancer.LayerDataSource(
-            url=f"precomputed://{data_url}/{SEGMENTATION_LAYER}",
-            subsources={"skeletons": True} if skeletons else {},  # Neuroglancer's name
-        )
-        state.layers[SEGMENTATION_LAYER] = neuroglancer.SegmentationLayer(
-            source=source, segments=segments
-        )
-        state.layout = "xy-3d"
-        # Zoom in units of the finest voxel (the scales above); fit the volume's x-y extent.
-        extent = max(n * r for n, r in zip(size_xyz[:2], resolution_xyz[:2], strict=True))
-        finest = min(resolution_xyz)
-        state.cross_section_scale = extent / finest / SLICE_FIT_PIXELS
-        state.projection_scale = PROJECTION_FIT * extent / finest
-        state.projection_orientation = PROJECTION_ORIENTATION
+    state.dimensions = neuroglancer.CoordinateSpace(
+        names=["x", "y", "z"], units="nm", scales=resolution_xyz
+    )
+    state.position = [s / 2 for s in size_xyz]
+    state.layers[IMAGE_LAYER] = neuroglancer.ImageLayer(
+        source=f"precomputed://{data_url}/{IMAGE_LAYER}"
+    )
+    source = neuroglancer.LayerDataSource(
+        url=f"precomputed://{data_url}/{SEGMENTATION_LAYER}",
+        subsources={"skeletons": True} if skeletons else {},  # Neuroglancer's name
+    )
+    state.layers[SEGMENTATION_LAYER] = neuroglancer.SegmentationLayer(
+        source=source, segments=segments
+    )
+    state.layout = "xy-3d"
+    # Zoom in units of the finest voxel (the scales above); fit the volume's x-y extent.
+    extent = max(n * r for n, r in zip(size_xyz[:2], resolution_xyz[:2], strict=True))
+    finest = min(resolution_xyz)
+    state.cross_section_scale = extent / finest / SLICE_FIT_PIXELS
+    state.projection_scale = PROJECTION_FIT * extent / finest
+    state.projection_orientation = PROJECTION_ORIENTATION
 
 
 def viewer_origins(viewer_url: str) -> set[str]:
@@ -404,13 +418,40 @@ def viewer_origins(viewer_url: str) -> set[str]:
     return origins
 
 
+def remote_link(destination: str, segments: Sequence[int] | None = None) -> str:
+    """A Neuroglancer URL of the export published to bucket `destination`: its layers'
+    sources `precomputed://<destination>/...`, read by the browser from the store itself (no
+    server here); `segments`, by default the largest few, shown."""
+    if not destination_complete(destination):
+        raise PrecomputedError(f"{destination}: not a complete export")
+    from cloudfiles import CloudFiles
+
+    store = CloudFiles(destination)
+    properties, image, layer = store.get_json(
+        [f"{SEGMENTATION_LAYER}/{PROPERTIES_DIR}/info", f"{IMAGE_LAYER}/info",
+         f"{SEGMENTATION_LAYER}/info"]
+    )  # fmt: skip
+    shown = _largest(properties, DEFAULT_SEGMENT_COUNT) if segments is None else list(segments)
+    state = neuroglancer.ViewerState()
+    _fill(state, destination, shown, image["scales"][0], "skeletons" in layer)
+    return neuroglancer.to_url(state, prefix=NEUROGLANCER_PAGE)
+
+
 def serve_forever(
     precomputed_dir: str | Path,
     port: int = 0,
     segments: Sequence[int] | None = None,
     viewer_port: int = 0,
 ) -> None:
-    """Start the viewer, print its URL and serve until interrupted (Ctrl-C)."""
+    """Start the viewer, print its URL and serve until interrupted (Ctrl-C). An export
+    published to a bucket (pipeline.export.destination): print its link, serve nothing; to a
+    folder elsewhere: serve that folder."""
+    destination = published_to(precomputed_dir)
+    if destination != HERE and local_path(destination) is None:
+        print(f"[view] Neuroglancer: {remote_link(destination, segments)}")
+        print(f"[view] data: {destination} (read by the browser with its own access to it)")
+        return
+    precomputed_dir = local_path(destination) or precomputed_dir
     with start_viewer(precomputed_dir, port, segments, viewer_port) as handle:
         print(f"[view] Neuroglancer: {handle.url}")
         print(f"[view] data: {handle.data_url} (serving {precomputed_dir}; Ctrl-C stops)")

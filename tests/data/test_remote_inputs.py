@@ -7,7 +7,6 @@ and an unchanged store keeps it (`pipeline.data.precomputed_volumes`)."""
 
 import os
 import re
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,8 @@ OFFSET_XYZ = (7, 5, 3)
 # The chunk at z 0:4, y 0:16, x 0:16 as cloud-volume names it: scale 0's key (its resolution),
 # x0-x1_y0-y1_z0-z1 from the offset.
 FIRST_CHUNK = "8.0_8.0_20.0/7-23_5-21_3-7"
+
+pytestmark = pytest.mark.usefixtures("no_proxy")
 
 
 def arrays() -> dict[str, np.ndarray]:
@@ -76,13 +77,6 @@ def rewrite_first_chunk(url: str) -> None:
     volume[ox : ox + cx, oy : oy + cy, oz : oz + cz] = chunk
 
 
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch):
-    """Requests to 127.0.0.1 go there, not to a proxy this machine's environment names."""
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-
-
 @pytest.fixture
 def local(tmp_path) -> dict[str, str]:
     """The layers on this machine: what a read by URL must equal."""
@@ -118,38 +112,11 @@ def http_store(tmp_path, monkeypatch) -> dict:
         server.server_close()
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> str:
-    """An S3-compatible server on 127.0.0.1 (moto), for the module's tests."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def s3_store(moto_endpoint, monkeypatch) -> dict:
-    """The layers in a new bucket of the S3 stand-in, named `s3://bucket/layer` as on AWS:
-    boto3 (under cloud-files) sends them to the endpoint AWS_ENDPOINT_URL_S3 names, with the
-    credentials cloud-files takes from the environment (it wants all three)."""
-    import boto3
-
-    for key, value in {
-        "AWS_ENDPOINT_URL_S3": moto_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    # A bucket of its own: cloud-files keeps its connections and credentials per bucket.
-    bucket = f"layers-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
+def s3_store(s3_bucket) -> dict:
+    """The layers in a new bucket of the S3 stand-in (`s3_bucket`), named `s3://bucket/layer`
+    as on AWS."""
+    bucket = s3_bucket
     for name, array in arrays().items():
         write_layer(f"s3://{bucket}/{name}", array)
     return {name: f"precomputed://s3://{bucket}/{name}" for name in arrays()} | {
