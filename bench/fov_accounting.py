@@ -254,7 +254,7 @@ def markdown(table: dict, title: str) -> str:
         )
     lines += [
         "",
-        "| seed pass | floods | objects kept | FOV evaluations | share of both passes | discarded | dropped | in an earlier flood's segment |",
+        "| seed pass | floods | objects kept | FOV evaluations | share of both passes | of which discarded | dropped | in an earlier flood's segment |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in table["by_seed_pass"]:
