@@ -88,11 +88,11 @@ def evaluate(settings: dict, folders: dict, io: Evaluate, inputs=(), outputs=())
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.data.staging import read_staged
-    from pipeline.evaluation.erl import SkeletonConfig
     from pipeline.evaluation.evaluate import score_volume
     from pipeline.evaluation.scores import OverlapCounts
     from pipeline.evaluation.watershed import WatershedConfig
     from pipeline.export.layers import segmentation_spec
+    from pipeline.export.skeletons import SkeletonConfig
 
     def work() -> None:
         staged = read_staged(io.volume)

@@ -13,8 +13,8 @@ def evaluate_steps(plan: RunPlan) -> list[Step]:
     """The FFN segmentation and the watershed baseline scored against the labels: a task per
     region counts overlaps, the last sums and scores (apps/evaluate.py)."""
     config, paths = plan.config, plan.paths
-    from pipeline.evaluation.erl import SkeletonConfig
     from pipeline.evaluation.evaluate import count_regions
+    from pipeline.export.skeletons import SkeletonConfig
 
     regions = count_regions(plan.eval_shape, config.evaluation)
     scored = plan.scored_segmentations

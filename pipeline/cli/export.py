@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.cli import HelpFormatter, field_help, one_line_errors
 from pipeline.data.volumes import read_labels, read_raw
+from pipeline.export.destination import publish
 from pipeline.export.folder_layout import HERE
 from pipeline.export.layers import ExportConfig, export_precomputed
 
@@ -87,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     segmentation, _ = read_labels(args.segmentation, voxel_size)
     result = export_precomputed(raw, segmentation, voxel_size, args.out, config, progress=True)
     if config.destination != HERE:
+        publish(args.out, config.destination)
         print(f"[export] published to {config.destination}")
     print(
         f"[export] wrote {result.path}: {len(result.scales)} scales, {result.segment_count} "

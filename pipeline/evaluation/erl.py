@@ -31,44 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.errors import (
-    ConfigError,
     EmptyLabelsError,
     VolumeDtypeError,
     VolumeShapeError,
     VoxelSizeError,
 )
-
-
-@dataclass(frozen=True)
-class SkeletonConfig:
-    """kimimaro's settings for the ground-truth skeletons, for thin neurites.
-
-    TEASAR traces a body from its farthest point, then from the farthest point not yet within
-    `scale` x (the distance to the boundary) + `const_nm` of a traced path, and so on; a branch
-    shorter than that radius is not traced. kimimaro's default constant, 300 nm, is made for
-    whole neurons; 100 nm keeps more of the thin branches: on the synthetic evaluation volume
-    (tubes 40 to 120 nm in radius) the skeletons came within 100 nm of 98 % of the generator's
-    centrelines against 95 % with 300 nm, for more skeleton away from them (20 % of it against
-    14 %; BENCHMARKS.md, "ERL along ground-truth skeletons"). The rest are kimimaro's defaults:
-    branch points moved to the bodies' centres (fix_branching), skeletons ending at the centre
-    of the volume's faces they touch (fix_borders), somata looked for only 750 nm or more inside
-    a body."""
-
-    scale: float = 1.5
-    const_nm: float = 100.0
-    # Pieces of a body under this many voxels get no skeleton: slivers that a part's border cuts
-    # off (the synthetic volumes' smallest object is this size).
-    dust_voxels: int = 100
-
-    def __post_init__(self) -> None:
-        if not (self.scale > 0 and self.const_nm >= 0):
-            raise ConfigError(
-                f"skeletons: scale must be > 0 and const_nm >= 0, got {self.scale}, {self.const_nm}"
-            )
-        if not (isinstance(self.dust_voxels, int) and self.dust_voxels >= 0):
-            raise ConfigError(
-                f"skeletons: dust_voxels must be an integer >= 0, got {self.dust_voxels!r}"
-            )
+from pipeline.export.skeletons import SkeletonConfig
 
 
 @dataclass(frozen=True)

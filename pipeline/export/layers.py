@@ -72,7 +72,6 @@ from pipeline.core.roi import Roi, tiles
 from pipeline.core.stamps import STAMPED_INSIDE_SUFFIX, kept_stamp
 from pipeline.data.volumes import ZYX, VoxelSize
 from pipeline.export.folder_layout import (
-    HERE,
     IMAGE_LAYER,
     MESH_DIR,
     PROPERTIES_DIR,
@@ -760,8 +759,8 @@ def export_precomputed(
     """Write `raw` (uint8) and `segmentation` (unsigned ints, 0 = background), both (z, y, x), as
     precomputed layers `image` and `segmentation` with meshes and skeletons under `out_dir`,
     atomically: the workflow's export tasks (`begin_export`, `write_region`, the meshing's, the
-    skeletons', `finish_export`) run here one after the other, on arrays in memory; then
-    published to `config.destination` (pipeline.export.destination) unless that is `file://`.
+    skeletons', `finish_export`) run here one after the other, on arrays in memory. Publishing
+    it to `config.destination` is the caller's (pipeline.export.destination.publish).
 
     An existing export at `out_dir` is replaced; any other non-empty folder there is an error.
     """
@@ -823,10 +822,6 @@ def export_precomputed(
             bar.update()
         segment_count, file_count = finish_export(tmp, records, shape, voxel_size, config, tasks)
         bar.update()
-    if config.destination != HERE:
-        from pipeline.export.destination import publish  # it reads this module's records
-
-        publish(out_dir, config.destination)
     return ExportResult(
         out_dir, tuple(scales), segment_count, file_count, time.perf_counter() - started
     )

@@ -29,6 +29,7 @@ Axes: the project is (z, y, x); igneous and cloud-volume are (x, y, z).
 
 import json
 import shutil
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,9 +37,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import ConfigError
 from pipeline.core.roi import Roi
 from pipeline.data.volumes import ZYX
-from pipeline.evaluation.erl import SkeletonConfig
 from pipeline.export.folder_layout import (
     SEGMENTATION_LAYER,
     SKELETON_DIR,
@@ -62,9 +63,42 @@ from pipeline.export.fragment_shards import (
 if TYPE_CHECKING:  # imported where used: cloud-volume takes seconds to import
     from cloudvolume import Skeleton
 
+
 # Branches shorter than this (nm) that the merge of a segment's pieces leaves are cut: TEASAR
 # traces none shorter than its invalidation radius, `const_nm` and more, so what is shorter is
 # where two regions' pieces meet.
+@dataclass(frozen=True)
+class SkeletonConfig:
+    """kimimaro's settings for the ground-truth skeletons, for thin neurites.
+
+    TEASAR traces a body from its farthest point, then from the farthest point not yet within
+    `scale` x (the distance to the boundary) + `const_nm` of a traced path, and so on; a branch
+    shorter than that radius is not traced. kimimaro's default constant, 300 nm, is made for
+    whole neurons; 100 nm keeps more of the thin branches: on the synthetic evaluation volume
+    (tubes 40 to 120 nm in radius) the skeletons came within 100 nm of 98 % of the generator's
+    centrelines against 95 % with 300 nm, for more skeleton away from them (20 % of it against
+    14 %; BENCHMARKS.md, "ERL along ground-truth skeletons"). The rest are kimimaro's defaults:
+    branch points moved to the bodies' centres (fix_branching), skeletons ending at the centre
+    of the volume's faces they touch (fix_borders), somata looked for only 750 nm or more inside
+    a body."""
+
+    scale: float = 1.5
+    const_nm: float = 100.0
+    # Pieces of a body under this many voxels get no skeleton: slivers that a part's border cuts
+    # off (the synthetic volumes' smallest object is this size).
+    dust_voxels: int = 100
+
+    def __post_init__(self) -> None:
+        if not (self.scale > 0 and self.const_nm >= 0):
+            raise ConfigError(
+                f"skeletons: scale must be > 0 and const_nm >= 0, got {self.scale}, {self.const_nm}"
+            )
+        if not (isinstance(self.dust_voxels, int) and self.dust_voxels >= 0):
+            raise ConfigError(
+                f"skeletons: dust_voxels must be an integer >= 0, got {self.dust_voxels!r}"
+            )
+
+
 TICK_NM = SkeletonConfig().const_nm
 
 # The skeleton `info` (cloud-volume's, as igneous writes it: vertices in nm, an identity

@@ -14,7 +14,7 @@ from cloudvolume import CloudVolume
 
 from pipeline.core.errors import ConfigError
 from pipeline.data.synthetic import SyntheticConfig, generate
-from pipeline.export.destination import destination_complete, published_to
+from pipeline.export.destination import destination_complete, publish, published_to
 from pipeline.export.layers import ExportConfig, export_complete, export_precomputed, recorded_files
 from pipeline.export.viewer import serve_forever
 from pipeline.run.run_config import load_run_config
@@ -34,6 +34,8 @@ def export_to(volume, folder: Path, destination: str) -> Path:
     raw, segmentation = volume
     config = dataclasses.replace(CONFIG, destination=destination)
     export_precomputed(raw, segmentation, VOXEL, folder, config)
+    if destination != "file://":
+        publish(folder, destination)
     return folder
 
 

@@ -251,8 +251,9 @@ def test_lost_truncated_and_zeroed_files_of_the_export_are_written_again(tiny_ru
     assert image.stat().st_size == len(pixels) and image.read_bytes() != pixels
     assert not export_complete(folder)
     out = resume(run_dir, TINY)
-    # begin, a region (it meshes too), the mesh plan, a merge, the last: only the last runs.
-    assert "export     4/5 up to date; runs: export: output changed since it was made" in out
+    # begin, a region (it meshes too), the mesh plan, a merge, the skeletons' task, plan and
+    # merge, the last: only the last runs.
+    assert "export     7/8 up to date; runs: export: output changed since it was made" in out
     assert set(tries(run_dir)) == {"finish_export"}  # it repairs: the other tasks kept
     assert (lost.stat().st_size, fragment.stat().st_size) == sizes and export_complete(folder)
     assert image.read_bytes() == pixels
@@ -260,10 +261,13 @@ def test_lost_truncated_and_zeroed_files_of_the_export_are_written_again(tiny_ru
         "region 0:32, 0:64, 0:64",
         "mesh plan",
         "mesh merge 0",
+        "skeleton 0",  # it reads the region written again
+        "skeleton plan",
+        "skeleton merge 0",
     ]
     # The repaired tasks' records were put back as their tasks made them: nothing runs again.
     again = resume(run_dir, TINY)
-    assert "export     5/5 up to date" in again, again
+    assert "export     8/8 up to date" in again, again
 
 
 def kill_worker_reading(run_dir, path: str, timeout: float = 300) -> int | None:
