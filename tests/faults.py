@@ -4,8 +4,11 @@ import errno
 import functools
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -17,6 +20,50 @@ def zero_bytes(path: str | Path, start: int = 0, count: int = 50) -> None:
     with open(path, "r+b") as f:
         f.seek(start)
         f.write(bytes(count))
+
+
+# The child's preamble: `Path.write_bytes` of a file whose name holds `sys.argv[2]` writes half of
+# the data, syncs it, names the file in the marker `sys.argv[1]`, then waits to be killed.
+_HALF_WRITE = r"""
+import os, pathlib, sys, time
+marker, written_name = pathlib.Path(sys.argv[1]), sys.argv[2]
+sys.argv[1:3] = []
+
+
+def half_then_wait(path, data):
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+    marker.write_text(str(path))
+    time.sleep(600)
+
+
+write_bytes = pathlib.Path.write_bytes
+pathlib.Path.write_bytes = lambda self, data: (
+    half_then_wait(self, data) if written_name in self.name else write_bytes(self, data))
+"""
+
+
+def killed_mid_write(
+    code: str, written_name: str, marker: Path, *args: str, cwd: str | Path | None = None
+) -> Path:
+    """Run `code` in a child process (its own arguments `args`, as `sys.argv[1:]`) and SIGKILL it
+    once half of a file whose name holds `written_name` is on disk, as a lost node or an
+    out-of-memory kill would stop it; returns that file. The child's writes go through
+    `Path.write_bytes`, as the export's do."""
+    command = [sys.executable, "-c", _HALF_WRITE + code, str(marker), written_name, *args]
+    child = subprocess.Popen(command, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"the child never began writing (exit {child.poll()})"
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL  # the fault happened
+    finally:
+        child.kill()
+    return Path(marker.read_text())
 
 
 class SmallDisk:

@@ -6,14 +6,13 @@ import dataclasses
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
 import processes
 import pytest
 from cloudvolume import CloudVolume
-from faults import zero_bytes
+from faults import killed_mid_write, zero_bytes
 from igneous.tasks.mesh.mesh import MeshManifestFilesystemTask
 
 from pipeline.cli import export as export_cli
@@ -526,29 +525,13 @@ def test_cli_on_a_full_disk_fails_in_one_line_and_leaves_no_export(volume, tmp_p
     assert done.stdout.strip().endswith("exit=1")  # the disk holds nothing: no export, no temporary
 
 
-# A task killed while it writes a shard: a child process writes half of it, then waits to be
-# killed (SIGKILL), as a lost node or an out-of-memory kill would stop it.
-_KILLED_MID_SHARD = r"""
-import os, pathlib, sys, time
+# A task killed while it writes a shard (tests/faults.py: half of it written, then SIGKILL).
+# Every shard (image, segmentation, meshes) is written whole to a temporary name, then renamed.
+_WRITE_SHARD = r"""
 import numpy as np
 from pipeline.export import layers as export
 
-folder, marker, what = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
-
-
-def half_then_wait(path, data):
-    with open(path, "wb") as f:
-        f.write(data[: len(data) // 2])
-        f.flush()
-        os.fsync(f.fileno())
-    marker.write_text(str(path))
-    time.sleep(600)
-
-
-# Every shard (image, segmentation, meshes) is written whole to a temporary name, then renamed.
-write_bytes = pathlib.Path.write_bytes
-pathlib.Path.write_bytes = lambda self, data: (
-    half_then_wait(self, data) if ".shard" in self.name else write_bytes(self, data))
+folder, what = pathlib.Path(sys.argv[1]), sys.argv[2]
 if what == "region":
     with np.load(folder.parent / "volume.npz") as v:
         region = export.export_regions(v["seg"].shape, (20.0, 10.0, 10.0), export.ExportConfig(chunk_voxels=24))[0]
@@ -561,24 +544,7 @@ else:
 def _kill_mid_shard(folder, what: str, tmp_path) -> Path:
     """Run `what` ("region" 0, or mesh "merge" 0) in a child process that is SIGKILLed once
     half of a shard is on disk; returns the file it was writing."""
-    import signal
-    import subprocess
-    import sys
-
-    marker = tmp_path / f"{what}.writing"
-    child = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MID_SHARD, str(folder), str(marker), what]
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), f"the child never began a shard (exit {child.poll()})"
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(30) == -signal.SIGKILL  # the fault happened
-    finally:
-        child.kill()
-    return Path(marker.read_text())
+    return killed_mid_write(_WRITE_SHARD, ".shard", tmp_path / f"{what}.writing", str(folder), what)
 
 
 @pytest.mark.parametrize("what", ["region", "merge"])

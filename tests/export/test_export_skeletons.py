@@ -5,9 +5,6 @@ resume and a finished one is not; the viewer names the skeletons."""
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +13,7 @@ from unittest.mock import ANY
 import numpy as np
 import pytest
 from cloudvolume import CloudVolume
+from faults import killed_mid_write
 from scipy import ndimage
 
 from apps.contracts import ExportSkeletons, MergeSkeletons, PlanSkeletons
@@ -244,48 +242,24 @@ def resume(folder) -> list[str]:
     ]
 
 
-# A skeleton task killed while it writes its pieces: a child process runs the app, writes half
-# of the file, then waits to be killed (SIGKILL), as a lost node or an out-of-memory kill would.
-_KILLED_MID_WRITE = r"""
-import json, os, pathlib, sys, time
-sys.path.insert(0, sys.argv[3])
+# A skeleton task killed while it writes its pieces (tests/faults.py: half of its file written,
+# then SIGKILL, as a lost node or an out-of-memory kill would stop it).
+_RUN_A_SKELETON_TASK = r"""
+here = pathlib.Path(sys.argv[2])
+sys.path[:0] = [str(here), str(here.parent)]  # this module and the tests' helpers
 from test_export_skeletons import app_steps
 
-folder, marker = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-
-
-def half_then_wait(path, data):
-    with open(path, "wb") as f:
-        f.write(data[: len(data) // 2])
-        f.flush()
-        os.fsync(f.fileno())
-    marker.write_text(str(path))
-    time.sleep(600)
-
-
-write_bytes = pathlib.Path.write_bytes
-pathlib.Path.write_bytes = lambda self, data: (
-    half_then_wait(self, data) if ".frags" in self.name else write_bytes(self, data))
+folder = pathlib.Path(sys.argv[1])
 app, settings, io = app_steps(folder)[1]
 app.func.__wrapped__(settings, str(folder), io=io)
 """
 
 
 def kill_mid_write(folder, tmp_path) -> None:
-    marker = tmp_path / "writing"
     here = str(Path(__file__).parent)
-    child = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MID_WRITE, str(folder), str(marker), here], cwd=ROOT
+    killed_mid_write(
+        _RUN_A_SKELETON_TASK, ".frags", tmp_path / "writing", str(folder), here, cwd=ROOT
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), f"the child never began its pieces (exit {child.poll()})"
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(30) == -signal.SIGKILL
-    finally:
-        child.kill()
 
 
 def pieces(folder) -> dict[str, int]:
