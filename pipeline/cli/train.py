@@ -6,7 +6,9 @@
 """
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 
 from pipeline.cli import HelpFormatter, add_arguments, from_arguments, one_line_errors
@@ -50,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # A rank that seems stuck says where: `kill -USR1 <rank>` (or to mpiexec, which passes it on)
+    # prints every thread's stack to the rank's stderr, the training log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     base = load_train_config(args.config) if args.config else TrainConfig()
     config = from_arguments(TrainConfig, args, base)

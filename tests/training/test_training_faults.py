@@ -10,6 +10,7 @@ import os
 import random
 import re
 import shlex
+import signal
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -66,6 +67,24 @@ def wait_for(condition, failure: Future, what: str, timeout: float = 600) -> Non
         time.sleep(0.02)
 
 
+def ended(running: Future, train_dir: Path, log: Path, timeout: float) -> BaseException | None:
+    """The launch's error once it ends; if it has not ended within `timeout` s, the test fails
+    with what a person would look at: every local rank's stacks (SIGUSR1, pipeline.cli.train)
+    and the log's end."""
+    try:
+        return running.exception(timeout=timeout)
+    except TimeoutError:
+        ranks = local_ranks(train_dir)
+        for rank in ranks:
+            rank.send_signal(signal.SIGUSR1)
+        time.sleep(5)
+        states = [f"{r.pid} {r.status()}" for r in ranks if processes.alive(r)]
+        pytest.fail(
+            f"the launch has not ended after {timeout} s; ranks {states}; log:\n"
+            + text_of(log)[-20_000:]
+        )
+
+
 def text_of(path: Path) -> str:
     try:
         return path.read_text()
@@ -119,7 +138,7 @@ def test_a_checkpoint_that_finds_no_room_fails_in_one_line_and_the_run_goes_on_f
         else:
             limit_file_size(local_ranks(train_dir), 200_000)
 
-        error = running.exception(timeout=600)
+        error = ended(running, train_dir, seen(train_dir / "train.log"), timeout=600)
 
         assert isinstance(error, StageFailed), error
         message = str(error)
@@ -158,7 +177,7 @@ def test_a_checkpoint_that_finds_no_room_fails_in_one_line_and_the_run_goes_on_f
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_rank_killed_by_a_signal_is_reported_as_killed(training_data, tmp_path):
-    """The fault: one of the 2 ranks, chosen at random, is killed with SIGKILL mid-training, as
+    """Asked for their stacks, the ranks print them and go on. Then the fault: one of the 2 ranks, chosen at random, is killed with SIGKILL mid-training, as
     the kernel's out-of-memory killer or a lost node does. MPICH's mpiexec reports the signal, not
     the rank: its box names the PID of whichever rank it reaps first, often one it killed itself
     while cleaning up (tried: killing rank 1 of 3 names rank 0's PID every time)."""
@@ -169,9 +188,24 @@ def test_a_rank_killed_by_a_signal_is_reported_as_killed(training_data, tmp_path
     wait_for(lambda: "[train] step 2/" in text_of(train_dir / "train.log"), running, "step 2")
     ranks = local_ranks(train_dir)
     assert len(ranks) == 2
+    # First a rank that seems stuck is asked where it is, as a person would: SIGUSR1 to the
+    # launcher, which passes it on; every rank prints its threads' stacks and trains on.
+    launcher = ranks[0].parent().parent()  # mpiexec, over the rank's hydra proxy
+    assert launcher.name() == "mpiexec", launcher.cmdline()
+    launcher.send_signal(signal.SIGUSR1)
+    # faulthandler heads the signalled thread's stack so, once per rank.
+    stacks = "Current thread 0x"
+    wait_for(lambda: text_of(train_dir / "train.log").count(stacks) == 2, running, "stacks")
+    assert "in run_training\n" in text_of(train_dir / "train.log")
+    steps = text_of(train_dir / "train.log").count("[train] step ")
+    wait_for(
+        lambda: text_of(train_dir / "train.log").count("[train] step ") > steps,
+        running,
+        "a step after",
+    )
 
     random.choice(ranks).kill()
-    error = running.exception(timeout=300)
+    error = ended(running, train_dir, train_dir / "train.log", timeout=300)
 
     assert isinstance(error, StageFailed), error
     message = str(error)
