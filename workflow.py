@@ -127,11 +127,18 @@ def status(args: argparse.Namespace) -> int:
 
 def view(args: argparse.Namespace) -> int:
     """`view`: serve the run's export until Ctrl-C; prints the URL to open, a token in it (an
-    export published to a bucket: only prints its link)."""
+    export published to a bucket: only prints its link). With a merge graph (pairs decided),
+    its edges are the segmentation's equivalences: the merged objects, unless --supervoxels."""
     from pipeline.export.viewer import serve_forever
+    from pipeline.secondpass.merge_graph import equivalences
 
-    folder = RunPaths(Path(args.run_dir)).precomputed
-    serve_forever(folder, args.port, args.segments, args.viewer_port)
+    paths = RunPaths(Path(args.run_dir))
+    joined = []
+    if paths.merge_graph.is_file() and not args.supervoxels:
+        joined = equivalences(paths.merge_graph)
+        print(f"[view] the merged objects: {len(joined)} edge(s) of {paths.merge_graph} as "
+              "equivalences (--supervoxels: the second pass's segments before its merges)")  # fmt: skip
+    serve_forever(paths.precomputed, args.port, args.segments, args.viewer_port, joined)
     return 0
 
 
@@ -232,6 +239,12 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="ID",
         help="the segments to show, e.g. a body's pieces from the report (default: the largest)",
+    )
+    view_parser.add_argument(
+        "--supervoxels",
+        action="store_true",
+        help="with a merge graph (agglomerate/graph.csv): show the second pass's segments before "
+        "its merges, each on its own (default: the merged objects, the graph's equivalences)",
     )
     return parser  # fmt: skip
 

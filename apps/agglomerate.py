@@ -19,9 +19,12 @@ from apps.contracts import (
     CountPart,
     DecideCore,
     FinishAgglomeration,
+    FinishGraph,
     JoinPairs,
+    MergeGraph,
     MergePairs,
     PairCore,
+    RelabelGraphPart,
     RelabelMergedPart,
     SumSizes,
 )
@@ -185,7 +188,8 @@ def relabel_merged_part(settings: dict, first_pass: str, folder: str, io: Relabe
             boundary_reader(io.boundary, settings["shape"]) as boundary,
         ):
             dropped = small_objects_of(config, io.sizes, merges)
-            record = write_merged_part(k, blocks, layer, read, merges, boundary, config, dropped)
+            record = write_merged_part(k, blocks, layer, read, merges, boundary, config, dropped,
+                                       settings.get("supervoxels", False))  # fmt: skip
         save_core_record(io.record, record)
         return digest(record["chunks"])
 
@@ -224,8 +228,16 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, io: Finis
                 (load_core_record(p) for p in io.records),
                 layer,
                 lambda k: write_merged_part(
-                    k, blocks, layer, read, merges, boundary, config, dropped
-                ),
+                    k,
+                    blocks,
+                    layer,
+                    read,
+                    merges,
+                    boundary,
+                    config,
+                    dropped,
+                    settings.get("supervoxels", False),
+                ),  # fmt: skip
             )
         decided = [d for p in io.decisions for d in load_decisions(p)]
         record = pass_summary(config, decided, merges, dropped, repaired)
@@ -234,3 +246,113 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, io: Finis
         return token
 
     return run_once(settings, io.inputs(), io.outputs(), work)
+
+
+# With pairs decided, the export's layer holds the supervoxels and the merges are a graph over
+# them (pipeline.secondpass.merge_graph): the graph, a task per part of the merged layer, a check.
+
+
+@python_app(executors=[CPU_LABEL])
+def merge_graph(settings: dict, merged: str, io: MergeGraph, inputs=(), outputs=()):
+    """Writes graph.csv, an edge per merge of supervoxels the layer holds, unless the file was
+    edited by hand since this task made it from the same decisions and layer: then the edit is
+    the graph (checked against the layer's ids). Also makes the merged layer, empty, in the
+    folder `merged` unless it is there as it would make it."""
+    import numpy as np
+
+    from pipeline.core.stamps import made_from, run_once, save_cells
+    from pipeline.inference.stitching import keep_layer, load_core_record
+    from pipeline.secondpass.agglomeration import load_decisions
+    from pipeline.secondpass.merge_graph import graph_cells, graph_edges, read_graph, write_graph
+    from pipeline.secondpass.part_writing import grid_of
+
+    def work() -> str:
+        part_ids = [np.array(load_core_record(p)["ids"], np.uint64) for p in io.supervoxels]
+        present = np.unique(np.concatenate([np.zeros(0, np.uint64), *part_ids]))
+        if not (io.graph.is_file() and made_from(settings, io.inputs(), io.graph, regions)):
+            decided = [d for p in io.decisions for d in load_decisions(p)]
+            write_graph(io.graph, graph_edges(decided, grid_of(settings)[1], present))
+        keep_layer(settings, merged, io.volume)
+        # The token: per part, the merged ids of its supervoxels; a part of the merged layer
+        # runs again only where they changed.
+        return save_cells(io.graph, graph_cells(read_graph(io.graph, present), part_ids, settings))
+
+    regions = io.parts(settings)
+    return run_once(settings, io.inputs(), io.outputs(), work, regions)
+
+
+@python_app(executors=[CPU_LABEL])
+def relabel_graph_part(settings: dict, supervoxels: str, merged: str, io: RelabelGraphPart, inputs=(), outputs=()):  # fmt: skip
+    """Writes part k of the merged layer: the export's layer in `supervoxels` with the graph's
+    merges applied, into the layer in `merged`."""
+    from pipeline.core.stamps import digest, run_once
+    from pipeline.inference.stitching import save_core_record, writer_of
+    from pipeline.secondpass.agglomeration import merge_lookup
+    from pipeline.secondpass.merge_graph import read_graph
+    from pipeline.secondpass.part_writing import grid_of, layer_reader, write_graph_part
+
+    def work() -> str:
+        blocks, _ = grid_of(settings)
+        lookup = merge_lookup(read_graph(io.graph))
+        with layer_reader(supervoxels) as read:
+            record = write_graph_part(
+                settings["part"], blocks, writer_of(settings, merged), read, lookup
+            )
+        save_core_record(io.record, record)
+        return digest(record["chunks"])
+
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))
+
+
+@python_app(executors=[CPU_LABEL])
+def finish_graph(settings: dict, supervoxels: str, merged: str, io: FinishGraph, inputs=(), outputs=()):  # fmt: skip
+    """Rewrites any part of the merged layer whose files changed after its task wrote them (the
+    whole layer if it was lost); writes merged.json: the graph's edges and objects."""
+    import json
+
+    from pipeline.core.atomic import atomic_path
+    from pipeline.core.stamps import run_once, save_cells
+    from pipeline.inference.stitching import (
+        LayerCells,
+        check_written_parts,
+        layer_identity,
+        layer_to_check,
+        load_core_record,
+    )
+    from pipeline.secondpass.agglomeration import merge_lookup
+    from pipeline.secondpass.merge_graph import read_graph
+    from pipeline.secondpass.part_writing import grid_of, layer_reader, write_graph_part
+
+    def work() -> str:
+        blocks, _ = grid_of(settings)
+        layer = layer_to_check(settings, merged, io.volume)
+        edges = read_graph(io.graph)
+        lookup = merge_lookup(edges)
+        cells = LayerCells(
+            settings["shape"], layer.layout.chunk_zyx, layer_identity(settings, io.volume)
+        )
+
+        def counted(paths):
+            for path in paths:
+                record = load_core_record(path)
+                cells.add(record)
+                yield record
+
+        with layer_reader(supervoxels) as read:
+            repaired, _ = check_written_parts(
+                counted(io.records), layer,
+                lambda k: write_graph_part(k, blocks, layer, read, lookup),
+            )  # fmt: skip
+        record = {
+            "edges": len(edges),
+            "merged_supervoxels": len(lookup[0]),
+            "merged_objects": len(set(lookup[1].tolist())),
+            "repaired_parts": repaired,
+        }
+        with atomic_path(io.summary) as tmp:
+            tmp.write_text(json.dumps(record, indent=2))
+        # The token: the parts' files per chunk, so an evaluation region runs again only where
+        # a part of the merged layer changed.
+        return save_cells(io.full_resolution, cells.cells())
+
+    return run_once(settings, io.inputs(), io.outputs(), work, io.parts(settings))

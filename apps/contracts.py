@@ -378,6 +378,62 @@ class FinishAgglomeration(Contract):
     full_resolution: Path = output_field()
 
 
+# With pairs decided, the export's layer holds the supervoxels (`RelabelMergedPart` applies no
+# merge) and the merges are a graph over them, which makes the merged layer the evaluation scores
+# (pipeline.secondpass.merge_graph).
+
+
+@contract
+class MergeGraph(Contract):
+    """The merge graph: reads the staged volume (its voxel size, for the merged layer), the
+    export's layer's full resolution (once checked), every core's decisions (plan order), then
+    every part's record of that layer (the supervoxel ids it holds); writes graph.csv (a hand
+    edit since is kept while these are as they were)."""
+
+    volume: Path = input_field()
+    layer: Path = input_field()
+    decisions: Paths = input_field()
+    supervoxels: Paths = input_field()
+    graph: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        """Of the staged volume no voxel: its shape and voxel size."""
+        return (NO_VOXELS,)
+
+
+@contract
+class RelabelGraphPart(Contract):
+    """Part k of the merged layer: reads the merge graph (the merged ids of the part's
+    supervoxels only) and part k's record of the export's layer; writes the part's record."""
+
+    graph: Path = input_field()
+    supervoxels: Path = input_field()
+    record: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        from pipeline.secondpass.merge_graph import graph_part
+
+        return graph_part(settings), None
+
+
+@contract
+class FinishGraph(Contract):
+    """The merged layer's check: reads the staged volume (its voxel size, for a layer lost
+    whole), the merge graph, every part's record of the export's layer, then every part's
+    record of the merged layer; writes merged.json and the merged layer's full resolution."""
+
+    volume: Path = input_field()
+    graph: Path = input_field()
+    supervoxels: Paths = input_field()
+    records: Paths = input_field()
+    summary: Path = output_field()
+    full_resolution: Path = output_field()
+
+    def parts(self, settings: dict) -> tuple:
+        """Of the staged volume no voxel: its shape and voxel size."""
+        return (NO_VOXELS,)
+
+
 # -- evaluation (apps/evaluate.py) --
 
 

@@ -168,10 +168,12 @@ class RunPlan:
 
     @property
     def scored_segmentations(self) -> dict[str, Path]:
-        """evaluation.json's keys and the folders of what they score: "ffn", the export's (the
-        last step's), then with a second pass the steps before it."""
+        """evaluation.json's keys and the folders of what they score: "ffn", the last step's (the
+        export's, or with pairs decided the merged layer made from it and the merge graph), then
+        with a second pass the steps before it."""
         second, paths = self.config.agglomeration, self.paths
-        scored = {"ffn": paths.precomputed}
+        # With pairs decided the export holds the supervoxels: the merged objects are scored.
+        scored = {"ffn": paths.merged if second.enabled else paths.precomputed}
         if second.writes_layer or second.consensus:
             scored["ffn_first_pass"] = paths.first_pass
         if second.writes_layer and second.consensus:

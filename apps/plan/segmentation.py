@@ -12,14 +12,17 @@ from apps.contracts import (
     DecideCore,
     FinishAgglomeration,
     FinishConsensus,
+    FinishGraph,
     FinishStitch,
     JoinBlocks,
     JoinConsensusPairs,
     JoinPairs,
+    MergeGraph,
     MergePairs,
     PairBlock,
     PairCore,
     RelabelConsensusPart,
+    RelabelGraphPart,
     RelabelMergedPart,
     RelabelPart,
     SumSizes,
@@ -178,6 +181,8 @@ def agglomerate_steps(plan: RunPlan) -> list[Step]:
         sizes = (folder / "sizes.npz",)
         files = SumSizes(counts=tuple(counts), sizes=sizes[0])
         steps.append(task_step("agglomerate[sizes]", base, files, apps.agglomerate.sum_sizes))
+    if second.enabled:  # the layer holds the supervoxels; the merges go into the graph
+        written = {**written, "supervoxels": True}
     fill = {"stitched": stitched, "boundary": boundary, "sizes": sizes}
     steps += [task_step(f"agglomerate[relabel {k}]", {**written, "part": k},
                         RelabelMergedPart(merges=merges, **fill, record=records[k]),
@@ -185,9 +190,42 @@ def agglomerate_steps(plan: RunPlan) -> list[Step]:
               for k in range(len(parts))]  # fmt: skip
     filling = config_io.to_dict(second) if second.fill_unsegmented else merging
     finish = {**base, "agglomeration": filling, "parts": len(parts)}
+    if second.enabled:
+        finish["supervoxels"] = True
     files = FinishAgglomeration(volume=paths.eval_volume, merges=merges, **fill, records=tuple(records),
                                 decisions=tuple(decisions), summary=paths.agglomerate_summary,
                                 full_resolution=plan.full_resolution(paths.precomputed))  # fmt: skip
     steps.append(task_step("agglomerate", finish, files, apps.agglomerate.finish_agglomeration,
                            first_pass, export))  # fmt: skip
+    if second.enabled:
+        steps += merge_graph_steps(plan, thresholds, tuple(decisions), tuple(records))
+    return steps
+
+
+def merge_graph_steps(
+    plan: RunPlan, thresholds: dict, decisions: tuple, supervoxels: tuple
+) -> list[Step]:
+    """The merges as a graph over the export's supervoxels (`supervoxels`: its parts' records),
+    one task writing graph.csv, a task per part of the merged layer applying it, the check that
+    writes merged.json (apps/agglomerate.py, pipeline/secondpass/merge_graph.py)."""
+    paths = plan.paths
+    from pipeline.inference.stitching import part_name
+
+    base = {key: thresholds[key] for key in ("blocks", "shape", "layout")}
+    graph, parts = paths.merge_graph, plan.layer_parts
+    folders = (str(paths.precomputed), str(paths.merged))  # arguments: a moved run stays up to date
+    records = [paths.agglomerate_dir / "merged_parts" / f"{part_name(p)}.json" for p in parts]
+    files = MergeGraph(volume=paths.eval_volume, layer=plan.full_resolution(paths.precomputed),
+                       decisions=decisions, supervoxels=supervoxels, graph=graph)  # fmt: skip
+    steps = [task_step("agglomerate[graph]", thresholds, files, apps.agglomerate.merge_graph,
+                       folders[1])]  # fmt: skip
+    steps += [task_step(f"agglomerate[merged {k}]", {**base, "part": k},
+                        RelabelGraphPart(graph=graph, supervoxels=supervoxels[k], record=records[k]),
+                        apps.agglomerate.relabel_graph_part, *folders)
+              for k in range(len(parts))]  # fmt: skip
+    files = FinishGraph(volume=paths.eval_volume, graph=graph, supervoxels=supervoxels,
+                        records=tuple(records), summary=paths.merged_summary,
+                        full_resolution=plan.full_resolution(paths.merged))  # fmt: skip
+    steps.append(task_step("agglomerate[merged]", {**base, "parts": len(parts)}, files,
+                           apps.agglomerate.finish_graph, *folders))  # fmt: skip
     return steps

@@ -112,6 +112,11 @@ class InferenceError(FFNError, ValueError):
     """The predictor returned something unusable (wrong shape, NaN or infinity)."""
 
 
+class MergeGraphError(FFNError, ValueError):
+    """The second pass's merge graph (agglomerate/graph.csv), as edited by hand, cannot be read
+    or names a segment the layer does not hold."""
+
+
 class BlockResultError(FFNError, ValueError):
     """A block result file is unreadable, or belongs to another block plan or other settings."""
 

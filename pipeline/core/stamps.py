@@ -646,6 +646,26 @@ def why_stale(
     return _changed_checked(stamp, as_path(outputs[0]))
 
 
+def made_from(
+    settings: dict,
+    inputs: Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    regions: Sequence[Roi | Part | None] = (),
+) -> bool:
+    """Whether `output`'s stamp says its task made it from `settings` and `inputs` as they are
+    now, whatever the output's state since: a file its task wrote and a user then edited (the
+    second pass's merge graph), not one made from other inputs."""
+    stamp = read_stamp(output)
+    if stamp is None:
+        return False
+    inputs = [as_path(p) for p in inputs]
+    tokens = input_tokens(inputs, regions)
+    keyed = _keyed(
+        _plain(settings), inputs, regions, read_stamp, tokens, stamp.get("settings") or {}
+    )
+    return stamp["identity"] in keyed
+
+
 def _blind_to_rewrites(outputs: Sequence[Path]) -> bool:
     """Whether the outputs' stamp holds a folder state made before mtimes were recorded (names
     and sizes): a file rewritten in place with its size kept would still match it, so a task

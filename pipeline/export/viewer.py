@@ -341,9 +341,11 @@ def start_viewer(
     port: int = 0,
     segments: Sequence[int] | None = None,
     viewer_port: int = 0,
+    equivalences: Sequence[Sequence[int]] = (),
 ) -> ViewerHandle:
     """Serve an export on `port` and open a Neuroglancer viewer of it on `viewer_port` (0: any
-    free port); shows `segments`, by default the largest few, in the 2-D and 3-D panels."""
+    free port); shows `segments`, by default the largest few, in the 2-D and 3-D panels, and
+    each group of `equivalences` (a merge graph's edges) as one object."""
     folder = Path(precomputed_dir)
     if not export_complete(folder):
         raise PrecomputedError(
@@ -367,7 +369,7 @@ def start_viewer(
     handle = ViewerHandle(url, server.url, viewer, server)
     try:
         with viewer.txn() as state:
-            _fill(state, handle.data_url, segments, full_resolution, skeletons)
+            _fill(state, handle.data_url, segments, full_resolution, skeletons, equivalences)
     except BaseException:
         handle.close()
         raise
@@ -380,10 +382,12 @@ def _fill(
     segments: list[int],
     scale: dict,
     skeletons: bool,
+    equivalences: Sequence[Sequence[int]] = (),
 ) -> None:
     """Both layers from `data_url`, `segments` selected, the whole volume in view; with
     `skeletons`, the segmentation's skeletons named among its sources (Neuroglancer finds them
-    through the segmentation's `info`, and draws them with its segments)."""
+    through the segmentation's `info`, and draws them with its segments); `equivalences`, groups
+    of segment ids Neuroglancer shows (and selects) as one object."""
     # Precomputed sizes are (x, y, z), and so are Neuroglancer's coordinates.
     resolution_xyz, size_xyz = scale["resolution"], scale["size"]
     state.dimensions = neuroglancer.CoordinateSpace(
@@ -397,8 +401,10 @@ def _fill(
         url=f"precomputed://{data_url}/{SEGMENTATION_LAYER}",
         subsources={"skeletons": True} if skeletons else {},  # Neuroglancer's name
     )
+    # No equivalences, no key: the state of an export without a merge graph is as before.
+    joined = {"equivalences": [list(map(int, e)) for e in equivalences]} if equivalences else {}
     state.layers[SEGMENTATION_LAYER] = neuroglancer.SegmentationLayer(
-        source=source, segments=segments
+        source=source, segments=segments, **joined
     )
     state.layout = "xy-3d"
     # Zoom in units of the finest voxel (the scales above); fit the volume's x-y extent.
@@ -418,10 +424,15 @@ def viewer_origins(viewer_url: str) -> set[str]:
     return origins
 
 
-def remote_link(destination: str, segments: Sequence[int] | None = None) -> str:
+def remote_link(
+    destination: str,
+    segments: Sequence[int] | None = None,
+    equivalences: Sequence[Sequence[int]] = (),
+) -> str:
     """A Neuroglancer URL of the export published to bucket `destination`: its layers'
     sources `precomputed://<destination>/...`, read by the browser from the store itself (no
-    server here); `segments`, by default the largest few, shown."""
+    server here); `segments`, by default the largest few, shown; `equivalences` as one object
+    each (in the URL's state)."""
     if not destination_complete(destination):
         raise PrecomputedError(f"{destination}: not a complete export")
     from cloudfiles import CloudFiles
@@ -433,7 +444,7 @@ def remote_link(destination: str, segments: Sequence[int] | None = None) -> str:
     )  # fmt: skip
     shown = _largest(properties, DEFAULT_SEGMENT_COUNT) if segments is None else list(segments)
     state = neuroglancer.ViewerState()
-    _fill(state, destination, shown, image["scales"][0], "skeletons" in layer)
+    _fill(state, destination, shown, image["scales"][0], "skeletons" in layer, equivalences)
     return neuroglancer.to_url(state, prefix=NEUROGLANCER_PAGE)
 
 
@@ -442,17 +453,18 @@ def serve_forever(
     port: int = 0,
     segments: Sequence[int] | None = None,
     viewer_port: int = 0,
+    equivalences: Sequence[Sequence[int]] = (),
 ) -> None:
     """Start the viewer, print its URL and serve until interrupted (Ctrl-C). An export
     published to a bucket (pipeline.export.destination): print its link, serve nothing; to a
-    folder elsewhere: serve that folder."""
+    folder elsewhere: serve that folder. `equivalences`: as `start_viewer`'s."""
     destination = published_to(precomputed_dir)
     if destination != HERE and local_path(destination) is None:
-        print(f"[view] Neuroglancer: {remote_link(destination, segments)}")
+        print(f"[view] Neuroglancer: {remote_link(destination, segments, equivalences)}")
         print(f"[view] data: {destination} (read by the browser with its own access to it)")
         return
     precomputed_dir = local_path(destination) or precomputed_dir
-    with start_viewer(precomputed_dir, port, segments, viewer_port) as handle:
+    with start_viewer(precomputed_dir, port, segments, viewer_port, equivalences) as handle:
         print(f"[view] Neuroglancer: {handle.url}")
         print(f"[view] data: {handle.data_url} (serving {precomputed_dir}; Ctrl-C stops)")
         print("[view] both URLs hold a token: anyone who has them can read the export")

@@ -52,6 +52,11 @@ LAYOUT = {
     "consensus_summary": "agglomerate/consensus.json",
     "agglomerate_dir": "agglomerate",
     "agglomerate_summary": "agglomerate/agglomerate.json",
+    # With pairs decided, the merges as a graph over the export's supervoxels (a proofreader's
+    # to edit), and the layer of the merged objects made from it, which the evaluation scores.
+    "merge_graph": "agglomerate/graph.csv",
+    "merged": "agglomerate/merged",
+    "merged_summary": "agglomerate/merged.json",
     "evaluation": "evaluation.json",
     # The learned watershed's forest, learned on the training part; the fill floods its map too.
     "boundary_forest": "baseline/boundary_forest.joblib",

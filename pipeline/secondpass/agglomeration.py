@@ -505,6 +505,14 @@ def small_objects(
     return objects[totals < min_size]
 
 
+def members(objects: np.ndarray, merges: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The segments, before `merges` (`merge_lookup`'s ids and targets), that make up `objects`
+    (ids after them), sorted: an object's own id and those merged into it."""
+    ids, targets = merges
+    joined = ids[np.isin(targets, objects)]
+    return np.union1d(np.asarray(objects, np.uint64), joined.astype(np.uint64))
+
+
 def save_sizes(path: str | Path, ids: np.ndarray, counts: np.ndarray) -> None:
     _save_arrays(path, ids=ids, counts=counts)
 

@@ -26,6 +26,7 @@ from pipeline.secondpass.agglomeration import (
     consensus_labels,
     filled_part,
     load_sizes,
+    members,
     relabel,
     small_objects,
 )
@@ -75,23 +76,48 @@ def write_merged_part(
     boundary: Reader | None,
     config: AgglomerationConfig,
     dropped: np.ndarray,
+    supervoxels: bool = False,
 ) -> dict:
     """Part k of `layer` (pipeline.inference.stitching.layer_part) written from the first pass
     (`read`) with `merges` applied, if `boundary` is given the `dropped` objects' voxels and the
-    unsegmented ones filled over it; its record."""
+    unsegmented ones filled over it; its record. With `supervoxels` the merges are not applied
+    (the merge graph carries them, pipeline.secondpass.merge_graph): every segment of a dropped
+    object goes, the rest are filled as they are, and the record lists the part's ids."""
+    if supervoxels:
+        dropped = members(dropped, merges)
+        merges = (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
 
     def merged(box):
-        return relabel(read(box), *merges)
+        return relabel(read(box), *merges) if len(merges[0]) else read(box).astype(np.uint64)
 
     def kept(box):
         return fastremap.mask(merged(box), dropped, in_place=True) if len(dropped) else merged(box)
 
     def labels_of(box):
         if boundary is None:
-            return merged(box)
+            return kept(box)
         return filled_part(box, blocks.volume_shape, config.fill_margin, kept, boundary)
 
-    return write_part_labels(k, layer_part(k, blocks, layer.layout), labels_of, layer)
+    if not supervoxels:
+        return write_part_labels(k, layer_part(k, blocks, layer.layout), labels_of, layer)
+    held = {}
+
+    def listed(box):
+        held["ids"] = labels_of(box)
+        return held["ids"]
+
+    record = write_part_labels(k, layer_part(k, blocks, layer.layout), listed, layer)
+    return record | {"ids": [int(i) for i in fastremap.unique(held.pop("ids")) if i]}
+
+
+def write_graph_part(
+    k: int, blocks: BlockGrid, layer: SegmentationWriter, read: Reader, lookup: tuple
+) -> dict:
+    """Part k of the merged layer: the supervoxels' part (`read`, the export's layer) with the
+    merge graph's `lookup` (`merge_lookup` of its edges) applied; its record."""
+    return write_part_labels(
+        k, layer_part(k, blocks, layer.layout), lambda box: relabel(read(box), *lookup), layer
+    )
 
 
 def pass_summary(

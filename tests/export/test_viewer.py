@@ -402,8 +402,8 @@ def test_workflow_view_shows_the_segments_asked_for(precomputed, tmp_path, monke
     (run / "precomputed").symlink_to(precomputed)
     shown = []
 
-    def serve_once(folder, port, segments, viewer_port):  # serve_forever without the forever
-        with viewer.start_viewer(folder, port, segments, viewer_port) as handle:
+    def serve_once(folder, port, segments, viewer_port, equivalences):  # without the forever
+        with viewer.start_viewer(folder, port, segments, viewer_port, equivalences) as handle:
             shown.append(sorted(handle.viewer.state.layers["segmentation"].segments))
 
     monkeypatch.setattr(viewer, "serve_forever", serve_once)
@@ -411,6 +411,45 @@ def test_workflow_view_shows_the_segments_asked_for(precomputed, tmp_path, monke
     assert shown == [[1, 2]]
     assert workflow.main(["view", "--run-dir", str(run), "--segments", "999999"]) == 2
     assert "no segment 999999" in capsys.readouterr().err
+
+
+def test_workflow_view_shows_the_merge_graph_as_equivalences(precomputed, tmp_path, monkeypatch):
+    """A run with a merge graph (agglomerate/graph.csv, as a proofreader left it): `view` shows
+    its edges as the segmentation's equivalences, each group one object; `--supervoxels` shows
+    the segments each on its own. The state is read from the file each time: an edge deleted
+    is gone from the next view."""
+    import workflow
+
+    run = tmp_path / "run"
+    (run / "agglomerate").mkdir(parents=True)
+    (run / "precomputed").symlink_to(precomputed)
+    graph = run / "agglomerate" / "graph.csv"
+    header = "a,b,jaccard,recovered_a,recovered_b,fov_evaluations\n"
+    graph.write_text(header + "1,2,0.8,0.95,0.97,32\n2,3,0.7,0.91,0.93,30\n5,4,,,,\n")
+    states = []
+
+    def serve_once(folder, port, segments, viewer_port, equivalences):
+        with viewer.start_viewer(folder, port, segments, viewer_port, equivalences) as handle:
+            states.append(handle.viewer.state.layers["segmentation"].to_json())
+
+    monkeypatch.setattr(viewer, "serve_forever", serve_once)
+    assert workflow.main(["view", "--run-dir", str(run), "--segments", "1", "4"]) == 0
+    assert sorted(map(sorted, states[-1]["equivalences"])) == [[1, 2, 3], [4, 5]]
+    assert workflow.main(["view", "--run-dir", str(run), "--supervoxels"]) == 0
+    assert "equivalences" not in states[-1]
+    graph.write_text(header + "1,2,0.8,0.95,0.97,32\n")  # two merges undone by hand
+    assert workflow.main(["view", "--run-dir", str(run)]) == 0
+    assert states[-1]["equivalences"] == [[1, 2]]
+
+
+def test_a_published_exports_link_carries_the_equivalences(volume):
+    """The state a bucket's link holds (`remote_link` builds it with `_fill`)."""
+    state = viewer.neuroglancer.ViewerState()
+    scale = {"resolution": [10, 10, 20], "size": [64, 64, 32]}
+    viewer._fill(state, "s3://bucket/export", [1], scale, False, [[1, 2], [7, 9]])
+    assert state.layers["segmentation"].to_json()["equivalences"] == [[1, 2], [7, 9]]
+    viewer._fill(state, "s3://bucket/export", [1], scale, False)
+    assert "equivalences" not in state.layers["segmentation"].to_json()
 
 
 def test_cli_reports_an_incomplete_export(tmp_path, capsys):
