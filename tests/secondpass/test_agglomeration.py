@@ -456,8 +456,9 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     """Inference only (the shipped demo model) on the tiny synthetic volume, with
     `[agglomeration] enabled`, `consensus`, `fill_unsegmented` and `fill_min_size`: both passes
     are stitched aside, their consensus beside them, and the agglomeration of the consensus is the
-    export's segmentation (the consensus with the recorded merges applied, its small objects
-    dropped, its 0s filled); evaluation scores each step; a resume finds everything up to date."""
+    merged layer (the consensus with the recorded merges applied, its small objects dropped, its
+    0s filled), whose supervoxels, the same before the merges, are the export's segmentation;
+    evaluation scores each step; a resume finds everything up to date."""
     from workflow_runs import ROOT, segmentation, tiny_variant, workflow
 
     config = tiny_variant(tmp_path, "agglomerate", {
@@ -475,18 +476,21 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     np.testing.assert_array_equal(consensus, split_consensus(first, second, min_size)[0])
     summary = json.loads((run / "agglomerate" / "agglomerate.json").read_text())
     assert summary["pairs"] > 0 and summary["fov_evaluations"] > 0
-    with np.load(run / "agglomerate" / "merges.npz") as merges:
-        merged = relabel(consensus.copy(), merges["ids"], merges["targets"])
+    with np.load(run / "agglomerate" / "merges.npz") as held:
+        merges = held["ids"], held["targets"]
+    merged = relabel(consensus.copy(), *merges)
     # Then objects under 100 voxels are dropped, and every voxel left 0 is filled from the
     # segments over the learned boundary map.
     ids, sizes = np.unique(merged[merged > 0], return_counts=True)
     dropped = ids[sizes < 100]
     assert len(dropped) and summary["dropped_objects"] == len(dropped)
     kept = (merged > 0) & ~np.isin(merged, dropped)
-    exported = segmentation(run)
+    exported = read_layer(run / "agglomerate" / "merged")
     assert (merged == 0).any() and exported.all()
     np.testing.assert_array_equal(exported[kept], merged[kept])
     assert set(np.unique(exported)) == set(ids[sizes >= 100])
+    supervoxels = segmentation(run)
+    np.testing.assert_array_equal(relabel(supervoxels.copy(), *merges), exported)
     assert (run / "baseline" / "boundary_forest.joblib").is_file()
     scores = json.loads((run / "evaluation.json").read_text())
     assert {"ffn", "ffn_first_pass", "ffn_consensus"} <= set(scores)
@@ -513,7 +517,7 @@ def test_the_workflow_runs_consensus_and_agglomeration_after_stitching(tmp_path)
     repaired = json.loads((run / "agglomerate" / "agglomerate.json").read_text())["repaired_parts"]
     assert 0 < len(repaired) < len(list((run / "agglomerate" / "parts").glob("*.json")))
     assert chunk.read_bytes() == written
-    np.testing.assert_array_equal(segmentation(run), exported)
+    np.testing.assert_array_equal(segmentation(run), supervoxels)
 
 
 @pytest.mark.slow
