@@ -83,7 +83,7 @@ def read_graph(path: str | Path, present: np.ndarray | None = None) -> np.ndarra
     rows = list(csv.reader(lines))
     if not rows or [c.strip() for c in rows[0][:2]] != list(GRAPH_COLUMNS[:2]):
         raise MergeGraphError(f"{path}: line 1 must be the header {','.join(GRAPH_COLUMNS)}")
-    edges = []
+    edges, numbers = [], []
     for number, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
@@ -96,13 +96,15 @@ def read_graph(path: str | Path, present: np.ndarray | None = None) -> np.ndarra
         if a <= 0 or b <= 0 or a == b:
             raise MergeGraphError(f"{path}, line {number}: an edge joins two ids > 0, not {a}, {b}")
         edges.append((a, b))
+        numbers.append(number)
     pairs = np.array(edges, np.uint64).reshape(-1, 2)
     if present is not None:
-        unknown = np.setdiff1d(pairs, present)
-        if len(unknown):
+        unknown = ~np.isin(pairs, present)
+        if unknown.any():
+            row = int(np.flatnonzero(unknown.any(axis=1))[0])
             raise MergeGraphError(
-                f"{path}: the layer holds no segment {', '.join(map(str, unknown[:5].tolist()))}"
-                f"{' ...' if len(unknown) > 5 else ''} (an edge joins two of its supervoxels)"
+                f"{path}, line {numbers[row]}: the layer holds no segment "
+                f"{int(pairs[row][unknown[row]][0])} (an edge joins two of its supervoxels)"
             )
     return pairs
 

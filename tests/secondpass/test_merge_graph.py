@@ -120,7 +120,7 @@ def test_the_graph_holds_the_merges_of_supervoxels_the_layer_holds(tmp_path):
         ("x,y\n3,7\n", "line 1 must be the header"),
         (HEADER + "3;7\n", r"line 2: '3;7' does not start with two segment ids"),
         (HEADER + "3,7\n3,3\n", "line 3: an edge joins two ids > 0, not 3, 3"),
-        (HEADER + "3,8\n", "the layer holds no segment 8"),
+        (HEADER + "3,7\n\n3,8\n", "line 4: the layer holds no segment 8"),
     ],
 )
 def test_a_graph_edited_wrongly_is_refused_naming_the_line(tmp_path, text, message):
