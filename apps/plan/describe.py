@@ -74,6 +74,13 @@ def describe_dag(plan: RunPlan) -> str:
             else []
         ),
         *([f"  agglomerate -> {paths.precomputed}"] if config.agglomeration.writes_layer else []),
+        *(
+            [
+                f"             the merges -> {paths.merge_graph}, the merged objects -> {paths.merged}"
+            ]
+            if config.agglomeration.enabled
+            else []
+        ),
         *([baseline] if plan.learns_baseline else []),
         f"  evaluate   -> {paths.evaluation}"
         if plan.eval_has_labels

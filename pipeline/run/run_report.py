@@ -268,6 +268,20 @@ def _agglomeration_lines(agglomerated: dict, stitched: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def _graph_lines(paths: RunPaths) -> list[str]:
+    """Where the merges are, with pairs decided: the graph over the exported supervoxels."""
+    graph = _read_json(paths.merged_summary)
+    if not graph:
+        return []
+    return [
+        "", f"The export holds the segments before these merges (supervoxels); the merges are "
+        f"the graph `{paths.merge_graph.relative_to(paths.root)}` ({graph['edges']} edges, "
+        f"to edit by hand: docs/second-pass.md), its {graph['merged_objects']} merged objects "
+        f"in `{paths.merged.relative_to(paths.root)}`, which is scored; `view` shows them as "
+        "equivalences (`--supervoxels`: without).",
+    ]  # fmt: skip
+
+
 def _fill_lines(agglomerated: dict, paths: RunPaths) -> list[str]:
     """How the voxels the fills left unsegmented were filled, and what was dropped first."""
     if not agglomerated.get("filled_unsegmented"):
@@ -386,6 +400,7 @@ def write_report(run_dir: str | Path) -> Path:
     lines += _consensus_lines(paths)
     agglomerated = _read_json(paths.agglomerate_summary)
     lines += _agglomeration_lines(agglomerated, stitched)
+    lines += _graph_lines(paths)
     lines += _fill_lines(agglomerated, paths)
     evaluation = _read_json(paths.evaluation)
     lines += _quality_lines(evaluation, agglomerated, paths)

@@ -159,6 +159,36 @@ def test_an_output_edited_by_hand_is_still_made_from_its_inputs(tmp_path):
     assert not made_from({"k": 1}, [source], tmp_path / "never.csv")
 
 
+def test_a_graph_is_planned_only_where_pairs_are_decided(tmp_path):
+    """The demo (the fill alone) plans no graph and scores its export, as before; with pairs
+    decided, the graph's task follows the pass's check, a task per part of the merged layer
+    reads its part's supervoxels, and the evaluation scores the merged layer. --dry-run says so."""
+    from dataclasses import replace
+
+    from apps.plan.dag import dag_steps
+    from apps.plan.describe import describe_dag
+    from pipeline.run.run_config import demo_config
+    from site_configs import local
+
+    demo, paths = demo_config(), RunPaths(tmp_path)
+    names = [s.task.name for s in dag_steps(resolve_plan(demo, paths, local.SITE))]
+    assert not [n for n in names if "graph" in n or "merged" in n]
+    assert resolve_plan(demo, paths, local.SITE).scored_segmentations["ffn"] == paths.precomputed
+    decided = replace(demo, agglomeration=replace(demo.agglomeration, enabled=True))
+    plan = resolve_plan(decided, paths, local.SITE)
+    steps = {s.task.name: s.task for s in dag_steps(plan)}
+    names = list(steps)
+    assert names.index("agglomerate") < names.index("agglomerate[graph]")
+    assert names.index("agglomerate[merged]") < names.index("evaluate")
+    parts = [n for n in names if n.startswith("agglomerate[merged ")]
+    assert len(parts) == len([n for n in names if n.startswith("agglomerate[relabel ")])
+    assert steps["agglomerate[merged 0]"].inputs == (
+        paths.merge_graph, steps["agglomerate[relabel 0]"].outputs[0],
+    )  # fmt: skip
+    assert plan.scored_segmentations["ffn"] == paths.merged
+    assert f"the merges -> {paths.merge_graph}" in describe_dag(plan)
+
+
 # ---------------------------------------------------------------------------------------------
 # In a run
 
@@ -228,6 +258,8 @@ def test_the_layer_holds_supervoxels_and_the_graph_the_merges(run):
     assert len(np.unique(merged)) == len(np.unique(supervoxels)) - len(edges)
     summary = json.loads((run / "agglomerate" / "merged.json").read_text())
     assert summary["edges"] == len(edges) and summary["repaired_parts"] == []
+    report = (run / "report.md").read_text()
+    assert f"the graph `agglomerate/graph.csv` ({len(edges)} edges" in report
     plan = {t.name: t for t in tasks_of(run)}
     assert RunPaths(run).merged / "segmentation" in plan["evaluate[count 0]"].inputs[1].parents
 
