@@ -228,12 +228,9 @@ def main() -> None:
         boundary = box_boundary_map(args.forest, raw_file, box)
         lifted = lifted_dark_interiors(raw, boundary, args.lift_below)
         conditions.append((f"dark cytoplasm lifted (P(b) < {args.lift_below})", lifted))
+        added = lifted.astype(np.float32) - raw
         print(
-            "lift in the body %.1f, outside it %.1f (mean grey added)"
-            % (
-                (lifted.astype(float) - raw)[body].mean(),
-                (lifted.astype(float) - raw)[~body].mean(),
-            )
+            f"mean grey added: {added[body].mean():.1f} in the body, {added[~body].mean():.1f} outside"
         )
     for condition, image in conditions:
         union, floods, faces = flood_all(image, body, seeds, predict, model)
