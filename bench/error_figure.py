@@ -27,6 +27,7 @@ from agglomerate import read_array, staged_eval  # bench/agglomerate.py
 from skimage.segmentation import find_boundaries
 
 from pipeline.export.layers import segmentation_spec
+from pipeline.run.run_layout import RunPaths
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,7 @@ def main() -> None:
     staged = staged_eval(args.run_dir)
     part = staged.scored.slices if staged.scored else ()
     raw, labels = read_array(staged.raw)[part], read_array(staged.labels)[part]
-    segmentation = read_array(segmentation_spec(str(args.run_dir / "precomputed")))[part]
+    segmentation = read_array(segmentation_spec(RunPaths(args.run_dir).objects))[part]
     if args.body is not None:
         whole, inside, name, pieces = (
             labels == args.body,

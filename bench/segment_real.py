@@ -58,6 +58,7 @@ from pipeline.evaluation.learned_watershed import learned_watershed
 from pipeline.evaluation.scores import score_segmentation
 from pipeline.export.layers import segmentation_spec
 from pipeline.run.run_config import load_run_config
+from pipeline.run.run_layout import RunPaths
 from pipeline.run.run_report import stage_wall_times
 from pipeline.secondpass.agglomeration import relabel
 
@@ -185,7 +186,7 @@ def _ffn_rows(name: str, run_dir: Path) -> dict[str, dict]:
         first_pass
         | cost
         | {
-            "segmentation": read_array(segmentation_spec(run_dir / "precomputed"))[part],
+            "segmentation": read_array(segmentation_spec(RunPaths(run_dir).objects))[part],
             "scores": evaluation["ffn"],
         }
     )

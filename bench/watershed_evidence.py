@@ -252,7 +252,7 @@ def main() -> None:
     watershed = read_array(f"{paths.learned_baseline}:segmentation")
     forest = load_boundary_forest(paths.boundary_forest)
     boundary = boundary_probability(forest, read_array(staged.raw), BoundaryForestConfig())
-    layer = read_array(segmentation_spec(str(args.run_dir / "precomputed")))
+    layer = read_array(segmentation_spec(paths.objects))
     if args.before_fill:
         segmentation, finish = before_fill(args.run_dir, boundary)
     else:

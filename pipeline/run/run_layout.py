@@ -95,6 +95,14 @@ class RunPaths:
     def eval_volume(self) -> Path:
         return self.root / LAYOUT["eval_record" if self.eval_in_place else "eval_copy"]
 
+    @property
+    def objects(self) -> Path:
+        """The folder whose segmentation layer holds the run's objects as they are scored: the
+        merged layer where the second pass merged pairs (the export then holds their
+        supervoxels), else the export."""
+        merged = self.root / LAYOUT["merged"]
+        return merged if merged.is_dir() else self.root / LAYOUT["precomputed"]
+
     def __getattr__(self, name: str) -> Path:
         if name not in LAYOUT:
             raise AttributeError(f"a run directory has no {name!r} (pipeline.run.run_layout)")

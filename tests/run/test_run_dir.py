@@ -276,3 +276,12 @@ def test_a_fov_larger_than_the_synthetic_volume_is_refused_by_the_dry_run(tmp_pa
     )
     done = workflow("--config", str(config), "--dry-run", expect=2)
     assert "smaller than the FOV (9, 17, 17)" in done.stderr
+
+
+def test_a_runs_objects_are_the_merged_layer_where_pairs_were_merged_else_the_export(tmp_path):
+    """What a script reads as a finished run's objects (RunPaths.objects): the export, until the
+    second pass has merged pairs into a layer of their own (the export then holds supervoxels)."""
+    paths = RunPaths(tmp_path)
+    assert paths.objects == paths.precomputed
+    paths.merged.mkdir(parents=True)
+    assert paths.objects == paths.merged

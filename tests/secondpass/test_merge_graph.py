@@ -262,6 +262,7 @@ def test_the_layer_holds_supervoxels_and_the_graph_the_merges(run):
     assert f"the graph `agglomerate/graph.csv` ({len(edges)} edges" in report
     plan = {t.name: t for t in tasks_of(run)}
     assert RunPaths(run).merged / "segmentation" in plan["evaluate[count 0]"].inputs[1].parents
+    assert RunPaths(run).objects == RunPaths(run).merged  # what bench/ scripts read
 
 
 @pytest.mark.slow
