@@ -218,9 +218,10 @@ def _remote_chunks(raw: str, labels: str, roi: str, context_zyx: Sequence[int] |
     remote chunks changed, as the folder of a local source's chunks does (`source_files`);
     the cost, a request per chunk file of the box, is paid whenever the workflow plans."""
     states = []
-    for spec in (VolumeSpec.parse(s) for s in (raw, labels) if s):
-        if spec.url:
-            shape = read_header(spec).shape
+    for text, is_labels in ((raw, False), (labels, True)):
+        spec = VolumeSpec.parse(text) if text else None
+        if spec is not None and spec.url:
+            shape = read_header(spec, labels=is_labels).shape
             box = Roi.parse(roi).grown(context_zyx, shape) if roi else Roi.whole(shape)
             states.append([str(spec), metadata_sha256(spec), chunk_state(spec.part(box))])
     return digest(states)

@@ -5,6 +5,7 @@ voxel for voxel; a chunk the store does not have is an error naming it (zeros on
 `fill_missing`); a chunk changed in the store changes what the work that read it is keyed on,
 and an unchanged store keeps it (`pipeline.data.precomputed_volumes`)."""
 
+import json
 import os
 import re
 from pathlib import Path
@@ -46,7 +47,13 @@ def arrays() -> dict[str, np.ndarray]:
     }
 
 
-def write_layer(url: str, array: np.ndarray) -> None:
+def write_layer(
+    url: str,
+    array: np.ndarray,
+    voxel_zyx: tuple = VOXEL,
+    offset_xyz: tuple = OFFSET_XYZ,
+    chunk_xyz: tuple = CHUNK_XYZ,
+) -> None:
     """A precomputed layer of a (z, y, x) array at `url` (file://, s3://), as other tools write
     them: (x, y, z) order, a voxel offset, gzip-compressed chunks."""
     from cloudvolume import CloudVolume
@@ -56,10 +63,10 @@ def write_layer(url: str, array: np.ndarray) -> None:
         layer_type="segmentation" if array.dtype == np.uint64 else "image",
         data_type=str(array.dtype),
         encoding="raw",
-        resolution=list(VOXEL[::-1]),
-        voxel_offset=list(OFFSET_XYZ),
+        resolution=list(voxel_zyx[::-1]),
+        voxel_offset=list(offset_xyz),
         volume_size=list(array.shape[::-1]),
-        chunk_size=list(CHUNK_XYZ),
+        chunk_size=list(chunk_xyz),
     )
     volume = CloudVolume(url, info=info, progress=False)
     volume.commit_info()
@@ -267,3 +274,44 @@ def test_a_volume_in_a_store_is_segmented_as_the_same_volume_on_this_machine(
             )
     np.testing.assert_array_equal(segmentations[1], segmentations[0])
     assert_same_segmentation(segmentations[0], labels)
+
+
+@pytest.mark.slow
+def test_the_workflow_segments_a_volume_in_a_store_as_the_same_volume_on_this_machine(
+    http_store, s3_store, tmp_path
+):
+    """The whole workflow (the shipped demo model, no training) on a cut of real EM whose image
+    and labels are precomputed layers on this machine, served over HTTP, and in the S3
+    stand-in: the same segmentation, voxel for voxel, and the same scores from all three."""
+    from test_in_place import EVAL_ROI, cut_arrays
+    from workflow_runs import ROOT, segmentation, workflow
+
+    raw, labels, voxel_zyx = cut_arrays()
+    local = f"file://{tmp_path / 'local'}"
+    for base in (local, http_store["write"], s3_store["write"]):
+        for name, array in (("cut_raw", raw), ("cut_labels", labels.astype(np.uint64))):
+            write_layer(f"{base}/{name}", array, voxel_zyx, (0, 0, 0), (32, 32, 16))
+    runs = {}
+    for where, layers in [
+        ("local", f"precomputed://{local}"),
+        ("http", http_store["read"]),
+        ("s3", s3_store["read"]),
+    ]:
+        config = tmp_path / f"{where}.toml"
+        config.write_text(
+            f'name = "{where}"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"\n'
+            f'[data]\neval_raw = "{layers}/cut_raw"\neval_labels = "{layers}/cut_labels"\n'
+            f'eval_roi = "{EVAL_ROI}"\n'
+            "[blocks]\nblock_shape_zyx = [32, 40, 40]\noverlap_zyx = [8, 16, 16]\n"
+            "[export]\nnum_scales = 2\n"
+        )
+        runs[where] = tmp_path / where
+        workflow("--config", str(config), "--run-dir", str(runs[where]))
+    stages = {w: json.loads((r / "staged" / "eval.json").read_text()) for w, r in runs.items()}
+    assert stages["http"]["raw"].startswith("precomputed://http://127.0.0.1:")
+    assert stages["s3"]["raw"].startswith(f"precomputed://s3://{s3_store['bucket']}/cut_raw")
+    scores = {w: json.loads((r / "evaluation.json").read_text())["ffn"] for w, r in runs.items()}
+    for where in ("http", "s3"):
+        np.testing.assert_array_equal(segmentation(runs[where]), segmentation(runs["local"]))
+        assert scores[where] == scores["local"]
+    assert len(np.unique(segmentation(runs["local"]))) > 2  # objects, not one background
