@@ -88,3 +88,31 @@ def tries(run_dir: Path) -> dict[str, int]:
 def parsl_runs(run_dir: Path) -> int:
     with sqlite3.connect(run_dir / "monitoring.db") as db:
         return db.execute("SELECT COUNT(*) FROM workflow").fetchone()[0]
+
+
+def tasks_of(run_dir: Path) -> list:
+    """The run's tasks as the workflow plans them (apps.plan), from its saved config and site."""
+    from apps.plan.dag import steps_of
+    from apps.plan.resolved import resolve_plan
+    from apps.run_setup import load_site_record
+    from pipeline.data.staging import reads_in_place
+    from pipeline.run.run_config import load_run_config
+    from pipeline.run.run_layout import RunPaths
+
+    config = load_run_config(run_dir / "config.json")
+    paths = RunPaths(run_dir, reads_in_place(config.data))
+    _, site = load_site_record(paths.site)
+    return [step.task for step in steps_of(resolve_plan(config, paths, site))]
+
+
+def stamp_files(tasks) -> dict[str, tuple[int, int]]:
+    """Per task, its stamp file's inode and mtime: a task that runs writes it anew."""
+    from pipeline.core.stamps import STAMP_SUFFIX, holds_stamp
+
+    states = {}
+    for task in tasks:
+        output = task.outputs[0]
+        held = output if holds_stamp(output) else output.with_name(output.name + STAMP_SUFFIX)
+        stat = os.stat(held)
+        states[task.name] = (stat.st_ino, stat.st_mtime_ns)
+    return states

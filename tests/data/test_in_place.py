@@ -167,26 +167,34 @@ def test_a_source_that_cannot_be_read_in_place_is_refused_and_nothing_is_staged(
         assert not (tmp_path / "eval.json").exists()
 
 
+def segmented_by_the_demo_model(folder: Path, name: str, raw: str, labels: str) -> Path:
+    """A run of the workflow (inference only: the shipped demo model) on the cut's EVAL_ROI
+    given as `raw` and `labels` specs; its run dir, `folder/name`."""
+    from workflow_runs import ROOT, workflow
+
+    config = folder / f"{name}.toml"
+    config.write_text(
+        f'name = "{name}"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"\n[data]\n'
+        f'eval_raw = "{raw}"\neval_labels = "{labels}"\neval_roi = "{EVAL_ROI}"\n'
+        "[blocks]\nblock_shape_zyx = [32, 40, 40]\noverlap_zyx = [8, 16, 16]\n"
+        "[export]\nnum_scales = 2\n"
+    )
+    workflow("--config", str(config), "--run-dir", str(folder / name))
+    return folder / name
+
+
 @pytest.mark.slow
 def test_the_workflow_segments_a_zarr_volume_in_place_as_it_does_a_copy(source, tmp_path):
     """Inference only (the shipped demo model), the same part from zarr (read in place) and
     from HDF5 (copied): the same segmentation and scores."""
-    from workflow_runs import ROOT, segmentation, workflow
+    from workflow_runs import segmentation
 
     runs = {}
     for kind, raw, labels in [
         ("in_place", source["raw_spec"], source["labels_spec"]),
         ("copy", f"{CUT}:volumes/raw", f"{CUT}:volumes/labels/neuron_ids"),
     ]:
-        config = tmp_path / f"{kind}.toml"
-        config.write_text(
-            f'name = "{kind}"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"\n[data]\n'
-            f'eval_raw = "{raw}"\neval_labels = "{labels}"\neval_roi = "{EVAL_ROI}"\n'
-            "[blocks]\nblock_shape_zyx = [32, 40, 40]\noverlap_zyx = [8, 16, 16]\n"
-            "[export]\nnum_scales = 2\n"
-        )
-        runs[kind] = tmp_path / kind
-        workflow("--config", str(config), "--run-dir", str(runs[kind]))
+        runs[kind] = segmented_by_the_demo_model(tmp_path, kind, raw, labels)
     assert (runs["in_place"] / "staged" / "eval.json").is_file()
     assert not (runs["in_place"] / "staged" / "eval.h5").exists()
     assert (runs["copy"] / "staged" / "eval.h5").is_file()

@@ -283,30 +283,24 @@ def test_the_workflow_segments_a_volume_in_a_store_as_the_same_volume_on_this_ma
     """The whole workflow (the shipped demo model, no training) on a cut of real EM whose image
     and labels are precomputed layers on this machine, served over HTTP, and in the S3
     stand-in: the same segmentation, voxel for voxel, and the same scores from all three."""
-    from test_in_place import EVAL_ROI, cut_arrays
-    from workflow_runs import ROOT, segmentation, workflow
+    from test_in_place import cut_arrays, segmented_by_the_demo_model
+    from workflow_runs import segmentation
 
     raw, labels, voxel_zyx = cut_arrays()
     local = f"file://{tmp_path / 'local'}"
     for base in (local, http_store["write"], s3_store["write"]):
         for name, array in (("cut_raw", raw), ("cut_labels", labels.astype(np.uint64))):
             write_layer(f"{base}/{name}", array, voxel_zyx, (0, 0, 0), (32, 32, 16))
-    runs = {}
-    for where, layers in [
-        ("local", f"precomputed://{local}"),
-        ("http", http_store["read"]),
-        ("s3", s3_store["read"]),
-    ]:
-        config = tmp_path / f"{where}.toml"
-        config.write_text(
-            f'name = "{where}"\npretrained_model = "{ROOT / "models" / "demo-synthetic"}"\n'
-            f'[data]\neval_raw = "{layers}/cut_raw"\neval_labels = "{layers}/cut_labels"\n'
-            f'eval_roi = "{EVAL_ROI}"\n'
-            "[blocks]\nblock_shape_zyx = [32, 40, 40]\noverlap_zyx = [8, 16, 16]\n"
-            "[export]\nnum_scales = 2\n"
+    runs = {
+        where: segmented_by_the_demo_model(
+            tmp_path, where, f"{layers}/cut_raw", f"{layers}/cut_labels"
         )
-        runs[where] = tmp_path / where
-        workflow("--config", str(config), "--run-dir", str(runs[where]))
+        for where, layers in [
+            ("local", f"precomputed://{local}"),
+            ("http", http_store["read"]),
+            ("s3", s3_store["read"]),
+        ]
+    }
     stages = {w: json.loads((r / "staged" / "eval.json").read_text()) for w, r in runs.items()}
     assert stages["http"]["raw"].startswith("precomputed://http://127.0.0.1:")
     assert stages["s3"]["raw"].startswith(f"precomputed://s3://{s3_store['bucket']}/cut_raw")

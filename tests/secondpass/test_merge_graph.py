@@ -5,18 +5,15 @@ are made from the two. A merge undone in graph.csv by hand changes only the obje
 and a resume writes again only what reads it."""
 
 import json
-import os
 import re
 
 import numpy as np
 import pytest
-from workflow_runs import ROOT, segmentation, tiny_variant, workflow
+from workflow_runs import ROOT, segmentation, stamp_files, tasks_of, tiny_variant, workflow
 
-from apps.plan.dag import steps_of
 from apps.plan.resolved import resolve_plan
-from apps.run_setup import load_site_record
 from pipeline.core.errors import MergeGraphError
-from pipeline.core.stamps import STAMP_SUFFIX, holds_stamp, made_from, run_once
+from pipeline.core.stamps import made_from, run_once
 from pipeline.data.synthetic import SyntheticConfig, generate
 from pipeline.data.volumes import open_volume
 from pipeline.export.layers import (
@@ -191,23 +188,6 @@ def test_a_graph_is_planned_only_where_pairs_are_decided(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # In a run
-
-
-def tasks_of(run_dir):
-    config = load_run_config(run_dir / "config.json")
-    _, site = load_site_record(RunPaths(run_dir).site)
-    return [step.task for step in steps_of(resolve_plan(config, RunPaths(run_dir), site))]
-
-
-def stamp_files(tasks) -> dict[str, tuple[int, int]]:
-    """Per task, its stamp file's inode and mtime: a task that runs writes it anew."""
-    states = {}
-    for task in tasks:
-        output = task.outputs[0]
-        held = output if holds_stamp(output) else output.with_name(output.name + STAMP_SUFFIX)
-        stat = os.stat(held)
-        states[task.name] = (stat.st_ino, stat.st_mtime_ns)
-    return states
 
 
 def worked(out: str) -> set[str]:

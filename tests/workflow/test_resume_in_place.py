@@ -11,25 +11,17 @@ Which tasks ran: each task's stamp file, made anew when it runs (a new inode), a
 workflow's own "finished" / "finished (found up to date)" lines."""
 
 import json
-import os
 import re
 
 import numpy as np
 import pytest
-from workflow_runs import ROOT, segmentation, workflow
+from workflow_runs import ROOT, segmentation, stamp_files, tasks_of, workflow
 
-from apps.plan.dag import steps_of
-from apps.plan.resolved import resolve_plan
-from apps.run_setup import load_site_record
 from pipeline.core.roi import Roi
-from pipeline.core.stamps import STAMP_SUFFIX, holds_stamp
-from pipeline.data.staging import reads_in_place
 from pipeline.data.synthetic import SyntheticConfig, generate
 from pipeline.data.volumes import new_chunked_volume, open_volume
 from pipeline.inference.blocks import plan_blocks
 from pipeline.inference.stitching import later_neighbours, part_neighbours
-from pipeline.run.run_config import load_run_config
-from pipeline.run.run_layout import RunPaths
 
 pytestmark = [pytest.mark.slow]
 
@@ -76,25 +68,6 @@ def edit_chunk(raw_spec: str) -> None:
     """The image's chunk EDITED inverted: its one file written again, in the user's store."""
     with open_volume(raw_spec, writable=True) as target:
         target[EDITED.slices] = 255 - target[EDITED.slices]
-
-
-def tasks_of(run_dir):
-    """The run's tasks as the workflow plans them."""
-    config = load_run_config(run_dir / "config.json")
-    paths = RunPaths(run_dir, reads_in_place(config.data))
-    _, site = load_site_record(paths.site)
-    return [step.task for step in steps_of(resolve_plan(config, paths, site))]
-
-
-def stamp_files(tasks) -> dict[str, tuple[int, int]]:
-    """Per task, its stamp file's inode and mtime: a task that runs writes it anew."""
-    states = {}
-    for task in tasks:
-        output = task.outputs[0]
-        held = output if holds_stamp(output) else output.with_name(output.name + STAMP_SUFFIX)
-        stat = os.stat(held)
-        states[task.name] = (stat.st_ino, stat.st_mtime_ns)
-    return states
 
 
 def finished(out: str) -> dict[str, bool]:
