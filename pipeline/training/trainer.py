@@ -671,18 +671,36 @@ def _save_checkpoint(world: _World, state: _Checkpointed, loop: _Loop) -> None:
             f"{state.manager.latest_checkpoint or 'none'}); lower learning_rate"
         )
     name = f"ckpt-{int(state.step.numpy())}"
-    with _room_for_checkpoint(world, state.directory, name, streams=False):
-        for r, stream in zip(world.ranks, loop.streams, strict=True):
-            write_stream_state(state.directory, name, r, world.size, stream.state())
-    # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
-    started = [stream.examples_started for stream in loop.streams]
-    gathered = world.hvd.allgather(world.tf.constant(started, world.tf.int64)).numpy()
+    try:
+        with _room_for_checkpoint(world, state.directory, name, streams=False):
+            for r, stream in zip(world.ranks, loop.streams, strict=True):
+                write_stream_state(state.directory, name, r, world.size, stream.state())
+        # A collective: every rank's stream is on disk before rank 0 saves the checkpoint.
+        started = [stream.examples_started for stream in loop.streams]
+        gathered = world.hvd.allgather(world.tf.constant(started, world.tf.int64)).numpy()
+    except Exception:
+        # No checkpoint `name` will be (this rank found no room, or another did and left the
+        # collective): its streams go, whichever rank the launcher stops first.
+        _drop_streams(world, state.directory, name)
+        raise
     state.examples_started.assign(gathered)
     if world.lead:
         with _room_for_checkpoint(world, state.directory, name, streams=True):
             write_worlds(state.directory, name, loop.worlds)
             state.manager.save(checkpoint_number=int(state.step.numpy()))
         prune_stream_states(state.directory, state.manager.checkpoints)
+
+
+def _drop_streams(world: _World, directory: Path, name: str) -> None:
+    """The streams of checkpoint `name`, which will not be: rank 0 removes them all, every other
+    rank its own (rank 0 may be gone)."""
+    if world.lead:
+        shutil.rmtree(directory / STREAMS_DIR / name, ignore_errors=True)
+        return
+    for r in world.ranks:
+        _stream_state_path(directory, name, r, world.size).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the last one out (rank 0's own may still be there)
+        (directory / STREAMS_DIR / name).rmdir()
 
 
 # How a file system that takes no more reaches a writer: no space or no quota left, or a file past

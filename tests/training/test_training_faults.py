@@ -94,7 +94,9 @@ def text_of(path: Path) -> str:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["full disk", "file-size limit"])
+@pytest.mark.parametrize(
+    "fault", ["full disk", "full disk, no room for the streams", "file-size limit"]
+)
 def test_a_checkpoint_that_finds_no_room_fails_in_one_line_and_the_run_goes_on_from_the_last(
     training_data, tmp_path, fault
 ):
@@ -106,15 +108,18 @@ def test_a_checkpoint_that_finds_no_room_fails_in_one_line_and_the_run_goes_on_f
       checkpoint's data file (430 KB), as on a disk that fills up during a run. TensorFlow's
       checkpoint writer gets ENOSPC and raises ResourceExhaustedError. Skipped where no tmpfs can
       be mounted without root (no user namespaces).
+    - "full disk, no room for the streams": the same with 30 KB left, less than the ranks'
+      streams of the checkpoint, written before it: the ranks fail there, one before the other,
+      and none of the streams already written is kept either.
     - "file-size limit": the same fault simulated, for where no disk can be filled: the ranks'
       file-size limit (RLIMIT_FSIZE, set from outside as `prlimit` does) drops to 200 KB, so the
       checkpoint's data file cannot grow past it: the kernel's EFBIG, "File too large", which
       TensorFlow raises as OutOfRangeError. The same write fails at the same place; only the
       errno differs (the log stays writable here)."""
-    if fault == "full disk" and (why := SmallDisk.missing()):
+    if fault.startswith("full disk") and (why := SmallDisk.missing()):
         pytest.skip(why)
     with contextlib.ExitStack() as stack:
-        if fault == "full disk":
+        if fault.startswith("full disk"):
             disk = SmallDisk(tmp_path / "disk", 64 * 2**20)
             stack.callback(disk.close)
             train_dir, seen = disk.path / "train", disk.seen
@@ -133,8 +138,8 @@ def test_a_checkpoint_that_finds_no_room_fails_in_one_line_and_the_run_goes_on_f
         running = launch(command, seen(train_dir / "train.log"), training_data, seen(train_dir))
         # A save is complete once the manager's state file names it.
         wait_for(lambda: '"ckpt-4"' in text_of(checkpoints / "checkpoint"), running, "ckpt-4")
-        if fault == "full disk":
-            disk.fill(leave=200_000)
+        if fault.startswith("full disk"):
+            disk.fill(leave=30_000 if "streams" in fault else 200_000)
         else:
             limit_file_size(local_ranks(train_dir), 200_000)
 
@@ -142,7 +147,7 @@ def test_a_checkpoint_that_finds_no_room_fails_in_one_line_and_the_run_goes_on_f
 
         assert isinstance(error, StageFailed), error
         message = str(error)
-        words = "no space left on device" if fault == "full disk" else "file too large"
+        words = "no space left on device" if fault.startswith("full disk") else "file too large"
         where = re.escape(str(train_dir / "checkpoints"))
         match = re.fullmatch(
             rf"training exited with code 1: error: {words} writing checkpoint {where}/ckpt-(\d+) "
@@ -162,7 +167,7 @@ def test_a_checkpoint_that_finds_no_room_fails_in_one_line_and_the_run_goes_on_f
 
         # Room again (the filler deleted, or a new process without the limit): the run goes on
         # from the last complete checkpoint, through the one that failed.
-        if fault == "full disk":
+        if fault.startswith("full disk"):
             disk.free()
         flags = ("--max-steps", str(failed), *EVERY)
         resumed = processes.run(inside(launch_line(training_data, train_dir, *flags)), timeout=600)
