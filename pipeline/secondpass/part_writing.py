@@ -98,16 +98,12 @@ def write_merged_part(
             return kept(box)
         return filled_part(box, blocks.volume_shape, config.fill_margin, kept, boundary)
 
-    if not supervoxels:
-        return write_part_labels(k, layer_part(k, blocks, layer.layout), labels_of, layer)
-    held = {}
-
-    def listed(box):
-        held["ids"] = labels_of(box)
-        return held["ids"]
-
-    record = write_part_labels(k, layer_part(k, blocks, layer.layout), listed, layer)
-    return record | {"ids": [int(i) for i in fastremap.unique(held.pop("ids")) if i]}
+    part = layer_part(k, blocks, layer.layout)
+    labels = labels_of(part)
+    record = write_part_labels(k, part, lambda _: labels, layer)
+    if supervoxels:
+        record["ids"] = [int(i) for i in fastremap.unique(labels) if i]
+    return record
 
 
 def write_graph_part(
