@@ -123,16 +123,22 @@ def no_proxy(monkeypatch):
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> str:
-    """An S3-compatible server on 127.0.0.1 (moto), for the module's tests."""
+    """An S3-compatible server on 127.0.0.1 (moto), for the module's tests. As S3, it lets a
+    web page of another origin read a bucket only if the bucket's CORS rules allow it: moto's
+    own CORS headers on every answer are off."""
+    from moto.moto_server import werkzeug_app
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        # Read when the server makes its S3 app, at its first request.
+        patch.setattr(werkzeug_app, "DISABLE_GLOBAL_CORS", True)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
 
 
 @pytest.fixture

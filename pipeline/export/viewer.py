@@ -424,15 +424,27 @@ def viewer_origins(viewer_url: str) -> set[str]:
     return origins
 
 
+def browser_url(destination: str) -> str:
+    """The URL a browser reads the bucket `destination` by. Neuroglancer takes `s3://` to mean
+    AWS's own host, so an S3-compatible store elsewhere (its endpoint in AWS_ENDPOINT_URL_S3 or
+    AWS_ENDPOINT_URL, where boto3 under cloud-files finds it) is named over HTTP instead, by
+    path: `http://host:port/bucket/path`. AWS (no endpoint set) and `gs://`: unchanged."""
+    scheme, _, path = destination.partition("://")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if scheme != "s3" or not endpoint:
+        return destination
+    return f"{endpoint.rstrip('/')}/{path}"
+
+
 def remote_link(
     destination: str,
     segments: Sequence[int] | None = None,
     equivalences: Sequence[Sequence[int]] = (),
 ) -> str:
     """A Neuroglancer URL of the export published to bucket `destination`: its layers'
-    sources `precomputed://<destination>/...`, read by the browser from the store itself (no
-    server here); `segments`, by default the largest few, shown; `equivalences` as one object
-    each (in the URL's state)."""
+    sources `precomputed://<destination>/...` (`browser_url`), read by the browser from the
+    store itself (no server here); `segments`, by default the largest few, shown;
+    `equivalences` as one object each (in the URL's state)."""
     if not destination_complete(destination):
         raise PrecomputedError(f"{destination}: not a complete export")
     from cloudfiles import CloudFiles
@@ -444,7 +456,8 @@ def remote_link(
     )  # fmt: skip
     shown = _largest(properties, DEFAULT_SEGMENT_COUNT) if segments is None else list(segments)
     state = neuroglancer.ViewerState()
-    _fill(state, destination, shown, image["scales"][0], "skeletons" in layer, equivalences)
+    data_url = browser_url(destination)
+    _fill(state, data_url, shown, image["scales"][0], "skeletons" in layer, equivalences)
     return neuroglancer.to_url(state, prefix=NEUROGLANCER_PAGE)
 
 

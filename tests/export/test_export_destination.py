@@ -1,14 +1,23 @@
 """An export published to a destination URL (`[export] destination`,
 pipeline.export.destination), tested against the S3 stand-in on 127.0.0.1 (tests/conftest.py's
 `s3_bucket`): it reads back as the export written here, its completeness is checked in the store,
-`view` prints a link to it and serves nothing, and a scheme it cannot write is refused."""
+`view` prints a link to it (the stand-in by its endpoint) and serves nothing, Neuroglancer in
+headless Chromium draws it from there once the bucket's CORS rule lets it, and a scheme it cannot
+write is refused."""
 
+import contextlib
 import dataclasses
+import json
+import logging
+import re
 import urllib.parse
 from pathlib import Path
 
+import boto3
+import neuroglancer
 import numpy as np
 import pytest
+from browser import chromium, coloured, wait_for
 from cloudfiles import CloudFiles
 from cloudvolume import CloudVolume
 
@@ -16,7 +25,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.data.synthetic import SyntheticConfig, generate
 from pipeline.export.destination import destination_complete, publish, published_to
 from pipeline.export.layers import ExportConfig, export_complete, export_precomputed, recorded_files
-from pipeline.export.viewer import serve_forever
+from pipeline.export.viewer import browser_url, serve_forever
 from pipeline.run.run_config import load_run_config
 
 SHAPE = (16, 32, 48)
@@ -72,17 +81,112 @@ def test_a_recorded_file_deleted_from_the_store_makes_it_incomplete(volume, s3_b
     assert not destination_complete(destination)
 
 
+def printed_link(capsys: pytest.CaptureFixture) -> str:
+    """The Neuroglancer link `view` printed."""
+    line = next(line for line in capsys.readouterr().out.splitlines() if "Neuroglancer" in line)
+    return line.split("Neuroglancer: ", 1)[1]
+
+
 def test_view_prints_a_link_to_the_remote_export_and_serves_nothing(
-    volume, s3_bucket, tmp_path, capsys
+    volume, s3_bucket, moto_endpoint, tmp_path, capsys
 ):
     destination = f"s3://{s3_bucket}/run"
     folder = export_to(volume, tmp_path / "run", destination)
     serve_forever(folder)  # returns at once: no server to keep
-    link = next(line for line in capsys.readouterr().out.splitlines() if "Neuroglancer" in line)
-    state = urllib.parse.unquote(link)
-    assert "https://neuroglancer-demo.appspot.com" in state
-    assert f"precomputed://{destination}/segmentation" in state
-    assert f"precomputed://{destination}/image" in state and '"skeletons":true' in state
+    state = urllib.parse.unquote(printed_link(capsys))
+    assert state.startswith("https://neuroglancer-demo.appspot.com")
+    # The stand-in by its endpoint, over HTTP: to Neuroglancer `s3://` is AWS.
+    url = f"{moto_endpoint}/{s3_bucket}/run"
+    assert f"precomputed://{url}/segmentation" in state
+    assert f"precomputed://{url}/image" in state and '"skeletons":true' in state
+
+
+@pytest.mark.parametrize(
+    ("destination", "environment", "url"),
+    [
+        ("s3://b/run", {}, "s3://b/run"),
+        ("gs://b/run", {"AWS_ENDPOINT_URL_S3": "http://h:9"}, "gs://b/run"),
+        ("s3://b/run", {"AWS_ENDPOINT_URL_S3": "http://h:9/"}, "http://h:9/b/run"),
+        ("s3://b/run", {"AWS_ENDPOINT_URL": "https://h"}, "https://h/b/run"),
+        ("s3://b/run", {"AWS_ENDPOINT_URL": "https://h", "AWS_ENDPOINT_URL_S3": "http://s"},
+         "http://s/b/run"),
+    ],
+)  # fmt: skip
+def test_a_bucket_is_linked_by_its_endpoint_only_outside_aws(
+    destination, environment, url, monkeypatch
+):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert browser_url(destination) == url
+
+
+def asked(caplog: pytest.LogCaptureFixture, request: re.Pattern) -> bool:
+    """Whether the S3 stand-in answered `request`: its log lines, `"GET /path HTTP/1.1" 206`
+    (colour codes inside the quotes but for a 200)."""
+    return any(request.search(r.getMessage()) for r in caplog.records if r.name == "werkzeug")
+
+
+def public_read(bucket: str) -> str:
+    """A policy letting anyone read `bucket`'s objects, as a browser reads them: unsigned."""
+    return json.dumps(
+        {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+             "Resource": f"arn:aws:s3:::{bucket}/*"}
+        ]}
+    )  # fmt: skip
+
+
+@pytest.mark.browser
+def test_headless_chromium_renders_the_export_from_the_s3_stand_in_once_cors_allows_it(
+    volume, s3_bucket, moto_endpoint, tmp_path, capsys, caplog
+):
+    """The printed link's state, opened in Neuroglancer's own client served here (its public
+    page needs the internet): a page of another origin than the bucket's, so it reads the
+    layers only once the bucket's CORS rule allows it, and then draws the segmentation."""
+    destination = f"s3://{s3_bucket}/run"
+    folder = export_to(volume, tmp_path / "run", destination)
+    serve_forever(folder)
+    state = neuroglancer.parse_url(printed_link(capsys))
+    key = json.loads((folder / "segmentation" / "info").read_text())["scales"][0]["key"]
+    chunks = re.compile(rf'GET /{s3_bucket}/run/segmentation/{re.escape(key)}/\S+ HTTP\S*" 20[06]')
+    refused = f"{moto_endpoint}/{s3_bucket}/run/segmentation/info' from origin"
+    s3 = boto3.client("s3")
+    s3.put_bucket_policy(Bucket=s3_bucket, Policy=public_read(s3_bucket))
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    neuroglancer.set_server_bind_address("127.0.0.1")
+    viewer = neuroglancer.Viewer()
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(neuroglancer.stop)
+        viewer.set_state(state)
+        driver = chromium(tmp_path / "chromium-profile")
+        cleanup.callback(driver.quit)
+
+        def shows_segments() -> bool:
+            return coloured(driver.get_screenshot_as_png(), "left")
+
+        caplog.clear()
+        driver.get(viewer.get_viewer_url())
+        # Readable, but not across origins: the browser refuses the page the bucket's answers.
+        blocked = wait_for(
+            lambda: [m for m in driver.get_log("browser") if refused in m["message"]], 60
+        )
+        assert blocked and "CORS policy" in blocked[0]["message"], "not refused the stand-in"
+        assert not asked(caplog, chunks) and not shows_segments()
+        s3.put_bucket_cors(
+            Bucket=s3_bucket,
+            CORSConfiguration={"CORSRules": [
+                {"AllowedOrigins": ["*"], "AllowedMethods": ["GET", "HEAD"],
+                 "AllowedHeaders": ["*"]}
+            ]},
+        )  # fmt: skip
+        driver.refresh()
+        rendered = wait_for(shows_segments, 180)
+        screenshot = tmp_path / "viewer.png"
+        screenshot.write_bytes(driver.get_screenshot_as_png())
+        assert rendered, f"no segmentation in the 2-D panel after 180 s (see {screenshot})"
+        assert asked(caplog, chunks)  # its chunks, from the stand-in
 
 
 def test_a_folder_elsewhere_is_a_complete_export_served_from_there(volume, tmp_path):

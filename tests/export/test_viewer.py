@@ -3,12 +3,10 @@ ranges), the viewer's state and URLs, and, with headless Chromium, that Neurogla
 draws the segmentation and its meshes through the token-bearing URLs."""
 
 import gzip
-import io
 import json
 import re
 import shutil
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -16,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from browser import chromium, coloured, wait_for
 from test_volumes import small_pair, write_sharded_precomputed
 
 from pipeline.cli import viewer as viewer_cli
@@ -457,54 +456,13 @@ def test_cli_reports_an_incomplete_export(tmp_path, capsys):
     assert "not a complete export" in capsys.readouterr().err
 
 
-def coloured(png: bytes, half: str) -> bool:
-    """Whether one half of a screenshot shows segment colours: over 5% of its pixels strongly
-    coloured, in at least 5 distinct hues (of 24) of 500 pixels each. The EM image is grey; the
-    UI's few coloured lines and the yellow bounding box stay far below that."""
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    width, height = image.size
-    image = image.crop(
-        (0, 0, width // 2, height) if half == "left" else (width // 2, 0, width, height)
-    )
-    rgb = np.asarray(image).astype(np.int32)
-    high, low = rgb.max(-1), rgb.min(-1)
-    mask = (high - low > 60) & (high > 80)
-    hue = np.asarray(image.convert("HSV"))[..., 0][mask].astype(np.int32)
-    hues = np.bincount(hue * 24 // 256, minlength=24)
-    return mask.mean() > 0.05 and np.count_nonzero(hues >= 500) >= 5
-
-
-def wait_for(condition, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(1)
-    return condition()
-
-
 @pytest.mark.browser
 def test_headless_chromium_renders_the_segmentation_and_its_meshes(precomputed, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for flag in (
-        "--headless=new --no-sandbox --use-angle=swiftshader --enable-unsafe-swiftshader "
-        "--disable-background-networking --disable-component-update --no-first-run "
-        "--disable-sync --disable-gpu --window-size=1000,800"
-    ).split():
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    options.binary_location = shutil.which("chromium")
     with viewer.start_viewer(precomputed) as handle:
         # Through the tokens only: the viewer's in the URL opened, the data server's in the
         # layers' URLs (a request without it would be refused).
         assert f"/{handle.server.token}/" in handle.viewer.state.layers["image"].source[0].url
-        driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+        driver = chromium(tmp_path / "chromium-profile")
         try:
             driver.get(handle.url)
 
