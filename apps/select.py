@@ -8,7 +8,7 @@ from site_configs import CPU_LABEL
 
 @python_app(executors=[CPU_LABEL])
 def select_checkpoint(settings: dict, io: SelectCheckpoint, inputs=(), outputs=()):
-    """settings: {"selection": SelectionConfig}."""
+    """settings: {"selection": SelectionConfig, "partitions": {"min_object_voxels": ...}}."""
     from pipeline.core.config_io import from_dict
     from pipeline.core.stamps import run_once
     from pipeline.data.volumes import read_volume_pair
@@ -23,7 +23,13 @@ def select_checkpoint(settings: dict, io: SelectCheckpoint, inputs=(), outputs=(
     def work() -> str:
         volume = read_volume_pair(f"{io.scored_on}:raw", f"{io.scored_on}:labels")
         config = from_dict(SelectionConfig, settings["selection"])
-        select_checkpoint(io.train_summary.parent, volume, config, str(io.selection))
+        select_checkpoint(
+            io.train_summary.parent,
+            volume,
+            config,
+            str(io.selection),
+            min_object_voxels=settings["partitions"]["min_object_voxels"],
+        )
         return selection_token(str(io.selection))
 
     # The chosen checkpoint's files (size, mtime) in the stamp: one damaged since (cut short)

@@ -83,11 +83,16 @@ def dark_bodies(raw: np.ndarray, labels: np.ndarray, below_sd: float) -> list[in
     return [int(i) for i in large[means <= median - below_sd * spread]]
 
 
-def training_partitions(raw, labels, below_sd: float) -> tuple[np.ndarray, list[int]]:
-    """FFN's partitions of the training part, the dark bodies' voxels as DARK_CLASS, and every
-    voxel whose example would reach into the crop excluded."""
+def training_partitions(
+    raw, labels, below_sd: float, min_object_voxels: int
+) -> tuple[np.ndarray, list[int]]:
+    """FFN's partitions of the training part (objects under `min_object_voxels` left out), the
+    dark bodies' voxels as DARK_CLASS, and every voxel whose example would reach into the crop
+    excluded."""
     reach = canvas_radius(checkpoint_model_config(CHECKPOINT), ExampleConfig())
-    partitions = compute_partitions(labels, margin_zyx=reach, progress=True)
+    partitions = compute_partitions(
+        labels, margin_zyx=reach, min_object_voxels=min_object_voxels, progress=True
+    )
     dark = dark_bodies(raw, labels, below_sd)
     inside = (partitions != EXCLUDED) & (partitions != 0) & np.isin(labels, dark)
     partitions[inside] = DARK_CLASS
@@ -96,12 +101,12 @@ def training_partitions(raw, labels, below_sd: float) -> tuple[np.ndarray, list[
     return partitions, dark
 
 
-def prepare(out: Path, below_sd: float) -> None:
+def prepare(out: Path, below_sd: float, min_object_voxels: int) -> None:
     with h5py.File(FLYEM, "r") as f:
         raw = f["volumes/raw"][TRAINING_PART.slices]
         labels = f["volumes/labels/neuron_ids"][TRAINING_PART.slices]
-    partitions, dark = training_partitions(raw, labels, below_sd)
-    config = PartitionConfig()
+    partitions, dark = training_partitions(raw, labels, below_sd, min_object_voxels)
+    config = PartitionConfig(min_object_voxels=min_object_voxels)
     coords = build_coordinates(partitions, config.samples_per_class, config.seed)
     classes = partitions[tuple(coords.T)]
     with atomic_path(out / "train.h5") as tmp, h5py.File(tmp, "w") as f:
@@ -172,6 +177,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dark-sd", type=float, default=2.0)
+    parser.add_argument(
+        "--min-object-voxels",
+        type=int,
+        default=0,
+        help="never sample smaller objects (FFN's --min_size; 10000 there)",
+    )
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--judge", action="store_true", help="only judge the checkpoints")
@@ -185,7 +196,7 @@ def main() -> None:
         return
     if not args.judge:
         if not (args.out / "coordinates.npz").exists():
-            prepare(args.out, args.dark_sd)
+            prepare(args.out, args.dark_sd, args.min_object_voxels)
         train(args.out, args.max_steps)
     judge(args.out, args.seeds)
 

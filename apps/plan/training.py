@@ -47,7 +47,9 @@ def _training_steps(plan: RunPlan) -> list[Step]:
     return _labelled_parts(plan) + [
         _preprocess_step(plan),
         _train_step("train", plan, config.train, launch, paths.train_dir),
-        task_step("select", {"selection": config_io.to_dict(config.selection)},
+        task_step("select", {"selection": config_io.to_dict(config.selection),
+                             # held-out FOVs leave out the objects training leaves out
+                             "partitions": {"min_object_voxels": config.partitions.min_object_voxels}},
                   SelectCheckpoint(train_summary=paths.train_summary, scored_on=scored_on, selection=paths.selection),
                   apps.select.select_checkpoint),
     ]  # fmt: skip

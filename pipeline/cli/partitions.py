@@ -73,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--seed", type=int, default=defaults.seed, help="sampling seed (default: %(default)s)")
     add(
+        "--min-object-voxels",
+        type=int,
+        metavar="N",
+        default=defaults.min_object_voxels,
+        help="never sample objects with fewer voxels, the annotation's specks (default: "
+        "%(default)s, every object; FFN's --min_size is 10000)",
+    )
+    add(
         "--voxel-size",
         nargs=3,
         type=float,
@@ -89,6 +97,7 @@ def _run(args: argparse.Namespace) -> None:
         margin_zyx=None if args.margin is None else tuple(args.margin),
         samples_per_class=args.samples_per_class,
         seed=args.seed,
+        min_object_voxels=args.min_object_voxels,
     )
     preprocess(
         args.labels, args.partitions_out, args.coordinates_out, config,

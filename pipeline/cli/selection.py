@@ -36,6 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--config", help="JSON file of SelectionConfig settings; flags override it")
     add("--voxel-size", nargs=3, type=float, metavar=("Z", "Y", "X"), help="in nm, if not stored")
+    add(
+        "--min-object-voxels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="centre no held-out FOV on a smaller object: the training's partitions setting "
+        "(default: %(default)s, every object)",
+    )
     add_arguments(parser, SelectionConfig)
     return parser
 
@@ -46,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = config_io.load_json(SelectionConfig, args.config) if args.config else SelectionConfig()
     config = from_arguments(SelectionConfig, args, base)
     volume = read_volume_pair(args.raw, args.labels, voxel_size_nm=args.voxel_size)
-    record = select_checkpoint(args.train_dir, volume, config, args.output)
+    record = select_checkpoint(
+        args.train_dir, volume, config, args.output, min_object_voxels=args.min_object_voxels
+    )
     for row in record["candidates"]:
         print(
             f"step {row['step']:>8}  fov_f1 {row['fov_f1']:.4f}"

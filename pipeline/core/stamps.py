@@ -533,6 +533,7 @@ ADDED_SETTINGS: tuple[dict[tuple[str, str], object], ...] = (
     {("train", "virtual_ranks"): 1},
     {("train", "optimizer"): "adam", ("train", "momentum"): 0.9},
     {("agglomeration", "fill_min_size"): 0},
+    {("partitions", "min_object_voxels"): 0},
 )
 
 
@@ -546,6 +547,8 @@ def _as_stamped_before(settings: dict, since: int) -> dict | None:
             if isinstance(part, dict) and name in part:
                 if part.pop(name) != value:
                     return None
+                if not part:  # a section of added settings only was not there at all
+                    del older[section]
     return older
 
 

@@ -8,7 +8,10 @@ class, so thin neurites and object borders are seen as often as the insides of l
 Differences from FFN, on purpose:
   * the partition map keeps the volume's shape (FFN crops the margin), so coordinates index the
     volume directly; voxels within `margin_zyx` of the border are class 255 (excluded);
-  * unlabeled voxels are class 0 and, like 255, are never sampled;
+  * unlabeled voxels are class 0 and, like 255, are never sampled; so are the voxels of objects
+    smaller than `min_object_voxels` (FFN's `--min_size`, which clears such "dust" before
+    partitioning and would still sample it as class 0, training the network to fill specks of
+    a few voxels that a ground truth's annotation leaves behind);
   * coordinates are an `.npz` file (zyx, with the volume name and each coordinate's class), not a
     TFRecord, and each training rank reads only its own shard.
 
@@ -91,6 +94,9 @@ class PartitionConfig:
     margin_zyx: ZYX | None = None  # None: the LOM radius
     samples_per_class: int = 5000
     seed: int = 0
+    # Objects with fewer voxels (in the whole label volume) are never sampled; 0 samples every
+    # object. FFN's own default is 10,000 (compute_partitions.py's --min_size).
+    min_object_voxels: int = 0
 
     def __post_init__(self) -> None:
         radius = _check_zyx(self.lom_radius_zyx, "lom_radius_zyx")
@@ -100,6 +106,7 @@ class PartitionConfig:
             object.__setattr__(self, "margin_zyx", _check_margin(self.margin_zyx, radius))
         _check_int(self.samples_per_class, "samples_per_class", minimum=1)
         _check_int(self.seed, "seed", minimum=0)
+        _check_int(self.min_object_voxels, "min_object_voxels", minimum=0)
 
     @property
     def margin(self) -> ZYX:
@@ -183,13 +190,15 @@ def compute_partitions(
     lom_radius_zyx: Sequence[int] = DEFAULT_LOM_RADIUS_ZYX,
     margin_zyx: Sequence[int] | None = None,
     *,
+    min_object_voxels: int = 0,
     progress: bool = False,
 ) -> np.ndarray:
     """FFN's partition map of a (z, y, x) label volume, same shape, uint8.
 
     For each labeled voxel, the fraction f of its (2r+1)-voxel window (r = `lom_radius_zyx`) that
     has its own label gives class 1 + (index of the first threshold with f < threshold), or
-    len(thresholds) + 1 when f >= every threshold. Unlabeled voxels are 0; voxels within
+    len(thresholds) + 1 when f >= every threshold. Unlabeled voxels, and those of objects with
+    fewer than `min_object_voxels` voxels in `labels`, are 0; voxels within
     `margin_zyx` (default: the radius) of the border are 255, whatever their label.
     """
     if labels.ndim != 3:
@@ -208,7 +217,8 @@ def compute_partitions(
     output = np.full(labels.shape, EXCLUDED, dtype=np.uint8)
     output[interior] = UNLABELED
     core = ids[interior]  # only these voxels get a class; their windows lie inside the volume
-    objects = _voxels_by_object(core)
+    sizes = np.bincount(ids.ravel())
+    objects = [(k, v) for k, v in _voxels_by_object(core) if sizes[k] >= min_object_voxels]
     for k, voxels in tqdm(objects, desc="partitions", unit="object", disable=not progress):
         # Voxels are in (z, y, x) order, so a chunk of them is a slab of the object.
         chunks = (voxels[i : i + CHUNK_VOXELS] for i in range(0, len(voxels), CHUNK_VOXELS))
@@ -317,6 +327,7 @@ def save_coordinates(
             "margin_zyx": np.array(config.margin),
             "samples_per_class": np.int64(config.samples_per_class),
             "seed": np.int64(config.seed),
+            "min_object_voxels": np.int64(config.min_object_voxels),
         }
     # A file object, because np.savez would append ".npz" to a temporary name without it.
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
@@ -386,7 +397,7 @@ def _class_table(partitions: np.ndarray, sampled: np.ndarray, thresholds: Sequen
     voxels = np.bincount(partitions.ravel(), minlength=EXCLUDED + 1)
     samples = np.bincount(sampled, minlength=EXCLUDED + 1)
     bounds = [0.0, *thresholds]
-    ranges = {UNLABELED: "unlabeled", EXCLUDED: "margin (excluded)"}
+    ranges = {UNLABELED: "unlabeled/small", EXCLUDED: "margin (excluded)"}
     for c in range(1, len(thresholds) + 2):
         low = bounds[c - 1]
         ranges[c] = f"[{low:g}, {thresholds[c - 1]:g})" if c <= len(thresholds) else f"[{low:g}, 1]"
@@ -412,7 +423,12 @@ def preprocess(
     labels, voxel_size = read_labels(spec, voxel_size_nm)
     start = time.perf_counter()
     partitions = compute_partitions(
-        labels, config.thresholds, config.lom_radius_zyx, config.margin_zyx, progress=progress
+        labels,
+        config.thresholds,
+        config.lom_radius_zyx,
+        config.margin_zyx,
+        min_object_voxels=config.min_object_voxels,
+        progress=progress,
     )
     partition_seconds = time.perf_counter() - start
     attrs = {
@@ -420,6 +436,7 @@ def preprocess(
         "thresholds": config.thresholds,
         "lom_radius_zyx": config.lom_radius_zyx,
         "margin_zyx": config.margin,
+        "min_object_voxels": config.min_object_voxels,
     }
     write_volumes(partitions_out, {PARTITIONS_DATASET: partitions}, voxel_size, attrs)
     start = time.perf_counter()

@@ -152,12 +152,15 @@ def checkpoint_step(checkpoint: str | Path) -> int:
 
 
 def held_out_coordinates(
-    labels: np.ndarray, model: ModelConfig, count: int, seed: int
+    labels: np.ndarray, model: ModelConfig, count: int, seed: int, min_object_voxels: int = 0
 ) -> np.ndarray:
     """`count` FOV centres (N, 3) zyx, balanced over FFN's partition classes as in training (local
-    object mask radius: the FOV's), all at least a FOV radius from the border."""
+    object mask radius: the FOV's; objects under `min_object_voxels` left out as training leaves
+    them out), all at least a FOV radius from the border."""
     radius = tuple(int(f) // 2 for f in model.fov_shape_zyx)
-    partitions = compute_partitions(labels, DEFAULT_THRESHOLDS, radius, radius)
+    partitions = compute_partitions(
+        labels, DEFAULT_THRESHOLDS, radius, radius, min_object_voxels=min_object_voxels
+    )
     # Shuffled and balanced: any prefix is a balanced sample in expectation.
     return build_coordinates(partitions, count, seed)[:count]
 
@@ -292,16 +295,21 @@ def select_checkpoint(
     volume: LabeledVolume,
     config: SelectionConfig | None = None,
     output: str | Path | None = None,
+    *,
+    min_object_voxels: int = 0,
 ) -> dict:
     """Score the candidates of `train_dir` (`candidate_checkpoints`) on the held-out `volume`,
-    write the choice to `output` (default TRAIN_DIR/selection.json) and return it."""
+    write the choice to `output` (default TRAIN_DIR/selection.json) and return it. Held-out FOVs
+    are centred on objects of at least `min_object_voxels`: the training's partition setting."""
     config = config or SelectionConfig()
     output = Path(output) if output is not None else Path(train_dir) / SELECTION_FILE
     candidates = candidate_checkpoints(train_dir, config)
     if not candidates:
         raise CheckpointError(f"{train_dir}: no checkpoints (checkpoints/ckpt-N.index)")
     model_config = checkpoint_model_config(candidates[-1])
-    coords = held_out_coordinates(volume.labels, model_config, config.held_out_fovs, config.seed)
+    coords = held_out_coordinates(
+        volume.labels, model_config, config.held_out_fovs, config.seed, min_object_voxels
+    )
     model = build_model(model_config)
     predict = make_model_predictor(model)  # reads the model's variables: reloading updates it
     losses = _recorded_losses(Path(train_dir) / "metrics.csv")

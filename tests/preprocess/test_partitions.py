@@ -33,14 +33,14 @@ def blocky_labels(shape, seed, ids=5, block=3):
     return labels.astype(np.uint64)
 
 
-def brute_force_partitions(labels, thresholds, radius, margin):
+def brute_force_partitions(labels, thresholds, radius, margin, min_object_voxels=0):
     """The definition, one voxel at a time."""
     out = np.full(labels.shape, EXCLUDED, dtype=np.uint8)
     window_size = np.prod([2 * r + 1 for r in radius])
     for p in np.ndindex(labels.shape):
         if any(c < m or c >= s - m for c, m, s in zip(p, margin, labels.shape, strict=True)):
             continue
-        if labels[p] == 0:
+        if labels[p] == 0 or np.count_nonzero(labels == labels[p]) < min_object_voxels:
             out[p] = 0
             continue
         window = labels[tuple(slice(c - r, c + r + 1) for c, r in zip(p, radius, strict=True))]
@@ -106,6 +106,37 @@ def test_partitions_match_brute_force(seed):
     )
 
 
+def test_small_objects_are_left_unlabeled_as_ffn_clears_dust():
+    # Object 3 is a 2-voxel speck, as annotations leave behind; at min_object_voxels 3 its voxels
+    # are class 0 (never sampled) while the others keep their classes, counted with the speck.
+    labels = np.ones((5, 5, 5), dtype=np.uint64)
+    labels[:, :, 3:] = 2
+    labels[2, 2, 2:4] = 3
+    every = compute_partitions(labels, (0.1, 0.5, 0.9), (1, 1, 1))
+    no_specks = compute_partitions(labels, (0.1, 0.5, 0.9), (1, 1, 1), min_object_voxels=3)
+
+    assert every[2, 2, 2] != 0 and every[2, 2, 3] != 0
+    assert no_specks[2, 2, 2] == 0 and no_specks[2, 2, 3] == 0
+    speck = labels == 3
+    np.testing.assert_array_equal(no_specks[~speck], every[~speck])
+
+
+@pytest.mark.parametrize("min_object_voxels", [0, 150, 1000])
+def test_partitions_without_small_objects_match_brute_force(min_object_voxels):
+    labels = blocky_labels((9, 12, 14), seed=3, ids=9)
+    sizes = np.unique(labels[labels > 0], return_counts=True)[1]
+    assert sizes.min() < 150 <= sizes.max()  # some objects are left out at 150, not all
+
+    got = compute_partitions(
+        labels, DEFAULT_THRESHOLDS, (1, 2, 2), (1, 2, 2), min_object_voxels=min_object_voxels
+    )
+
+    expected = brute_force_partitions(
+        labels, DEFAULT_THRESHOLDS, (1, 2, 2), (1, 2, 2), min_object_voxels
+    )
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("chunk_voxels", [1 << 22, 7])
 def test_objects_processed_in_pieces_match_brute_force(monkeypatch, chunk_voxels):
     # Diagonal rods: their bounding boxes are mostly empty, so they are processed in blocks
@@ -164,6 +195,8 @@ def test_partitions_reject_bad_settings(kwargs):
         {"margin_zyx": (7, 15, 16)},
         {"samples_per_class": 0},
         {"seed": -1},
+        {"min_object_voxels": -1},
+        {"min_object_voxels": 1.5},
     ],
 )
 def test_config_rejects_bad_settings(kwargs):
@@ -354,15 +387,18 @@ def test_cli_end_to_end(tmp_path, capsys):
             *("--labels", f"{labels_path}:labels"),
             *("--partitions-out", str(parts_path), "--coordinates-out", str(coords_path)),
             *("--lom-radius", "1", "2", "2", "--thresholds", "0.3", "0.6", "0.9"),
-            *("--samples-per-class", "25", "--seed", "1"),
+            *("--samples-per-class", "25", "--seed", "1", "--min-object-voxels", "500"),
         ]
     )
 
     assert code == 0
-    expected = compute_partitions(labels, (0.3, 0.6, 0.9), (1, 2, 2))
+    expected = compute_partitions(labels, (0.3, 0.6, 0.9), (1, 2, 2), min_object_voxels=500)
     with h5py.File(parts_path, "r") as f:
         np.testing.assert_array_equal(f["partitions"][...], expected)
         assert tuple(f["partitions"].attrs["voxel_size_nm"]) == (40.0, 8.0, 8.0)
+    assert (expected == 0).sum() > (
+        compute_partitions(labels, (0.3, 0.6, 0.9), (1, 2, 2)) == 0
+    ).sum()
     coordinates = load_coordinates(coords_path)
     assert coordinates.volume_name == "vol"  # the labels file's stem
     np.testing.assert_array_equal(coordinates.coords, build_coordinates(expected, 25, seed=1))

@@ -6,6 +6,7 @@ which the restructuring kept.
 The fixture (tests/fixtures/README.md) holds the run's outputs and stamps, with their mtimes to
 the nanosecond (a POSIX tar); Parsl's logs, the code copy and the checkpoints are left out."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -58,3 +59,16 @@ def test_its_stamps_still_see_a_changed_output(old_run):
     reasons = planned(old_run)
     assert "output changed since it was made: staged/eval.h5" in reasons["stage[eval]"]
     assert reasons["infer[0]"] is not None and reasons["export"] is not None
+
+
+def test_small_objects_left_out_make_its_coordinates_and_selection_stale(old_run):
+    # `[partitions] min_object_voxels`, added since, is at 0 in the run above: up to date. Set,
+    # it changes the training's coordinates and the selection's held-out FOVs alike.
+    config = old_run / "config.json"
+    settings = json.loads(config.read_text())
+    settings["partitions"]["min_object_voxels"] = 10000
+    config.write_text(json.dumps(settings))
+    reasons = planned(old_run)
+    # (its stamps, older than the setting, name it null)
+    assert "settings changed: partitions.min_object_voxels null -> 10000" in reasons["preprocess"]
+    assert reasons["train"] == "after preprocess" and reasons["select"] == "after train"

@@ -112,6 +112,17 @@ def test_held_out_coordinates_leave_room_for_a_fov():
     assert (coords >= (2, 4, 4)).all() and (coords < (14, 36, 36)).all()
 
 
+def test_held_out_coordinates_leave_out_small_objects_as_training_does():
+    _, labels = hand_made_volume()
+    ids, sizes = np.unique(labels[labels > 0], return_counts=True)
+    smallest = ids[np.argmin(sizes)]
+    assert smallest in labels[tuple(held_out_coordinates(labels, MODEL, 400, seed=0).T)]
+
+    coords = held_out_coordinates(labels, MODEL, 400, seed=0, min_object_voxels=sizes.min() + 1)
+
+    assert smallest not in labels[tuple(coords.T)] and labels[tuple(coords.T)].all()
+
+
 def test_a_run_without_checkpoints_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoints"):
         select_checkpoint(tmp_path, held_out(), FAST)
