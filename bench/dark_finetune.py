@@ -20,8 +20,13 @@ Run by hand (not a test), from the repository root, after converting the FIB-25 
     PATH=.venv/bin:$PATH python bench/dark_finetune.py --out data/bench/dark_finetune --judge
     PATH=.venv/bin:$PATH python bench/dark_finetune.py --out data/bench/dark_finetune \
         --ship 300   # data/bench/dark_finetune/model-300, a model folder
+    PATH=.venv/bin:$PATH python bench/dark_finetune.py --out data/bench/dark_finetune \
+        --held-out 96   # every checkpoint's FOV F1 on the selection part
+    PATH=.venv/bin:$PATH python bench/dark_finetune.py --out data/bench/dark_finetune \
+        --by-class 10   # the FIB-25 weights' loss and F1 on OUT's examples, class by class
 
-Writes `OUT/train.h5`, `OUT/coordinates.npz`, `OUT/train/` and `OUT/judged.json`.
+Writes `OUT/train.h5`, `OUT/coordinates.npz`, `OUT/train/`, `OUT/judged.json`, and with
+`--held-out` `OUT/held_out.json`, with `--by-class` `OUT/by_class.json`.
 """
 
 import argparse
@@ -38,7 +43,10 @@ from scipy import ndimage
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.roi import Roi
+from pipeline.data.volumes import LabeledVolume, read_volume_pair
 from pipeline.inference.flood_fill import checkpoint_model_config, predictor_from_checkpoint
+from pipeline.network.model import build_model
+from pipeline.network.released_weights import load_pretrained_weights
 from pipeline.preprocess.partitions import (
     DEFAULT_THRESHOLDS,
     EXCLUDED,
@@ -47,11 +55,13 @@ from pipeline.preprocess.partitions import (
     compute_partitions,
     save_coordinates,
 )
+from pipeline.selection.checkpoints import fov_f1, held_out_coordinates
 from pipeline.selection.released_models import ship_checkpoint
-from pipeline.training.examples import ExampleConfig, canvas_radius
+from pipeline.training.examples import ExampleConfig, Trajectory, canvas_radius
 
 TRAINING_PART = Roi.parse("0:125, 0:122, 0:250")  # configs/flyem.toml's train_roi
 CROP = Roi.parse("61:125, 0:122, 64:192")  # configs/flyem_fib25_training_crop.toml's eval_roi
+SELECTION_PART = Roi.parse("0:61, 122:250, 0:250")  # configs/flyem.toml's select_roi
 DARK_CLASS = len(DEFAULT_THRESHOLDS) + 2  # after FFN's classes 1 .. len(thresholds) + 1
 MIN_BODY_VOXELS = 5_000
 # configs/flyem_finetune.toml's [train]: the rate chosen there on the selection part.
@@ -146,12 +156,8 @@ def judge(out: Path, seeds: int) -> None:
     box = Roi(tuple(zyx.min(0)), tuple(zyx.max(0) + 1)).grown(radius, raw_file.shape)
     raw, body = raw_file[box.slices], body_file[box.slices]
     points = seeds_in(body, radius, seeds)
-    checkpoints = [CHECKPOINT] + sorted(
-        (out / "train/checkpoints").glob("ckpt-*.index"), key=lambda p: int(p.stem[5:])
-    )
     judged = []
-    for checkpoint in checkpoints:
-        prefix = checkpoint.with_suffix("") if checkpoint.suffix == ".index" else checkpoint
+    for prefix in _checkpoints(out):
         predict = predictor_from_checkpoint(prefix, model)
         _, floods, _ = flood_all(raw, body, points, predict, model)
         row = {
@@ -173,6 +179,71 @@ def judge(out: Path, seeds: int) -> None:
         Path(tmp).write_text(json.dumps(record, indent=1) + "\n")
 
 
+def _checkpoints(out: Path) -> list[Path]:
+    """The starting weights, then every checkpoint of OUT's training, oldest first."""
+    found = sorted(out.glob("train/checkpoints/ckpt-*.index"), key=lambda p: int(p.stem[5:]))
+    return [CHECKPOINT] + [p.with_suffix("") for p in found]
+
+
+def held_out(out: Path, fovs: int) -> None:
+    """Each checkpoint's FOV F1 on the selection part (the selection stage's measure), its FOVs
+    drawn over every object and over objects of >= 10,000 voxels (FFN's --min_size)."""
+    with h5py.File(FLYEM, "r") as f:
+        raw = f["volumes/raw"][SELECTION_PART.slices]
+        labels = f["volumes/labels/neuron_ids"][SELECTION_PART.slices]
+    volume = LabeledVolume("selection", raw, labels, (10.0,) * 3)
+    model = checkpoint_model_config(CHECKPOINT)
+    drawn = {m: held_out_coordinates(labels, model, fovs, 0, m) for m in (0, 10_000)}
+    rows = []
+    for checkpoint in _checkpoints(out):
+        predict = predictor_from_checkpoint(checkpoint, model)
+        row = {"weights": checkpoint.name if checkpoint != CHECKPOINT else "FIB-25"}
+        row |= {f"fov_f1_min{m}": fov_f1(predict, volume, c, model) for m, c in drawn.items()}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    with atomic_path(out / "held_out.json") as tmp:
+        Path(tmp).write_text(json.dumps({"fovs": fovs, "rows": rows}, indent=1) + "\n")
+
+
+def by_class(out: Path, per_class: int) -> None:
+    """The FIB-25 weights on `per_class` of OUT's training examples of each partition class,
+    each a whole trajectory as training walks it: loss and voxel F1 of its first FOV and of the
+    FOVs after (the network reading its own earlier predictions)."""
+    model = checkpoint_model_config(CHECKPOINT)
+    network = build_model(model)
+    load_pretrained_weights(network, CHECKPOINT)
+    volume = read_volume_pair(f"{out}/train.h5:raw", f"{out}/train.h5:labels")
+    with np.load(out / "coordinates.npz") as saved:
+        coords, classes = saved["coords"], saved["classes"]
+    rng, rows = np.random.default_rng(1), []
+    for c in np.unique(classes):
+        scores = {"first": [], "later": []}
+        for i in rng.choice(np.flatnonzero(classes == c), per_class, replace=False):
+            walk = Trajectory(volume, coords[i], model, ExampleConfig(), np.random.default_rng(i))
+            fovs_shown = 0
+            while (fov := walk.next_fov()) is not None:
+                logits = network([fov.image[None, ..., None], fov.seed[None, ..., None]])
+                logits = logits.numpy()[0, ..., 0]
+                loss = np.mean(
+                    np.maximum(logits, 0) - logits * fov.labels + np.log1p(np.exp(-abs(logits)))
+                )
+                guess, truth = logits > 0, fov.labels > 0.5
+                f1 = 2 * np.sum(guess & truth) / max(1, guess.sum() + truth.sum())
+                scores["later" if fovs_shown else "first"].append((loss, f1))
+                fov.seed[...] = logits
+                fovs_shown += 1
+        objects = {int(volume.labels[tuple(p)]) for p in coords[classes == c]}
+        sizes = [int(np.count_nonzero(volume.labels == o)) for o in objects]
+        row = {"class": int(c), "objects": len(objects), "median_object_voxels": np.median(sizes)}
+        for name, values in scores.items():
+            mean = np.mean(values, axis=0) if values else (np.nan, np.nan)
+            row |= {f"{name}_fovs": len(values), f"{name}_loss": mean[0], f"{name}_f1": mean[1]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    with atomic_path(out / "by_class.json") as tmp:
+        Path(tmp).write_text(json.dumps({"per_class": per_class, "rows": rows}, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -187,6 +258,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--judge", action="store_true", help="only judge the checkpoints")
     parser.add_argument("--ship", type=int, help="write checkpoint N as a model folder")
+    parser.add_argument("--held-out", type=int, metavar="FOVS", help="only FOV F1 on selection")
+    parser.add_argument("--by-class", type=int, metavar="N", help="only the FIB-25 weights' loss")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.ship is not None:
@@ -194,6 +267,10 @@ def main() -> None:
             args.out / f"train/checkpoints/ckpt-{args.ship}", args.out / f"model-{args.ship}"
         )
         return
+    if args.held_out:
+        return held_out(args.out, args.held_out)
+    if args.by_class:
+        return by_class(args.out, args.by_class)
     if not args.judge:
         if not (args.out / "coordinates.npz").exists():
             prepare(args.out, args.dark_sd, args.min_object_voxels)
