@@ -16,7 +16,11 @@ Run by hand (not a test), from the repository root, after converting the FIB-25 
     PATH=.venv/bin:$PATH python bench/dark_body.py --roi "61:125, 122:250, 122:250" --body 135478 \
         --name evaluated --out bench/figures/dark_body_evaluated.png
 
-Prints a JSON summary (also written beside the figure).
+Prints a JSON summary (also written beside the figure). With `--grey-by-depth`, only the grey of
+the body and of the other bodies by distance to their surfaces, in the part (no floods):
+
+    PATH=.venv/bin:$PATH python bench/dark_body.py --roi "61:125, 0:122, 64:192" --body 135478 \
+        --name "training crop" --out unused.png --grey-by-depth
 """
 
 import argparse
@@ -184,6 +188,34 @@ def lifted_dark_interiors(raw: np.ndarray, boundary: np.ndarray, below: float) -
     return np.clip(lifted.round(), 0, 255).astype(np.uint8)
 
 
+def grey_by_depth(raw: np.ndarray, labels: np.ndarray, body_id: int) -> dict[str, dict]:
+    """Grey (mean, 10th/50th/90th percentile) of the body's voxels by their distance to its
+    surface, of the voxels just outside it, and of the other bodies' surfaces and insides."""
+    body = labels == body_id
+    inside, outside = ndimage.distance_transform_edt(body), ndimage.distance_transform_edt(~body)
+    surface = np.zeros(labels.shape, bool)  # a voxel with a differently labelled 6-neighbour
+    for axis in range(3):
+        for step in (1, -1):
+            surface |= np.roll(labels, step, axis) != labels
+    from_surface = ndimage.distance_transform_edt(~surface)
+    others = ~body & (labels != 0)
+    bands = {
+        "body, 3 or more voxels inside": inside >= 3,
+        "body, within 2 voxels of its surface": (inside >= 1) & (inside < 3),
+        "outside the body, within 2 voxels": (outside >= 1) & (outside < 3),
+        "outside the body, 3-5 voxels": (outside >= 3) & (outside < 6),
+        "other bodies' surfaces": others & (from_surface < 1.5),
+        "other bodies, 3 or more voxels inside": others & (from_surface >= 3),
+    }
+    return {
+        name: {"voxels": int(band.sum()), "mean": round(float(raw[band].mean()), 1)}
+        | dict(
+            zip(("p10", "p50", "p90"), np.percentile(raw[band], [10, 50, 90]).tolist(), strict=True)
+        )
+        for name, band in bands.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--roi", required=True, help="the part, 'z0:z1, y0:y1, x0:x1'")
@@ -198,11 +230,16 @@ def main() -> None:
         "image with the dark voxels it calls cytoplasm lifted (lifted_dark_interiors)",
     )
     parser.add_argument("--lift-below", type=float, default=0.5, help="P(boundary) lifted under")
+    parser.add_argument("--grey-by-depth", action="store_true", help="only grey_by_depth")
     args = parser.parse_args()
 
     with h5py.File(FLYEM, "r") as f:
         raw_file, labels_file = f["volumes/raw"][:], f["volumes/labels/neuron_ids"][:]
     part = Roi.parse(args.roi)
+    if args.grey_by_depth:
+        by_depth = grey_by_depth(raw_file[part.slices], labels_file[part.slices], args.body)
+        print(json.dumps(by_depth, indent=1))
+        return
     body_file = np.zeros(labels_file.shape, bool)
     body_file[part.slices] = labels_file[part.slices] == args.body
     model = checkpoint_model_config(CHECKPOINT)
