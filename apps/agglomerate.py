@@ -109,10 +109,7 @@ def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outp
     from pipeline.core.stamps import digest_files, run_once
     from pipeline.data.staging import read_staged
     from pipeline.data.volumes import open_volume
-    from pipeline.inference.flood_fill import (
-        InferenceConfig,
-        checkpoint_model_config,
-    )
+    from pipeline.inference.flood_fill import InferenceConfig, inference_model
     from pipeline.inference.stitching import block_core
     from pipeline.secondpass.agglomeration import (
         decide_pairs,
@@ -127,9 +124,8 @@ def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outp
         blocks, config = grid_of(settings)
         core = block_core(settings["block"], blocks, chunks_of(settings))
         table = pairs_in(load_contact_table(io.pairs), core)
-        checkpoint = chosen_checkpoint(io.selection)
-        model = checkpoint_model_config(checkpoint)
         inference = from_dict(InferenceConfig, settings["inference"])
+        model = inference_model(chosen_checkpoint(io.selection), inference)
         with open_volume(read_staged(io.volume).raw) as raw, layer_reader(first_pass) as read:
             decisions = decide_pairs(
                 raw.__getitem__, read, settings["shape"], table,

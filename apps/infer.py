@@ -21,10 +21,7 @@ def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
         segment_block,
         write_block_result,
     )
-    from pipeline.inference.flood_fill import (
-        InferenceConfig,
-        checkpoint_model_config,
-    )
+    from pipeline.inference.flood_fill import InferenceConfig, inference_model
     from pipeline.selection.checkpoints import (
         chosen_checkpoint,
         chosen_predictor,
@@ -35,11 +32,12 @@ def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
     block = Block(tuple(settings["start"]), tuple(settings["stop"]))
 
     def work() -> str:
-        checkpoint = chosen_checkpoint(selection)
-        model = checkpoint_model_config(checkpoint)
-        # The weights' token keys the block's inference checkpoint: new weights, fresh start.
-        # The checkpoint as selection.json names it (relative to the run dir), not where it is
-        # now: a block begun before the run dir was moved goes on from its saved state.
+        inference = from_dict(InferenceConfig, settings["inference"])
+        model = inference_model(chosen_checkpoint(selection), inference)
+        # The weights' token keys the block's inference checkpoint (with the model settings,
+        # their precision here among them): new weights, fresh start. The checkpoint as
+        # selection.json names it (relative to the run dir), not where it is now: a block begun
+        # before the run dir was moved goes on from its saved state.
         provenance = {
             "checkpoint": recorded_checkpoint(selection),
             "weights": input_token(selection),
@@ -47,8 +45,7 @@ def infer_block(settings: dict, io: InferBlock, inputs=(), outputs=()):
         staged = read_staged(volume)
         with open_volume(staged.raw) as raw:
             result = segment_block(
-                raw, block, chosen_predictor(selection, model), model,
-                from_dict(InferenceConfig, settings["inference"]), provenance,
+                raw, block, chosen_predictor(selection, model), model, inference, provenance,
                 block_state_path(io.result.parent, block), block_progress_path(output),
                 scored=staged.scored,
             )  # fmt: skip

@@ -7,7 +7,6 @@ CKPT is `TRAIN_DIR/checkpoints/ckpt-N` or a `selection.json` (pipeline.selection
 """
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from pipeline.inference.blocks import BlockConfig
 from pipeline.inference.flood_fill import (
     SEGMENTATION_DATASET,
     InferenceConfig,
-    checkpoint_model_config,
+    inference_model,
     predictor_from_checkpoint,
     segment,
 )
@@ -50,11 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--config", help="JSON file of InferenceConfig settings; flags override it")
     add(
-        "--precision",
-        choices=("float32", "mixed_bfloat16"),
-        help="run the network in this precision (default: the training run's)",
-    )
-    add(
         "--blocks-dir",
         type=Path,
         help="with --block-shape-zyx: per-block results, so a restarted run skips finished "
@@ -73,9 +67,7 @@ def _run(args: argparse.Namespace) -> dict:
     base = config_io.load_json(InferenceConfig, args.config) if args.config else InferenceConfig()
     config = from_arguments(InferenceConfig, args, base)
     checkpoint = chosen_checkpoint(args.checkpoint)
-    model = checkpoint_model_config(checkpoint)
-    if args.precision:
-        model = dataclasses.replace(model, precision=args.precision)
+    model = inference_model(checkpoint, config)
     raw, voxel_size = read_raw(args.raw, args.voxel_size)
     predict = predictor_from_checkpoint(checkpoint, model)
     if args.block_shape_zyx:

@@ -52,6 +52,7 @@ run are known.
 """
 
 import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -525,30 +526,49 @@ def task_identity(settings: dict, input_tokens: Sequence[str]) -> str:
     return digest({"settings": kept, "inputs": list(input_tokens)})
 
 
-# Settings added to a section after runs were stamped, oldest first, each at the value that does
-# what those runs did: a stamp made before a setting existed stays up to date while the setting
-# is at that value, so a new version of the workflow does not make every earlier run's training
-# stale (its checkpoints' lineage keeps them alike: pipeline.training.trainer.BOOKKEEPING).
-ADDED_SETTINGS: tuple[dict[tuple[str, str], object], ...] = (
+# Settings added after runs were stamped, oldest first, each by its path (sections, then its
+# name) at the value that does what those runs did: a stamp made before a setting existed stays
+# up to date while the setting is at that value, so a new version of the workflow does not make
+# every earlier run's training stale (its checkpoints' lineage keeps them alike:
+# pipeline.training.trainer.BOOKKEEPING).
+ADDED_SETTINGS: tuple[dict[tuple[str, ...], object], ...] = (
     {("train", "virtual_ranks"): 1},
     {("train", "optimizer"): "adam", ("train", "momentum"): 0.9},
     {("agglomeration", "fill_min_size"): 0},
     {("partitions", "min_object_voxels"): 0},
+    # "auto" keys no arithmetic (a run resumed on another CPU keeps the blocks it made), so the
+    # runs from before it, made in their weights' precision, count as made under it.
+    {
+        ("inference", "precision"): "auto",
+        ("selection", "inference", "precision"): "auto",
+        ("watershed", "edges", "precision"): "auto",
+    },
 )
 
 
 def _as_stamped_before(settings: dict, since: int) -> dict | None:
     """`settings` as a version without the settings added from ADDED_SETTINGS[since] on stamped
     them; None where one of those is not at its old value (no such version did this)."""
-    older = {k: dict(v) if isinstance(v, dict) else v for k, v in settings.items()}
+    older = copy.deepcopy(settings)
     for added in ADDED_SETTINGS[since:]:
-        for (section, name), value in added.items():
-            part = older.get(section)
-            if isinstance(part, dict) and name in part:
-                if part.pop(name) != value:
-                    return None
-                if not part:  # a section of added settings only was not there at all
-                    del older[section]
+        for (*sections, name), value in added.items():
+            parts = [older]
+            for section in sections:
+                part = parts[-1].get(section)
+                if not isinstance(part, dict):
+                    break
+                parts.append(part)
+            else:
+                if name in parts[-1]:
+                    if parts[-1].pop(name) != value:
+                        return None
+                    # A section of added settings only was not there at all.
+                    for section, part, outer in zip(
+                        reversed(sections), reversed(parts[1:]), reversed(parts[:-1]), strict=True
+                    ):
+                        if part:
+                            break
+                        del outer[section]
     return older
 
 

@@ -65,7 +65,7 @@ from pipeline.core.errors import (
     VolumeDtypeError,
     VolumeShapeError,
 )
-from pipeline.network.model import ModelConfig, logit, normalize_image
+from pipeline.network.model import INFERENCE_PRECISIONS, ModelConfig, logit, normalize_image
 from pipeline.network.movement import scored_move_offsets
 
 if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network runs
@@ -119,10 +119,18 @@ class InferenceConfig:
     # The order seeds are tried in: "innermost" (farthest from any edge first) or "raster" (z,
     # then y, then x: FFN's own). A consensus's second pass takes the other one.
     seed_order: str = "innermost"
+    # The network's arithmetic: "auto" (bf16 on a CPU with AVX512-BF16 or AMX, else float32;
+    # an accelerator's as the weights were made), "model" (as the weights were made),
+    # "float32" or "mixed_bfloat16" (pipeline.network.model.inference_precision).
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         if self.seed_order not in SEED_ORDERS:
             raise ConfigError(f"seed_order must be one of {SEED_ORDERS}, got {self.seed_order!r}")
+        if self.precision not in INFERENCE_PRECISIONS:
+            raise ConfigError(
+                f"precision must be one of {INFERENCE_PRECISIONS}, got {self.precision!r}"
+            )
         if not 0 < self.pad_probability < self.seed_probability < 1:
             raise ConfigError("need 0 < pad_probability < seed_probability < 1")
         for name in ("move_threshold", "segment_threshold", "consistency_min_iou"):
@@ -892,6 +900,19 @@ def checkpoint_model_config(checkpoint: str | Path) -> ModelConfig:
     if not config_path.is_file():
         raise CheckpointError(f"{checkpoint}: no training config at {config_path}")
     return load_train_config(config_path).model
+
+
+def inference_model(checkpoint: str | Path, config: InferenceConfig) -> ModelConfig:
+    """The checkpoint's model settings, in the precision `config` asks of this machine."""
+    import tensorflow as tf
+
+    from pipeline.network.devices import visible_devices
+    from pipeline.network.model import cpu_flags, inference_precision
+
+    model = checkpoint_model_config(checkpoint)
+    accelerator = bool(visible_devices(tf)[1])
+    precision = inference_precision(config.precision, model.precision, cpu_flags(), accelerator)
+    return dataclasses.replace(model, precision=precision)
 
 
 def predictor_from_checkpoint(

@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network is
     import tensorflow as tf
 
 PRECISIONS = ("float32", "mixed_bfloat16")
+# Inference's `precision` setting: one of PRECISIONS, the weights' own ("model"), or "auto".
+INFERENCE_PRECISIONS = ("auto", "model", *PRECISIONS)
+# /proc/cpuinfo flags of the instructions oneDNN runs bf16 convolutions with; without them bf16
+# is emulated, 30x slower than float32 (BENCHMARKS.md, "bf16 where the CPU has AMX").
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,32 @@ def build_model(config: ModelConfig) -> tf.keras.Model:
     update = tf.keras.layers.Activation("linear", dtype="float32", name="update_fp32")(update)
     logits = tf.keras.layers.Add(dtype="float32", name="logits")([seed, update])
     return tf.keras.Model([image, seed], logits, name="ffn_convstack_3d")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The instruction-set flags Linux reports for the first CPU (none where it reports none)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:  # not Linux
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def inference_precision(
+    requested: str, model_precision: str, flags: frozenset[str], accelerator: bool
+) -> str:
+    """The precision an inference runs in. "auto": on the CPU, mixed_bfloat16 where it has
+    BF16_CPU_FLAGS (about 2x faster than float32 with AVX512-BF16, 3.7x with AMX, the same
+    segmentation to within the runs' noise: BENCHMARKS.md) and float32 where it has not; on an
+    accelerator, the weights' own. "model": the weights' own; otherwise as requested."""
+    if requested == "model" or (requested == "auto" and accelerator):
+        return model_precision
+    if requested == "auto":
+        return "mixed_bfloat16" if flags & set(BF16_CPU_FLAGS) else "float32"
+    return requested
 
 
 def normalize_image(raw: np.ndarray, config: ModelConfig) -> np.ndarray:

@@ -25,6 +25,7 @@ from pipeline.data.volumes import write_volumes
 from pipeline.inference.flood_fill import (
     InferenceConfig,
     edge_distance,
+    inference_model,
     make_model_predictor,
     predictor_from_checkpoint,
     seed_peaks,
@@ -365,6 +366,26 @@ def test_a_checkpoint_runs_in_bfloat16_too(tmp_path):
     )
     assert bf16(images, seeds).dtype == np.float32
     np.testing.assert_allclose(bf16(images, seeds), fp32, rtol=0.05, atol=0.3)
+
+
+@pytest.mark.parametrize(
+    "flags, asked, expected",
+    [
+        ({"avx512_bf16"}, "auto", "mixed_bfloat16"),
+        ({"avx2"}, "auto", "float32"),
+        ({"amx_bf16"}, "model", "float32"),
+        (set(), "mixed_bfloat16", "mixed_bfloat16"),
+    ],
+)
+def test_inference_runs_the_checkpoint_in_the_precision_this_cpu_takes(
+    tmp_path, monkeypatch, flags, asked, expected
+):
+    import pipeline.network.model
+
+    checkpoint = make_checkpoint(tmp_path, 7, bright_weights)
+    monkeypatch.setattr(pipeline.network.model, "cpu_flags", lambda: frozenset(flags))
+    model = inference_model(checkpoint, InferenceConfig(precision=asked))
+    assert model == dataclasses.replace(MODEL, precision=expected)
 
 
 def test_a_missing_checkpoint_is_named(tmp_path):

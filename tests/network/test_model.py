@@ -1,10 +1,19 @@
 """The FFN network: its size, its additive seed update, its config checks."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from pipeline.core.errors import ConfigError
-from pipeline.network.model import ModelConfig, build_model, weight_count
+from pipeline.inference.flood_fill import InferenceConfig
+from pipeline.network.model import (
+    ModelConfig,
+    build_model,
+    cpu_flags,
+    inference_precision,
+    weight_count,
+)
 
 
 def test_default_model_has_the_papers_472353_weights():
@@ -55,3 +64,37 @@ def test_output_is_the_seed_plus_an_update():
 def test_bad_model_settings_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig(**kwargs)
+
+
+# An AMD EPYC with AVX512-BF16 (no AMX) as Linux lists it, shortened; a CPU without either.
+BF16_CPU = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+PLAIN_CPU = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, accelerator, model_precision, expected",
+    [
+        (BF16_CPU, False, "float32", "mixed_bfloat16"),  # the instructions: bf16
+        (PLAIN_CPU, False, "float32", "float32"),
+        (PLAIN_CPU, False, "mixed_bfloat16", "float32"),  # emulated bf16 would be 30x slower
+        (BF16_CPU, True, "float32", "float32"),  # a GPU's arithmetic as the weights were made
+        ("", False, "float32", "float32"),  # no flags line (not Linux)
+    ],
+)
+def test_auto_precision_takes_bf16_only_where_the_cpu_runs_it(
+    tmp_path, cpuinfo, accelerator, model_precision, expected
+):
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    flags = cpu_flags(path)
+    assert inference_precision("auto", model_precision, flags, accelerator) == expected
+
+
+def test_a_precision_named_is_the_precision_run():
+    bf16 = frozenset({"avx512_bf16"})
+    assert inference_precision("model", "float32", bf16, False) == "float32"
+    assert inference_precision("float32", "mixed_bfloat16", bf16, False) == "float32"
+    assert inference_precision("mixed_bfloat16", "float32", frozenset(), True) == "mixed_bfloat16"
+    assert cpu_flags(Path("/nonexistent/cpuinfo")) == frozenset()
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        InferenceConfig(precision="float16")
