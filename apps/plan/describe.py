@@ -101,9 +101,10 @@ def describe_progress(name: str, record: dict) -> str:
         else f", too early for a time left ({record.get('seeds_tried', 0)} seeds tried)"
     )
     segmented = record.get("segmented_share")  # absent from records older runs wrote
+    precision = f" in {record['precision']}" if "precision" in record else ""
     return (
         f"{name} {record['block']}: {record['objects']} objects, {record['fov_evaluations']:,} FOV "
-        f"evaluations, {record['fov_per_s']:.1f} FOV/s, "
+        f"evaluations, {record['fov_per_s']:.1f} FOV/s{precision}, "
         + (f"{segmented:.0%} of the voxels segmented, " if segmented is not None else "")
         + f"{record['seed_share']:.0%} of the seeds tried{left}"
     )

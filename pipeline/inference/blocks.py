@@ -225,7 +225,7 @@ def segment_block(
         checkpoint_key=json.dumps(record, sort_keys=True),
         on_progress=None
         if progress_path is None
-        else partial(_write_progress, progress_path, block),
+        else partial(_write_progress, progress_path, block, model.precision),
         progress_every_s=progress_every_s,
     )
     if progress_path is not None:
@@ -271,9 +271,9 @@ def face_padding(
     )
 
 
-def _write_progress(path: str | Path, block: Block, record: dict) -> None:
+def _write_progress(path: str | Path, block: Block, precision: str, record: dict) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps({"block": block.name, **record}))
+        tmp.write_text(json.dumps({"block": block.name, "precision": precision, **record}))
 
 
 def block_progress_path(result_path: str | Path) -> Path:

@@ -273,7 +273,7 @@ def test_a_running_block_reports_its_progress_and_clears_it_when_done(tmp_path):
     result = segment_block(
         raw, block, watched_predictor, MODEL, CONFIG, progress_path=progress, progress_every_s=0
     )
-    assert seen and seen[0]["block"] == block.name
+    assert seen and seen[0]["block"] == block.name and seen[0]["precision"] == MODEL.precision
     assert [r["fov_evaluations"] for r in seen] == sorted(r["fov_evaluations"] for r in seen)
     assert 0 < seen[-1]["seed_share"] <= 1 and seen[-1]["fov_per_s"] > 0
     assert all(

@@ -250,6 +250,10 @@ def test_a_running_blocks_progress_reads_as_one_line():
     assert describe_progress("infer[0]", early).endswith(
         "tried, too early for a time left (2 seeds tried)"
     )
+    # The arithmetic the block runs in ([inference] precision resolved on its machine).
+    assert "1.3 FOV/s in mixed_bfloat16, 62%" in describe_progress(
+        "infer[0]", record | {"precision": "mixed_bfloat16"}
+    )
 
 
 def test_a_resumed_block_shows_no_progress_until_it_writes_its_own(tmp_path):
