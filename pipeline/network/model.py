@@ -147,8 +147,8 @@ def inference_precision(
     requested: str, model_precision: str, flags: frozenset[str], accelerator: bool
 ) -> str:
     """The precision an inference runs in. "auto": on the CPU, mixed_bfloat16 where it has
-    BF16_CPU_FLAGS (about 2x faster than float32 with AVX512-BF16, 3.7x with AMX, the same
-    segmentation to within the runs' noise: BENCHMARKS.md) and float32 where it has not; on an
+    BF16_CPU_FLAGS (about 2x faster than float32 with AVX512-BF16, 3.7x with AMX; scores that
+    differ in the third decimal: BENCHMARKS.md) and float32 where it has not; on an
     accelerator, the weights' own. "model": the weights' own; otherwise as requested."""
     if requested == "model" or (requested == "auto" and accelerator):
         return model_precision
