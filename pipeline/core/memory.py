@@ -18,10 +18,30 @@ def reset_peak_memory() -> None:
     collected and memory the C allocator kept is handed back first: not this task's. What
     survives the collection is the worker's own (imported modules, their caches) and is frozen,
     so the next task's collection does not walk it again: a full walk of a worker that has
-    imported cloud-volume and igneous took 80 ms, once per task."""
+    imported cloud-volume and igneous took 80 ms, once per task. Arrays of `MMAP_THRESHOLD`
+    bytes or more are kept out of the heap from here on (`keep_large_arrays_off_heap`)."""
+    keep_large_arrays_off_heap()
     release_memory(freeze=True)
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
+
+
+# glibc maps an allocation this large or larger on its own, and unmaps it when freed. glibc's own
+# threshold starts at 128 KiB and rises to the size of each mapped block freed, up to 32 MiB: in
+# a worker that had run export region tasks, arrays of 4-32 MiB then came from a heap fragmented
+# by them, and a skeleton task's peak rose with every region task before it (171 to 189 MiB
+# above its start after 4; BENCHMARKS.md, "Skeleton tasks from 256³ to 1024³"). Set, it stays:
+# 4 MiB kept the rise flat, glibc's 32 MiB ceiling did not.
+MMAP_THRESHOLD = 4 * 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def keep_large_arrays_off_heap() -> None:
+    """Allocations of `MMAP_THRESHOLD` bytes or more mapped apart from the heap in this process
+    (glibc's `mallopt`; nothing elsewhere), so that memory a task frees goes back to the
+    system and what a task needs does not depend on the tasks the worker ran before."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def release_memory(freeze: bool = False) -> None:
