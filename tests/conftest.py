@@ -162,3 +162,57 @@ def s3_bucket(moto_endpoint, no_proxy, monkeypatch) -> str:
     bucket = f"layers-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
     return bucket
+
+
+def _gcs_download_with_encoding(download):
+    """The GCS stand-in's download, answering with the object's Content-Encoding as GCS does
+    when the client accepts gzip (google-cloud-storage asks for the stored bytes, cloud-files
+    then decompresses by that header); the stand-in leaves it out."""
+
+    def answer(request, response, storage, *args, **kwargs):
+        download(request, response, storage, *args, **kwargs)
+        params = request.params
+        try:
+            stored = storage.get_file_obj(params["bucket_name"], params["object_id"])
+        except Exception:  # not found: `download` has answered 404
+            return
+        if stored.get("contentEncoding"):
+            response["Content-Encoding"] = stored["contentEncoding"]
+
+    return answer
+
+
+@pytest.fixture(scope="module")
+def gcs_endpoint() -> str:
+    """A Google Cloud Storage stand-in on 127.0.0.1 (gcp-storage-emulator, in memory), for the
+    module's tests; google-cloud-storage (under cloud-files) goes there when
+    STORAGE_EMULATOR_HOST names it."""
+    from gcp_storage_emulator import server as emulator
+    from gcp_storage_emulator.handlers import objects
+
+    with pytest.MonkeyPatch.context() as patch:
+        for _, methods in emulator.HANDLERS:
+            for method, handler in list(methods.items()):
+                if handler is objects.download:
+                    patch.setitem(methods, method, _gcs_download_with_encoding(handler))
+        server = emulator.create_server("127.0.0.1", 0, in_memory=True)
+        server.start()
+        try:
+            host, port = server._api._httpd.server_address
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def gs_bucket(gcs_endpoint, no_proxy, monkeypatch) -> str:
+    """A new, empty bucket of the GCS stand-in (its name), reached as `gs://bucket/...`."""
+    import uuid
+
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_endpoint)
+    bucket = f"layers-{uuid.uuid4().hex[:12]}"
+    storage.Client(project="test", credentials=AnonymousCredentials()).create_bucket(bucket)
+    return bucket

@@ -22,12 +22,14 @@ of the box read (its size, content encoding and ETag, else Last-Modified: one HE
 file), so a chunk changed in the store makes the work that read it stale, as a local one does.
 """
 
+import contextlib
 import hashlib
 import itertools
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,6 +44,9 @@ from pipeline.core.errors import (
     first_line,
 )
 from pipeline.core.roi import ChunkStates, chunk_box, chunk_grid, index_bounds
+
+if TYPE_CHECKING:  # imported where used: cloud-files takes a while to import
+    from cloudfiles import CloudFiles
 
 PREFIX = "precomputed://"
 FILE_SCHEME = "file://"
@@ -258,13 +263,7 @@ class PrecomputedArray:
         sha, files, missing, size, first = hashlib.sha256(), 0, 0, 0, ""
         found = self._files_of(bounds)
         while batch := list(itertools.islice(found, HEAD_BATCH)):
-            try:
-                heads = store.head([name for name, _ in batch])
-            except Exception as exc:  # refused (no rights), or no answer
-                raise RemoteReadError(
-                    f"{self._where}: cannot ask its store about {batch[0][0]} and the chunk "
-                    f"files after it ({first_line(exc)})"
-                ) from None
+            heads = self._heads(store, [name for name, _ in batch])
             for name, box in batch:
                 head = heads.get(name)
                 if head is None:
@@ -282,6 +281,27 @@ class PrecomputedArray:
             "bytes": size,
             "state_sha256": sha.hexdigest(),
         }
+
+    def _heads(self, store: "CloudFiles", names: list[str]) -> dict[str, dict | None]:
+        """The store's HEAD of each file of `names` (None: it has no such file). cloud-files'
+        GCS head of a missing object fails the whole request (it reads the properties of the
+        None its client returns), so after a failure each file is asked alone, and one whose
+        HEAD fails is missing only if the store says it has no size for it."""
+        with contextlib.suppress(Exception):  # refused, no answer, or a missing file (GCS)
+            return store.head(names)
+        heads: dict[str, dict | None] = {}
+        for name in names:
+            try:
+                heads[name] = store.head(name)
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    if store.size(name) is None:
+                        heads[name] = None
+                        continue
+                raise RemoteReadError(
+                    f"{self._where}: cannot ask its store about {name} ({first_line(exc)})"
+                ) from None
+        return heads
 
     def _files_of(
         self, bounds: Sequence[tuple[int, int]]

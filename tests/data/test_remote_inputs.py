@@ -1,6 +1,6 @@
 """Inputs read by URL, without the internet: a Neuroglancer precomputed layer served over HTTP
 (the export's own data server, `viewer.start_data_server`) and from an S3 stand-in (moto's
-server), both on 127.0.0.1, started and stopped here. Read by URL a layer is the local one,
+server) and from a GCS stand-in (gcp-storage-emulator), all on 127.0.0.1, started and stopped here. Read by URL a layer is the local one,
 voxel for voxel; a chunk the store does not have is an error naming it (zeros only with
 `fill_missing`); a chunk changed in the store changes what the work that read it is keyed on,
 and an unchanged store keeps it (`pipeline.data.precomputed_volumes`)."""
@@ -133,6 +133,19 @@ def s3_store(s3_bucket) -> dict:
     }
 
 
+@pytest.fixture
+def gs_store(gs_bucket) -> dict:
+    """The layers in a new bucket of the GCS stand-in (`gs_bucket`), named `gs://bucket/layer`."""
+    bucket = gs_bucket
+    for name, array in arrays().items():
+        write_layer(f"gs://{bucket}/{name}", array)
+    return {name: f"precomputed://gs://{bucket}/{name}" for name in arrays()} | {
+        "bucket": bucket,
+        "write": f"gs://{bucket}",
+        "read": f"precomputed://gs://{bucket}",
+    }
+
+
 def test_a_layer_read_over_http_is_the_local_one_voxel_for_voxel(local, http_store):
     for name in ("raw", "seg"):
         with open_volume(http_store[name]) as remote, open_volume(local[name]) as here:
@@ -144,14 +157,16 @@ def test_a_layer_read_over_http_is_the_local_one_voxel_for_voxel(local, http_sto
     np.testing.assert_array_equal(volume.raw, arrays()["raw"])
 
 
-def test_a_layer_read_from_s3_is_the_local_one_voxel_for_voxel(local, s3_store):
+@pytest.mark.parametrize("store", ["s3_store", "gs_store"])
+def test_a_layer_read_from_a_bucket_is_the_local_one_voxel_for_voxel(local, store, request):
+    layers = request.getfixturevalue(store)
     for name, read in (("raw", read_raw), ("seg", read_labels)):
-        remote, voxel_size = read(s3_store[name])
+        remote, voxel_size = read(layers[name])
         np.testing.assert_array_equal(remote, read(local[name])[0])
         assert voxel_size == VOXEL
     region = (slice(2, 8), slice(0, 17), slice(9, 32))
     np.testing.assert_array_equal(
-        read_raw(s3_store["raw"], region=region)[0], arrays()["raw"][region]
+        read_raw(layers["raw"], region=region)[0], arrays()["raw"][region]
     )
 
 
@@ -172,16 +187,24 @@ def test_a_chunk_the_web_server_lacks_is_an_error_naming_it_never_zeros(http_sto
         stage_in_place(http_store["folder"].parent / "eval.json", spec)
 
 
-def test_a_chunk_deleted_from_s3_is_an_error_naming_it_never_zeros(s3_store):
-    import boto3
+@pytest.mark.parametrize("store", ["s3_store", "gs_store"])
+def test_a_chunk_deleted_from_a_bucket_is_an_error_naming_it_never_zeros(store, request, tmp_path):
+    from cloudfiles import CloudFiles
 
-    spec = s3_store["raw"]
-    boto3.client("s3").delete_object(Bucket=s3_store["bucket"], Key=f"raw/{FIRST_CHUNK}")
+    layers = request.getfixturevalue(store)
+    spec = layers["raw"]
+    bucket = CloudFiles(layers["write"])
+    assert bucket.get(f"raw/{FIRST_CHUNK}") is not None
+    bucket.delete(f"raw/{FIRST_CHUNK}")
+    assert bucket.get(f"raw/{FIRST_CHUNK}") is None
     with pytest.raises(
         MissingChunkError, match=f"^{re.escape(spec)}: chunk {FIRST_CHUNK} is missing"
     ):
         read_raw(spec)
     assert not read_raw(f"{spec}#fill_missing")[0][:4, :16, :16].any()
+    # Staging in place asks the store for each chunk's state (a HEAD): refused too.
+    with pytest.raises(MissingChunkError, match=f"chunk {FIRST_CHUNK} is missing"):
+        stage_in_place(tmp_path / "eval.json", spec)
 
 
 def test_a_layer_the_store_does_not_have_fails_with_one_line(http_store):
@@ -200,7 +223,7 @@ def stage(spec: str, staged: Path, roi: str = "0:8, 0:24, 0:32") -> tuple[str, s
     return done, read_stamp(staged)["token"]
 
 
-@pytest.mark.parametrize("store", ["http_store", "s3_store"])
+@pytest.mark.parametrize("store", ["http_store", "s3_store", "gs_store"])
 def test_a_changed_remote_chunk_restages_and_keys_only_the_work_over_it(store, request, tmp_path):
     """The stage's settings hold the store's state of the box (a HEAD per chunk file), so a
     resume re-stages when a chunk changed there; its record's cells re-key only the parts
@@ -219,7 +242,7 @@ def test_a_changed_remote_chunk_restages_and_keys_only_the_work_over_it(store, r
         rewrite_first_chunk(f"file://{layers['folder'] / 'raw'}")
         (chunk,) = (layers["folder"] / "raw").glob(f"{FIRST_CHUNK}*")
         os.utime(chunk, (chunk.stat().st_atime, chunk.stat().st_mtime + 5))
-    else:  # S3's ETag is the chunk's md5
+    else:  # a bucket's ETag changes with the object
         rewrite_first_chunk(spec.removeprefix("precomputed://"))
     done, changed = stage(spec, staged)
     assert done == "ran" and changed != token
@@ -237,7 +260,7 @@ def test_a_volume_copied_from_http_is_the_copy_of_the_local_one(local, http_stor
     assert tokens[0] == tokens[1]
 
 
-@pytest.mark.parametrize("store", ["http_store", "s3_store"])
+@pytest.mark.parametrize("store", ["http_store", "s3_store", "gs_store"])
 def test_a_volume_in_a_store_is_segmented_as_the_same_volume_on_this_machine(
     store, request, tmp_path
 ):

@@ -1,6 +1,6 @@
 """An export published to a destination URL (`[export] destination`,
-pipeline.export.destination), tested against the S3 stand-in on 127.0.0.1 (tests/conftest.py's
-`s3_bucket`): it reads back as the export written here, its completeness is checked in the store,
+pipeline.export.destination), tested against the S3 and GCS stand-ins on 127.0.0.1
+(tests/conftest.py's `s3_bucket`, `gs_bucket`): it reads back as the export written here, its completeness is checked in the store,
 `view` prints a link to it (the stand-in by its endpoint) and serves nothing, Neuroglancer in
 headless Chromium draws it from there once the bucket's CORS rule lets it, and a scheme it cannot
 write is refused."""
@@ -52,9 +52,12 @@ def read_back(url: str) -> np.ndarray:
     return np.asarray(CloudVolume(url, progress=False)[:, :, :])[..., 0].T
 
 
-def test_an_export_to_s3_reads_back_as_the_one_written_here(volume, s3_bucket, tmp_path):
+@pytest.mark.parametrize(("scheme", "bucket"), [("s3", "s3_bucket"), ("gs", "gs_bucket")])
+def test_an_export_to_a_bucket_reads_back_as_the_one_written_here(
+    volume, scheme, bucket, request, tmp_path
+):
     here = export_to(volume, tmp_path / "here", "file://")
-    destination = f"s3://{s3_bucket}/exports/run"
+    destination = f"{scheme}://{request.getfixturevalue(bucket)}/exports/run"
     export_to(volume, tmp_path / "run", destination)
     for layer in ("segmentation", "image"):
         remote = read_back(f"{destination}/{layer}")
@@ -65,11 +68,14 @@ def test_an_export_to_s3_reads_back_as_the_one_written_here(volume, s3_bucket, t
     store = CloudFiles(destination)
     for kind in ("merge", "skeleton_merge"):
         names = list(recorded_files(tmp_path / "run" / "records" / f"{kind}_0.record"))
-        assert names and all(store.exists(names).values())
+        assert names and None not in store.size(names).values()
 
 
-def test_a_recorded_file_deleted_from_the_store_makes_it_incomplete(volume, s3_bucket, tmp_path):
-    destination = f"s3://{s3_bucket}/run"
+@pytest.mark.parametrize(("scheme", "bucket"), [("s3", "s3_bucket"), ("gs", "gs_bucket")])
+def test_a_recorded_file_deleted_from_the_store_makes_it_incomplete(
+    volume, scheme, bucket, request, tmp_path
+):
+    destination = f"{scheme}://{request.getfixturevalue(bucket)}/run"
     folder = export_to(volume, tmp_path / "run", destination)
     name = next(iter(recorded_files(folder / "records" / "region_1.record")))
     CloudFiles(destination).delete(name)
