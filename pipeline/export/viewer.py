@@ -428,8 +428,12 @@ def browser_url(destination: str) -> str:
     """The URL a browser reads the bucket `destination` by. Neuroglancer takes `s3://` to mean
     AWS's own host, so an S3-compatible store elsewhere (its endpoint in AWS_ENDPOINT_URL_S3 or
     AWS_ENDPOINT_URL, where boto3 under cloud-files finds it) is named over HTTP instead, by
-    path: `http://host:port/bucket/path`. AWS (no endpoint set) and `gs://`: unchanged."""
+    path: `http://host:port/bucket/path`, as is one that names its endpoint itself
+    (cloud-files' `s3://http://host:port/bucket/path`). AWS (no endpoint set) and `gs://`:
+    unchanged."""
     scheme, _, path = destination.partition("://")
+    if scheme == "s3" and path.startswith(("http://", "https://")):
+        return path
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if scheme != "s3" or not endpoint:
         return destination

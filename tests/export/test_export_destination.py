@@ -93,10 +93,14 @@ def printed_link(capsys: pytest.CaptureFixture) -> str:
     return line.split("Neuroglancer: ", 1)[1]
 
 
+@pytest.mark.parametrize("named", ["by the environment", "by its endpoint"])
 def test_view_prints_a_link_to_the_remote_export_and_serves_nothing(
-    volume, s3_bucket, moto_endpoint, tmp_path, capsys
+    volume, s3_bucket, moto_endpoint, named, tmp_path, capsys, monkeypatch
 ):
     destination = f"s3://{s3_bucket}/run"
+    if named == "by its endpoint":  # cloud-files' form: the store's endpoint in the URL
+        destination = f"s3://{moto_endpoint}/{s3_bucket}/run"
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")  # nothing there
     folder = export_to(volume, tmp_path / "run", destination)
     serve_forever(folder)  # returns at once: no server to keep
     state = urllib.parse.unquote(printed_link(capsys))
@@ -116,6 +120,8 @@ def test_view_prints_a_link_to_the_remote_export_and_serves_nothing(
         ("s3://b/run", {"AWS_ENDPOINT_URL": "https://h"}, "https://h/b/run"),
         ("s3://b/run", {"AWS_ENDPOINT_URL": "https://h", "AWS_ENDPOINT_URL_S3": "http://s"},
          "http://s/b/run"),
+        ("s3://http://h:9/b/run", {"AWS_ENDPOINT_URL_S3": "http://s"}, "http://h:9/b/run"),
+        ("s3://https://h/b/run", {}, "https://h/b/run"),
     ],
 )  # fmt: skip
 def test_a_bucket_is_linked_by_its_endpoint_only_outside_aws(
