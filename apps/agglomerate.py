@@ -252,14 +252,15 @@ def finish_agglomeration(settings: dict, first_pass: str, folder: str, io: Finis
 def merge_graph(settings: dict, merged: str, io: MergeGraph, inputs=(), outputs=()):
     """Writes graph.csv, an edge per merge of supervoxels the layer holds, unless the file was
     edited by hand since this task made it from the same decisions and layer: then the edit is
-    the graph (checked against the layer's ids). Also makes the merged layer, empty, in the
+    the graph (checked against the layer's ids). Made from other decisions, it keeps the hand
+    edits (`remake_graph`). Also makes the merged layer, empty, in the
     folder `merged` unless it is there as it would make it."""
     import numpy as np
 
     from pipeline.core.stamps import made_from, run_once, save_cells
     from pipeline.inference.stitching import keep_layer, load_core_record
     from pipeline.secondpass.agglomeration import load_decisions
-    from pipeline.secondpass.merge_graph import graph_cells, graph_edges, read_graph, write_graph
+    from pipeline.secondpass.merge_graph import graph_cells, graph_edges, read_graph, remake_graph
     from pipeline.secondpass.part_writing import grid_of
 
     def work() -> str:
@@ -267,7 +268,7 @@ def merge_graph(settings: dict, merged: str, io: MergeGraph, inputs=(), outputs=
         present = np.unique(np.concatenate([np.zeros(0, np.uint64), *part_ids]))
         if not (io.graph.is_file() and made_from(settings, io.inputs(), io.graph, regions)):
             decided = [d for p in io.decisions for d in load_decisions(p)]
-            write_graph(io.graph, graph_edges(decided, grid_of(settings)[1], present))
+            remake_graph(io.graph, graph_edges(decided, grid_of(settings)[1], present), present)
         keep_layer(settings, merged, io.volume)
         # The token: per part, the merged ids of its supervoxels; a part of the merged layer
         # runs again only where they changed.

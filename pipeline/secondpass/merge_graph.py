@@ -13,7 +13,10 @@ to the supervoxels (`merge_lookup`), written part by part into a layer of their 
 deleted from graph.csv undoes that merge, a line added (`a,b`, the evidence left empty) makes
 one; a resume then writes again only the parts of the merged layer that hold a supervoxel whose
 object changed: each part's task is keyed on the merged ids of its own supervoxels
-(`graph_cells`, `graph_part`).
+(`graph_cells`, `graph_part`). Decisions made again (a threshold changed, the first pass run
+again) keep those edits: the graph the decisions last made is kept beside graph.csv
+(`graph.decided.csv`), and what graph.csv differs from it by is applied to the new decisions'
+graph (`remake_graph`).
 
 A watershed's basins do not depend on its markers' ids (skimage floods in the order of the
 image's values and of the markers' positions), so filling the supervoxels and then merging gives
@@ -59,16 +62,52 @@ def graph_edges(
     return sorted(edges, key=lambda d: (d.a, d.b))
 
 
-def write_graph(path: str | Path, edges: Sequence[PairDecision]) -> None:
-    """graph.csv: a header, then a line per edge (`GRAPH_COLUMNS`), written whole or not at all."""
+def write_graph(path: str | Path, edges: Sequence[PairDecision | tuple[int, int]]) -> None:
+    """graph.csv: a header, then a line per edge (`GRAPH_COLUMNS`; an (a, b) pair alone, an
+    edge added by hand, with its evidence empty), written whole or not at all."""
     text = io.StringIO()
     out = csv.writer(text, lineterminator="\n")
     out.writerow(GRAPH_COLUMNS)
     for d in edges:
-        out.writerow([d.a, d.b, f"{d.jaccard:.4f}", f"{d.recovered_a:.4f}",
-                      f"{d.recovered_b:.4f}", d.fov_evaluations])  # fmt: skip
+        if isinstance(d, PairDecision):
+            out.writerow([d.a, d.b, f"{d.jaccard:.4f}", f"{d.recovered_a:.4f}",
+                          f"{d.recovered_b:.4f}", d.fov_evaluations])  # fmt: skip
+        else:
+            out.writerow([*d, *[""] * (len(GRAPH_COLUMNS) - 2)])
     with atomic_path(path) as tmp:
         tmp.write_text(text.getvalue())
+
+
+def decided_path(path: str | Path) -> Path:
+    """Beside graph.csv, the graph as the decisions last made it (`remake_graph`): what a hand
+    edit of graph.csv is told from."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.decided{path.suffix}")
+
+
+def _pairs(edges: np.ndarray) -> set[tuple[int, int]]:
+    return {(int(min(e)), int(max(e))) for e in edges}
+
+
+def remake_graph(path: str | Path, edges: Sequence[PairDecision], present: np.ndarray) -> None:
+    """graph.csv made again from the decisions' `edges` (`graph_edges`) with the hand edits of
+    the one there kept: an edge the decisions had made and the file no longer holds stays
+    undone, an edge the file holds that they had not made stays (if the layer still holds both
+    its supervoxels, `present`). The edits are told by the graph the decisions last made,
+    kept beside it (`decided_path`; without it, as in runs before it, the file there is
+    replaced). That graph is written after graph.csv, so a task killed between the two finds
+    the same edits again."""
+    path, kept = Path(path), decided_path(path)
+    undone: set[tuple[int, int]] = set()
+    added: set[tuple[int, int]] = set()
+    if path.is_file() and kept.is_file():
+        before, now = _pairs(read_graph(kept)), _pairs(read_graph(path))
+        undone, added = before - now, now - before
+    made = [d for d in edges if (min(d.a, d.b), max(d.a, d.b)) not in undone]
+    made_pairs = {(min(d.a, d.b), max(d.a, d.b)) for d in made}
+    by_hand = sorted(p for p in added - made_pairs if np.isin(p, present).all())
+    write_graph(path, [*made, *by_hand])
+    write_graph(kept, edges)
 
 
 def read_graph(path: str | Path, present: np.ndarray | None = None) -> np.ndarray:

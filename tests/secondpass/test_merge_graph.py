@@ -34,7 +34,14 @@ from pipeline.secondpass.agglomeration import (
     segment_sizes,
     small_objects,
 )
-from pipeline.secondpass.merge_graph import graph_cells, graph_edges, read_graph, write_graph
+from pipeline.secondpass.merge_graph import (
+    decided_path,
+    graph_cells,
+    graph_edges,
+    read_graph,
+    remake_graph,
+    write_graph,
+)
 from pipeline.secondpass.part_writing import write_merged_part
 
 SHAPE = (32, 64, 64)
@@ -109,6 +116,38 @@ def test_the_graph_holds_the_merges_of_supervoxels_the_layer_holds(tmp_path):
     # A proofreader's edits: a line deleted, one added without evidence, a blank line.
     path.write_text(HEADER + "\n4,5,,,,\n7,3,0.8000,0.9500,0.9700,32\n")
     assert read_graph(path, present).tolist() == [[4, 5], [7, 3]]
+
+
+def test_hand_edits_survive_decisions_made_again(tmp_path):
+    """A proofreader undid 3-4 and added 7-8; the decisions, made again (a threshold changed),
+    now merge 1-2, 3-4 and 9-10 but no longer 5-6: the graph is theirs with the edits kept.
+    An added edge whose supervoxel the layer no longer holds goes. A task killed between
+    writing graph.csv and the decisions' own graph finds the same edits the next time."""
+    path, present = tmp_path / "graph.csv", np.arange(1, 11, dtype=np.uint64)
+
+    def decided(*pairs):
+        return [PairDecision(a, b, 0.8, 0.9, 0.9, 16, True) for a, b in pairs]
+
+    remake_graph(path, decided((1, 2), (3, 4), (5, 6)), present)
+    assert read_graph(path).tolist() == [[1, 2], [3, 4], [5, 6]]
+    path.write_text(HEADER + "1,2,0.8000,0.9000,0.9000,16\n5,6,,,,\n8,7,,,,\n")  # the edits
+
+    again = decided((1, 2), (3, 4), (9, 10))
+    remake_graph(path, again, present)
+    assert read_graph(path).tolist() == [[1, 2], [9, 10], [7, 8]]
+    assert path.read_text().splitlines()[-1] == "7,8,,,,"  # no evidence: added by hand
+    assert read_graph(decided_path(path)).tolist() == [[1, 2], [3, 4], [9, 10]]
+
+    edited = path.read_text()
+    decided_path(path).write_text(HEADER + "1,2\n3,4\n5,6\n")  # killed before it was written
+    remake_graph(path, again, present)
+    assert path.read_text() == edited
+
+    remake_graph(path, again, present[present != 8])  # supervoxel 8 gone
+    assert read_graph(path).tolist() == [[1, 2], [9, 10]]
+    path.unlink()  # no graph: the decisions' own
+    remake_graph(path, again, present)
+    assert read_graph(path).tolist() == [[1, 2], [3, 4], [9, 10]]
 
 
 @pytest.mark.parametrize(
