@@ -543,6 +543,7 @@ ADDED_SETTINGS: tuple[dict[tuple[str, ...], object], ...] = (
         ("selection", "inference", "precision"): "auto",
         ("watershed", "edges", "precision"): "auto",
     },
+    {("agglomeration", "skip_second_fill"): False},
 )
 
 

@@ -169,6 +169,44 @@ def test_measures_at_smaller_budgets_are_those_of_fills_stopped_there(tissue, ne
         assert seen[0] != seen[-1]
 
 
+def test_skipping_the_second_fill_merges_the_same_pairs_for_fewer_fovs(tissue, network):
+    """`skip_second_fill`: a pair whose fill from A covers too little of B is not filled from
+    B. A planted split still merges with both fills' measures as before; of the true
+    neighbours, those skipped are the pairs the full measures keep apart on A's fill alone."""
+    raw, labels = tissue
+    raw, labels = raw[CROP], labels[CROP]
+    obj = largest_objects(labels, 1)[0]
+    split = plant_split(labels, obj, int(labels.max()) + 1)
+    table = candidate_pairs(split, min_contact=CONFIG.min_contact, max_gap=GAP)
+    rows = [row(table, obj, int(labels.max()) + 1)]
+    rows += [int(r) for r in np.argsort(-table.contacts, kind="stable")[:4] if r not in rows]
+    skipping = replace(CONFIG, skip_second_fill=True)
+    predict, model = network
+    full, skipped = (
+        decide_pairs(
+            lambda box: raw[box],
+            lambda box: split[box],
+            split.shape,
+            table.select(rows),
+            predict,
+            model,
+            InferenceConfig(),
+            config,
+        )  # fmt: skip
+        for config in (CONFIG, skipping)
+    )
+    assert CONFIG.merges(full[0]) and skipped[0] == full[0]
+    assert [CONFIG.merges(d) for d in full] == [skipping.merges(d) for d in skipped]
+    cut = [k for k, d in enumerate(skipped) if d != full[k]]
+    assert cut, "no pair was decided on A's fill alone"
+    for k in cut:
+        assert skipped[k].recovered_b == full[k].recovered_b < CONFIG.min_recovered
+        assert skipped[k].jaccard == skipped[k].recovered_a == 0
+        assert skipped[k].fov_evaluations < full[k].fov_evaluations
+    assert "min_recovered" in skipping.fill_settings()
+    assert "min_recovered" not in CONFIG.fill_settings()
+
+
 # ---------------------------------------------------------------------------------------------
 # Candidate pairs
 
