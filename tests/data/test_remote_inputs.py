@@ -119,31 +119,28 @@ def http_store(tmp_path, monkeypatch) -> dict:
         server.server_close()
 
 
+def bucket_store(scheme: str, bucket: str) -> dict:
+    """The layers written to a new `bucket` of a store (`s3`, `gs`), named `scheme://bucket/layer`
+    as on the cloud: {"raw", "seg": spec, "bucket", "write", "read"}."""
+    for name, array in arrays().items():
+        write_layer(f"{scheme}://{bucket}/{name}", array)
+    return {name: f"precomputed://{scheme}://{bucket}/{name}" for name in arrays()} | {
+        "bucket": bucket,
+        "write": f"{scheme}://{bucket}",
+        "read": f"precomputed://{scheme}://{bucket}",
+    }
+
+
 @pytest.fixture
 def s3_store(s3_bucket) -> dict:
-    """The layers in a new bucket of the S3 stand-in (`s3_bucket`), named `s3://bucket/layer`
-    as on AWS."""
-    bucket = s3_bucket
-    for name, array in arrays().items():
-        write_layer(f"s3://{bucket}/{name}", array)
-    return {name: f"precomputed://s3://{bucket}/{name}" for name in arrays()} | {
-        "bucket": bucket,
-        "write": f"s3://{bucket}",
-        "read": f"precomputed://s3://{bucket}",
-    }
+    """The layers in the S3 stand-in (`s3_bucket`)."""
+    return bucket_store("s3", s3_bucket)
 
 
 @pytest.fixture
 def gs_store(gs_bucket) -> dict:
-    """The layers in a new bucket of the GCS stand-in (`gs_bucket`), named `gs://bucket/layer`."""
-    bucket = gs_bucket
-    for name, array in arrays().items():
-        write_layer(f"gs://{bucket}/{name}", array)
-    return {name: f"precomputed://gs://{bucket}/{name}" for name in arrays()} | {
-        "bucket": bucket,
-        "write": f"gs://{bucket}",
-        "read": f"precomputed://gs://{bucket}",
-    }
+    """The layers in the GCS stand-in (`gs_bucket`)."""
+    return bucket_store("gs", gs_bucket)
 
 
 def test_a_layer_read_over_http_is_the_local_one_voxel_for_voxel(local, http_store):
