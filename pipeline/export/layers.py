@@ -127,9 +127,10 @@ MANIFEST_FORMAT = 3
 # shard's encoded meshes (and one segment's fragments), so a shard of about as many segments as
 # a small export's one keeps that memory flat from 256^3 up.
 REGIONS_PER_MESH_SHARD = 2
-# The same for skeletons: a segment's skeleton is some hundredths of its mesh's bytes, so a
-# shard takes more regions' segments for shard files as large (and four times fewer of them).
-REGIONS_PER_SKELETON_SHARD = 8
+# The same for skeletons, a region's segments a shard, so that a merge holds what a 256^3
+# export's one does: with 8 regions a shard (files as large as the meshes' and four times fewer)
+# its memory rose 1.11x from 256^3 to 1024^3 (BENCHMARKS.md, "Skeleton tasks from 256³ to 1024³").
+REGIONS_PER_SKELETON_SHARD = 1
 # Shards a merge task makes, one after the other: fewer tasks (and records) than shards.
 SHARDS_PER_MERGE = 4
 # The export's tasks, in order; a record each (`task_record_path`). "plan" and "merge" are the
