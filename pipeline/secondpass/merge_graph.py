@@ -85,8 +85,13 @@ def decided_path(path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.decided{path.suffix}")
 
 
+def _pair(a: int, b: int) -> tuple[int, int]:
+    """An edge as (smaller id, larger id): a hand edit may write it either way."""
+    return (int(min(a, b)), int(max(a, b)))
+
+
 def _pairs(edges: np.ndarray) -> set[tuple[int, int]]:
-    return {(int(min(e)), int(max(e))) for e in edges}
+    return {_pair(*e) for e in edges}
 
 
 def remake_graph(path: str | Path, edges: Sequence[PairDecision], present: np.ndarray) -> None:
@@ -103,8 +108,8 @@ def remake_graph(path: str | Path, edges: Sequence[PairDecision], present: np.nd
     if path.is_file() and kept.is_file():
         before, now = _pairs(read_graph(kept)), _pairs(read_graph(path))
         undone, added = before - now, now - before
-    made = [d for d in edges if (min(d.a, d.b), max(d.a, d.b)) not in undone]
-    made_pairs = {(min(d.a, d.b), max(d.a, d.b)) for d in made}
+    made = [d for d in edges if _pair(d.a, d.b) not in undone]
+    made_pairs = {_pair(d.a, d.b) for d in made}
     by_hand = sorted(p for p in added - made_pairs if np.isin(p, present).all())
     write_graph(path, [*made, *by_hand])
     write_graph(kept, edges)
