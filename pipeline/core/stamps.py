@@ -544,6 +544,7 @@ ADDED_SETTINGS: tuple[dict[tuple[str, ...], object], ...] = (
         ("watershed", "edges", "precision"): "auto",
     },
     {("agglomeration", "skip_second_fill"): False},
+    {("inference", "move_step_scale"): 1.0, ("selection", "inference", "move_step_scale"): 1.0},
 )
 
 

@@ -86,6 +86,10 @@ class InferenceConfig:
     # The FOV moves to a face where the object probability reaches this; a seed whose own
     # probability falls below it is dropped.
     move_threshold: float = 0.9
+    # The FOV moves by the model's `deltas` times this (rounded), looking for the object on the
+    # faces that far from its centre: FFN's is 1; more, fewer FOVs per object, each seeing less of
+    # its neighbours' predictions (at most half the FOV; BENCHMARKS.md measures it).
+    move_step_scale: float = 1.0
     # Voxels at least this probable become part of the object.
     segment_threshold: float = 0.6
     seed_probability: float = 0.95  # the seed voxel's initial object probability
@@ -136,6 +140,8 @@ class InferenceConfig:
         for name in ("move_threshold", "segment_threshold", "consistency_min_iou"):
             if not 0 < getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        if self.move_step_scale < 1:
+            raise ConfigError(f"move_step_scale must be >= 1, got {self.move_step_scale}")
         if self.move_threshold > self.seed_probability:
             raise ConfigError("move_threshold above seed_probability: no seed could ever move")
         for name in (
@@ -393,6 +399,19 @@ class FloodRecords:
         return dataclasses.replace(self, object=objects, seed=seed, end=end)
 
 
+def move_step(model: ModelConfig, config: InferenceConfig) -> ZYX:
+    """How far (z, y, x) a FOV moves: the model's deltas scaled by `move_step_scale`, at most
+    the FOV's radius (a face further out is not in the FOV)."""
+    step = tuple(int(round(d * config.move_step_scale)) for d in model.deltas_zyx)
+    radius = tuple(s // 2 for s in model.fov_shape_zyx)
+    if any(s > r for s, r in zip(step, radius, strict=True)):
+        raise ConfigError(
+            f"move_step_scale {config.move_step_scale} moves the FOV by {step}, past its radius "
+            f"{radius} (model deltas {model.deltas_zyx})"
+        )
+    return step  # type: ignore[return-value]
+
+
 class Canvas:
     """One volume being segmented: the image, the segmentation so far and the current object's
     mask logits (NaN where the current flood has not predicted)."""
@@ -405,7 +424,8 @@ class Canvas:
         self.fov = np.array(model.fov_shape_zyx)
         self.radius = self.fov // 2
         self.last = self.shape - self.radius - 1  # the last valid FOV centre
-        self.quantum = np.maximum(np.array(model.deltas_zyx), 1)  # as the training trajectories
+        self.step = move_step(model, config)
+        self.quantum = np.maximum(np.array(self.step), 1)  # as the training trajectories
         self.logits = np.full(image.shape, np.nan, np.float32)
         self.segmentation = np.zeros(image.shape, np.uint64)
         # float32 like the canvas, so a seed at move_threshold compares as equal, not below.
@@ -498,9 +518,7 @@ class Canvas:
                     np.copyto(prediction, old, where=(old < 0) & (prediction > old))
                 logits[box] = prediction
                 low, high = np.minimum(low, pos), np.maximum(high, pos)
-                for _, offset in scored_move_offsets(
-                    prediction, self.model.deltas_zyx, self.move_logit
-                ):
+                for _, offset in scored_move_offsets(prediction, self.step, self.move_logit):
                     # A move past the border stops at it (FFN drops it, leaving up to `deltas`
                     # of an object along the border unvisited).
                     target = np.clip(np.add(pos, offset), self.radius, self.last)

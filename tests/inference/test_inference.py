@@ -140,6 +140,19 @@ def test_perfect_network_segments_the_hand_made_volume_exactly(config):
         assert stats.batches < stats.fov_evaluations  # some FOVs did share a call
 
 
+def test_a_larger_move_step_makes_the_same_objects_from_fewer_fovs():
+    raw, labels = hand_made_volume()
+    short_steps = dataclasses.replace(MODEL, deltas_zyx=(1, 2, 2))  # half MODEL's
+    near, near_stats = segment(raw, stand_in_predictor, short_steps, CONFIG)
+    far_config = dataclasses.replace(CONFIG, move_step_scale=2.0)  # MODEL's steps again
+    far, far_stats = segment(raw, stand_in_predictor, short_steps, far_config)
+    for segmentation in (near, far):
+        assert_same_segmentation(segmentation, labels)
+    assert far_stats.fov_evaluations < near_stats.fov_evaluations / 2
+    with pytest.raises(ConfigError, match="past its radius"):
+        segment(raw, stand_in_predictor, MODEL, far_config)  # MODEL's deltas are its radius
+
+
 def test_seeds_are_inside_objects_and_innermost_first():
     raw, labels = hand_made_volume()
     seeds = seed_peaks(raw, CONFIG, (2, 4, 4))
@@ -337,6 +350,7 @@ def test_bad_images_are_refused(raw, error):
         ({"pad_probability": 0.99}, "pad_probability < seed_probability"),
         ({"batch_size": 0}, "batch_size must be >= 1"),
         ({"seed_passes": 0}, "seed_passes must be >= 1"),
+        ({"move_step_scale": 0.5}, "move_step_scale must be >= 1"),
         ({"min_boundary_distance_zyx": (1, -1, 1)}, "min_boundary_distance_zyx"),
     ],
 )
