@@ -544,7 +544,11 @@ ADDED_SETTINGS: tuple[dict[tuple[str, ...], object], ...] = (
         ("watershed", "edges", "precision"): "auto",
     },
     {("agglomeration", "skip_second_fill"): False},
-    {("inference", "move_step_scale"): 1.0, ("selection", "inference", "move_step_scale"): 1.0},
+    {
+        (*section, name): value
+        for section in (("inference",), ("selection", "inference"))
+        for name, value in (("move_step_scale", 1.0), ("long_move_threshold", 0.99))
+    },
 )
 
 

@@ -66,7 +66,7 @@ from pipeline.core.errors import (
     VolumeShapeError,
 )
 from pipeline.network.model import INFERENCE_PRECISIONS, ModelConfig, logit, normalize_image
-from pipeline.network.movement import scored_move_offsets
+from pipeline.network.movement import Move, face_moves, ordered
 
 if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network runs
     import tensorflow as tf
@@ -86,10 +86,12 @@ class InferenceConfig:
     # The FOV moves to a face where the object probability reaches this; a seed whose own
     # probability falls below it is dropped.
     move_threshold: float = 0.9
-    # The FOV moves by the model's `deltas` times this (rounded), looking for the object on the
-    # faces that far from its centre: FFN's is 1; more, fewer FOVs per object, each seeing less of
-    # its neighbours' predictions (at most half the FOV; BENCHMARKS.md measures it).
+    # A long move: where the face `move_step_scale` times the model's `deltas` from the FOV's
+    # centre is at least `long_move_threshold` probable (the network sure of the object that far
+    # out), the FOV moves there, else by `deltas` as FFN. 1 is FFN's own search; more, fewer FOVs
+    # per object, each seeing less of its neighbours' predictions (at most half the FOV).
     move_step_scale: float = 1.0
+    long_move_threshold: float = 0.99
     # Voxels at least this probable become part of the object.
     segment_threshold: float = 0.6
     seed_probability: float = 0.95  # the seed voxel's initial object probability
@@ -137,11 +139,18 @@ class InferenceConfig:
             )
         if not 0 < self.pad_probability < self.seed_probability < 1:
             raise ConfigError("need 0 < pad_probability < seed_probability < 1")
-        for name in ("move_threshold", "segment_threshold", "consistency_min_iou"):
+        for name in (
+            "move_threshold",
+            "long_move_threshold",
+            "segment_threshold",
+            "consistency_min_iou",
+        ):
             if not 0 < getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in (0, 1), got {getattr(self, name)}")
         if self.move_step_scale < 1:
             raise ConfigError(f"move_step_scale must be >= 1, got {self.move_step_scale}")
+        if self.long_move_threshold < self.move_threshold:
+            raise ConfigError("long_move_threshold below move_threshold: a long move needs more")
         if self.move_threshold > self.seed_probability:
             raise ConfigError("move_threshold above seed_probability: no seed could ever move")
         for name in (
@@ -399,9 +408,9 @@ class FloodRecords:
         return dataclasses.replace(self, object=objects, seed=seed, end=end)
 
 
-def move_step(model: ModelConfig, config: InferenceConfig) -> ZYX:
-    """How far (z, y, x) a FOV moves: the model's deltas scaled by `move_step_scale`, at most
-    the FOV's radius (a face further out is not in the FOV)."""
+def long_step(model: ModelConfig, config: InferenceConfig) -> ZYX:
+    """How far (z, y, x) a long move goes: the model's deltas scaled by `move_step_scale`, at
+    most the FOV's radius (a face further out is not in the FOV)."""
     step = tuple(int(round(d * config.move_step_scale)) for d in model.deltas_zyx)
     radius = tuple(s // 2 for s in model.fov_shape_zyx)
     if any(s > r for s, r in zip(step, radius, strict=True)):
@@ -424,12 +433,13 @@ class Canvas:
         self.fov = np.array(model.fov_shape_zyx)
         self.radius = self.fov // 2
         self.last = self.shape - self.radius - 1  # the last valid FOV centre
-        self.step = move_step(model, config)
-        self.quantum = np.maximum(np.array(self.step), 1)  # as the training trajectories
+        self.long_step = long_step(model, config)
+        self.quantum = np.maximum(np.array(model.deltas_zyx), 1)  # as the training trajectories
         self.logits = np.full(image.shape, np.nan, np.float32)
         self.segmentation = np.zeros(image.shape, np.uint64)
         # float32 like the canvas, so a seed at move_threshold compares as equal, not below.
         self.move_logit = np.float32(logit(config.move_threshold))
+        self.long_move_logit = np.float32(logit(config.long_move_threshold))
         self.segment_logit = np.float32(logit(config.segment_threshold))
         self.pad_logit = np.float32(logit(config.pad_probability))
         self.counts: Counter[str] = Counter()
@@ -489,6 +499,14 @@ class Canvas:
             self.after_batch()
         return logits[..., 0].astype(np.float32, copy=False)
 
+    def _moves(self, prediction: np.ndarray) -> list[Move]:
+        """FFN's moves by `deltas`, each replaced by the long move toward the same face where
+        that is sure; best first."""
+        moves = face_moves(prediction, self.model.deltas_zyx, self.move_logit)
+        if self.long_step != tuple(self.model.deltas_zyx):
+            moves |= face_moves(prediction, self.long_step, self.long_move_logit)
+        return ordered(moves)
+
     # -- one object --------------------------------------------------------------------------
 
     def flood(self, start: tuple[int, ...]) -> _Object | None:
@@ -518,7 +536,7 @@ class Canvas:
                     np.copyto(prediction, old, where=(old < 0) & (prediction > old))
                 logits[box] = prediction
                 low, high = np.minimum(low, pos), np.maximum(high, pos)
-                for _, offset in scored_move_offsets(prediction, self.step, self.move_logit):
+                for _, offset in self._moves(prediction):
                     # A move past the border stops at it (FFN drops it, leaving up to `deltas`
                     # of an object along the border unvisited).
                     target = np.clip(np.add(pos, offset), self.radius, self.last)

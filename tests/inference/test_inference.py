@@ -140,17 +140,22 @@ def test_perfect_network_segments_the_hand_made_volume_exactly(config):
         assert stats.batches < stats.fov_evaluations  # some FOVs did share a call
 
 
-def test_a_larger_move_step_makes_the_same_objects_from_fewer_fovs():
+def test_long_moves_where_the_network_is_sure_make_the_same_objects_from_fewer_fovs():
     raw, labels = hand_made_volume()
     short_steps = dataclasses.replace(MODEL, deltas_zyx=(1, 2, 2))  # half MODEL's
-    near, near_stats = segment(raw, stand_in_predictor, short_steps, CONFIG)
-    far_config = dataclasses.replace(CONFIG, move_step_scale=2.0)  # MODEL's steps again
-    far, far_stats = segment(raw, stand_in_predictor, short_steps, far_config)
-    for segmentation in (near, far):
+    ffn, ffn_stats = segment(raw, stand_in_predictor, short_steps, CONFIG)
+    # The stand-in is about 0.993 sure inside objects: long moves (MODEL's steps again) at 0.99,
+    # none at 0.999 (FFN's moves alone, FOV for FOV).
+    long = dataclasses.replace(CONFIG, move_step_scale=2.0, long_move_threshold=0.99)
+    far, far_stats = segment(raw, stand_in_predictor, short_steps, long)
+    unsure = dataclasses.replace(long, long_move_threshold=0.999)
+    near, near_stats = segment(raw, stand_in_predictor, short_steps, unsure)
+    for segmentation in (ffn, far, near):
         assert_same_segmentation(segmentation, labels)
-    assert far_stats.fov_evaluations < near_stats.fov_evaluations / 2
+    assert far_stats.fov_evaluations < 0.9 * ffn_stats.fov_evaluations
+    assert near_stats.fov_evaluations == ffn_stats.fov_evaluations
     with pytest.raises(ConfigError, match="past its radius"):
-        segment(raw, stand_in_predictor, MODEL, far_config)  # MODEL's deltas are its radius
+        segment(raw, stand_in_predictor, MODEL, long)  # MODEL's deltas are its radius
 
 
 def test_seeds_are_inside_objects_and_innermost_first():
@@ -351,6 +356,7 @@ def test_bad_images_are_refused(raw, error):
         ({"batch_size": 0}, "batch_size must be >= 1"),
         ({"seed_passes": 0}, "seed_passes must be >= 1"),
         ({"move_step_scale": 0.5}, "move_step_scale must be >= 1"),
+        ({"long_move_threshold": 0.8}, "long_move_threshold below move_threshold"),
         ({"min_boundary_distance_zyx": (1, -1, 1)}, "min_boundary_distance_zyx"),
     ],
 )
