@@ -66,7 +66,7 @@ from pipeline.core.errors import (
     VolumeShapeError,
 )
 from pipeline.network.model import INFERENCE_PRECISIONS, ModelConfig, logit, normalize_image
-from pipeline.network.movement import Move, face_moves, ordered
+from pipeline.network.movement import face_moves
 
 if TYPE_CHECKING:  # TensorFlow takes seconds to import: only where a network runs
     import tensorflow as tf
@@ -499,13 +499,22 @@ class Canvas:
             self.after_batch()
         return logits[..., 0].astype(np.float32, copy=False)
 
-    def _moves(self, prediction: np.ndarray) -> list[Move]:
-        """FFN's moves by `deltas`, each replaced by the long move toward the same face where
-        that is sure; best first."""
-        moves = face_moves(prediction, self.model.deltas_zyx, self.move_logit)
+    def _moves(self, prediction: np.ndarray) -> list[tuple[ZYX, bool]]:
+        """(offset, whether long) of FFN's moves by `deltas`, each replaced by the long move
+        toward the same face where that is sure; best first."""
+        near = face_moves(prediction, self.model.deltas_zyx, self.move_logit)
+        moves = {face: (move, False) for face, move in near.items()}
         if self.long_step != tuple(self.model.deltas_zyx):
-            moves |= face_moves(prediction, self.long_step, self.long_move_logit)
-        return ordered(moves)
+            long = face_moves(prediction, self.long_step, self.long_move_logit)
+            moves |= {face: (move, True) for face, move in long.items()}
+        return [(offset, is_long) for (_, offset), is_long in sorted(moves.values(), reverse=True)]
+
+    def _passed_keys(self, pos: tuple[int, ...], target: tuple[int, ...]) -> set[tuple[int, ...]]:
+        """The cells a long move passes over: visited as far as the flood goes (the network was
+        sure of the object there), or a move back from the target would fill them in."""
+        span = np.subtract(target, pos)
+        steps = int(np.abs(span).max())
+        return {self._key(tuple(np.add(pos, span * j // steps))) for j in range(1, steps)}
 
     # -- one object --------------------------------------------------------------------------
 
@@ -536,7 +545,7 @@ class Canvas:
                     np.copyto(prediction, old, where=(old < 0) & (prediction > old))
                 logits[box] = prediction
                 low, high = np.minimum(low, pos), np.maximum(high, pos)
-                for _, offset in self._moves(prediction):
+                for offset, is_long in self._moves(prediction):
                     # A move past the border stops at it (FFN drops it, leaving up to `deltas`
                     # of an object along the border unvisited).
                     target = np.clip(np.add(pos, offset), self.radius, self.last)
@@ -545,6 +554,8 @@ class Canvas:
                     if key not in seen and self.is_valid(target):
                         seen.add(key)
                         queue.append(target)
+                        if is_long:
+                            seen |= self._passed_keys(pos, target)
                 if logits[start] < self.move_logit:
                     break
         box = tuple(slice(a - r, b + r + 1) for a, b, r in zip(low, high, self.radius, strict=True))

@@ -44,9 +44,4 @@ def scored_move_offsets(
     logits: np.ndarray, deltas_zyx: Sequence[int], threshold_logit: float
 ) -> list[Move]:
     """(score, offset zyx) of every face whose best logit is >= threshold, best first."""
-    return ordered(face_moves(logits, deltas_zyx, threshold_logit))
-
-
-def ordered(moves: dict[Face, Move]) -> list[Move]:
-    """The moves best first (FFN's order: by score, then by offset)."""
-    return sorted(moves.values(), reverse=True)
+    return sorted(face_moves(logits, deltas_zyx, threshold_logit).values(), reverse=True)
