@@ -6,6 +6,8 @@ network runs on a FOV centred on the seed, with the object mask ("seed") initial
 logit(0.95) at the seed and logit(0.05) where nothing was predicted yet. Its logits are written
 back into a per-object canvas and the FOV moves by `deltas` toward every face of the central box
 predicted above the move threshold (`pipeline.network.movement`), breadth first, until no move is left.
+With `move_step_scale` above 1, a face that far out predicted above `long_move_threshold` takes
+the FOV there instead (a long move; the cells it passes over count as visited).
 Voxels with probability >= the segment threshold that no earlier object owns become the new
 object, unless it is smaller than `min_segment_size`.
 
