@@ -89,10 +89,11 @@ class InferenceConfig:
     # probability falls below it is dropped.
     move_threshold: float = 0.9
     # A long move: where the face `move_step_scale` times the model's `deltas` from the FOV's
-    # centre is at least `long_move_threshold` probable (the network sure of the object that far
-    # out), the FOV moves there, else by `deltas` as FFN. 1 is FFN's own search; more, fewer FOVs
-    # per object, each seeing less of its neighbours' predictions (at most half the FOV).
+    # centre is sure enough (below), the FOV moves there, else by `deltas` as FFN. 1 is FFN's own
+    # search; more, fewer FOVs per object, each seeing less of its neighbours' predictions (at
+    # most half the FOV).
     move_step_scale: float = 1.0
+    # How probable the object must be on the face move_step_scale x deltas out for a long move.
     long_move_threshold: float = 0.99
     # Voxels at least this probable become part of the object.
     segment_threshold: float = 0.6
