@@ -109,6 +109,7 @@ def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outp
     from pipeline.core.stamps import digest_files, run_once
     from pipeline.data.staging import read_staged
     from pipeline.data.volumes import open_volume
+    from pipeline.evaluation.boundary_map import boundary_reader
     from pipeline.inference.flood_fill import InferenceConfig, inference_model
     from pipeline.inference.stitching import block_core
     from pipeline.secondpass.agglomeration import (
@@ -126,10 +127,14 @@ def decide_core(settings: dict, first_pass: str, io: DecideCore, inputs=(), outp
         table = pairs_in(load_contact_table(io.pairs), core)
         inference = from_dict(InferenceConfig, settings["inference"])
         model = inference_model(chosen_checkpoint(io.selection), inference)
-        with open_volume(read_staged(io.volume).raw) as raw, layer_reader(first_pass) as read:
+        with (
+            open_volume(read_staged(io.volume).raw) as raw,
+            layer_reader(first_pass) as read,
+            boundary_reader(io.boundary, settings["shape"]) as boundary,
+        ):
             decisions = decide_pairs(
                 raw.__getitem__, read, settings["shape"], table,
-                chosen_predictor(io.selection, model), model, inference, config,
+                chosen_predictor(io.selection, model), model, inference, config, boundary,
             )  # fmt: skip
         save_decisions(io.decisions, decisions)
         return digest_files([io.decisions])

@@ -288,7 +288,8 @@ class FinishConsensus(Contract):
 
 # -- FFN's second pass (apps/agglomerate.py) --
 # `stitched`: the full resolution of the layer agglomerated (the consensus, or the first pass).
-# `boundary`: with the fill, the boundary forest and the staged volume (its map's image); else none.
+# `boundary`: with the fill (or pairs screened), the boundary forest and the staged volume (its
+# map's image); else none.
 # `sizes`: with `fill_min_size`, the objects' sizes in the whole volume; else none.
 
 
@@ -310,13 +311,15 @@ class JoinPairs(Contract):
 
 @contract
 class DecideCore(Contract):
-    """The decisions of core k's pairs: reads the staged volume, the stitched layer, the pairs
-    and selection.json; writes the decisions (.npz)."""
+    """The decisions of core k's pairs: reads the staged volume, the stitched layer, the pairs,
+    selection.json and, where pairs are screened, the boundary forest and volume; writes the
+    decisions (.npz)."""
 
     volume: Path = input_field()
     stitched: Path = input_field()
     pairs: Path = input_field()
     selection: Path = input_field()
+    boundary: Paths = input_field()
     decisions: Path = output_field()
 
 

@@ -38,7 +38,7 @@ def dag_steps(plan: RunPlan) -> list[Step]:
                   apps.stage.stage_volume),
     ]  # fmt: skip
     learns_forest = not config.boundary_forest and (
-        plan.learns_baseline or config.agglomeration.fill_unsegmented
+        plan.learns_baseline or config.agglomeration.reads_boundary_map
     )
     if not config.pretrained_model:
         steps += _training_steps(plan)

@@ -151,6 +151,8 @@ def agglomerate_steps(plan: RunPlan) -> list[Step]:
     pairs, merges = folder / "pairs.npz", folder / "merges.npz"
     decide = {**fills, "inference": config_io.to_dict(config.inference)}
     steps = []
+    boundary_map = (paths.boundary_forest, paths.eval_volume)
+    screen = boundary_map if second.screens_contacts else ()
     if second.enabled:  # else no pair is merged: the pass only fills
         steps += [task_step(f"agglomerate[pairs {k}]", {**fills, "block": k},
                             PairCore(stitched=stitched, contacts=contacts[k]),
@@ -159,7 +161,8 @@ def agglomerate_steps(plan: RunPlan) -> list[Step]:
         steps.append(task_step("agglomerate[join]", fills, files, apps.agglomerate.join_pairs))
         steps += [task_step(f"agglomerate[decide {k}]", {**decide, "block": k},
                             DecideCore(volume=paths.eval_volume, stitched=stitched, pairs=pairs,
-                                       selection=paths.selection, decisions=decisions[k]),
+                                       selection=paths.selection, boundary=screen,
+                                       decisions=decisions[k]),
                             apps.agglomerate.decide_core, first_pass) for k in cores]  # fmt: skip
     else:
         decisions = []
@@ -172,7 +175,7 @@ def agglomerate_steps(plan: RunPlan) -> list[Step]:
     # was added (runs stay done).
     boundary, sizes, written = (), (), base
     if second.fill_unsegmented:
-        boundary = (paths.boundary_forest, paths.eval_volume)
+        boundary = boundary_map
         written = {**base, "agglomeration": second.part_settings()}
     if second.fill_min_size:  # the objects' sizes in the whole volume: a count per part, a sum
         counts = [folder / "sizes" / f"{part_name(p)}.npz" for p in parts]

@@ -549,6 +549,11 @@ ADDED_SETTINGS: tuple[dict[tuple[str, ...], object], ...] = (
         for section in (("inference",), ("selection", "inference"))
         for name, value in (("move_step_scale", 1.0), ("long_move_threshold", 0.99))
     },
+    {
+        ("inference", "min_unseen_share"): 0.0,
+        ("selection", "inference", "min_unseen_share"): 0.0,
+        ("agglomeration", "max_contact_boundary"): 1.0,
+    },
 )
 
 

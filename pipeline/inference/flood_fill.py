@@ -95,6 +95,11 @@ class InferenceConfig:
     move_step_scale: float = 1.0
     # How probable the object must be on the face move_step_scale x deltas out for a long move.
     long_move_threshold: float = 0.99
+    # A queued FOV is evaluated only if at least this share of its voxels is new to the flood;
+    # one the flood has predicted (nearly) all of takes its moves from those predictions instead.
+    # Inside a large object most FOVs see under 1 % new voxels and change a few voxels at their
+    # edge. 0 evaluates every FOV (FFN).
+    min_unseen_share: float = 0.0
     # Voxels at least this probable become part of the object.
     segment_threshold: float = 0.6
     seed_probability: float = 0.95  # the seed voxel's initial object probability
@@ -150,6 +155,8 @@ class InferenceConfig:
         ):
             if not 0 < getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        if not 0 <= self.min_unseen_share < 1:
+            raise ConfigError(f"min_unseen_share must be in [0, 1), got {self.min_unseen_share}")
         if self.move_step_scale < 1:
             raise ConfigError(f"move_step_scale must be >= 1, got {self.move_step_scale}")
         if self.long_move_threshold < self.move_threshold:
@@ -191,6 +198,7 @@ class InferenceStats:
     objects_too_small: int = 0
     seeds_too_weak: int = 0  # floods discarded because the seed voxel fell below move_threshold
     objects_truncated: int = 0  # stopped at max_fov_evaluations_per_object (kept)
+    fovs_seen_enough: int = 0  # queued FOVs not evaluated (`min_unseen_share`)
     objects_inconsistent: int = 0  # dropped by the consistency check
     segmented_voxels: int = 0
 
@@ -519,6 +527,48 @@ class Canvas:
         steps = int(np.abs(span).max())
         return {self._key(tuple(np.add(pos, span * j // steps))) for j in range(1, steps)}
 
+    def _queue_moves(
+        self,
+        pos: tuple[int, ...],
+        prediction: np.ndarray,
+        queue: list[tuple[int, ...]],
+        seen: set[tuple[int, ...]],
+    ) -> None:
+        """Queue the moves from the FOV at `pos` that `prediction` (its logits) shows, to cells
+        not visited yet."""
+        for offset, is_long in self._moves(prediction):
+            # A move past the border stops at it (FFN drops it, leaving up to `deltas` of an
+            # object along the border unvisited).
+            target = np.clip(np.add(pos, offset), self.radius, self.last)
+            target = tuple(int(t) for t in target)
+            key = self._key(target)
+            if key not in seen and self.is_valid(target):
+                seen.add(key)
+                queue.append(target)
+                if is_long:
+                    seen |= self._passed_keys(pos, target)
+
+    def _known(self, pos: tuple[int, ...]) -> np.ndarray:
+        """The flood's logits in the FOV at `pos`, the pad where it has predicted nothing."""
+        known = self.logits[self._fov(pos)]
+        return np.where(np.isnan(known), self.pad_logit, known)
+
+    def _seen_enough(self, batch: list[tuple[int, ...]], start: tuple[int, ...]) -> list:
+        """Remove from `batch` and return the FOVs with less than `min_unseen_share` of their
+        voxels new to the flood (never the seed's), in order."""
+        share = self.config.min_unseen_share
+        if not share:
+            return []
+        seen_enough = [
+            pos
+            for pos in batch
+            if pos != start
+            and np.count_nonzero(np.isnan(self.logits[self._fov(pos)])) < share * np.prod(self.fov)
+        ]
+        batch[:] = [pos for pos in batch if pos not in seen_enough]
+        self.counts["fovs_seen_enough"] += len(seen_enough)
+        return seen_enough
+
     # -- one object --------------------------------------------------------------------------
 
     def flood(self, start: tuple[int, ...]) -> _Object | None:
@@ -540,7 +590,9 @@ class Canvas:
                 truncated = True
                 break
             batch = self._take_batch(queue)
-            for pos, prediction in zip(batch, self._evaluate(batch), strict=True):
+            for pos in self._seen_enough(batch, start):
+                self._queue_moves(pos, self._known(pos), queue, seen)
+            for pos, prediction in zip(batch, self._evaluate(batch) if batch else (), strict=True):
                 evaluations += 1
                 box = self._fov(pos)
                 old = logits[box]
@@ -548,17 +600,7 @@ class Canvas:
                     np.copyto(prediction, old, where=(old < 0) & (prediction > old))
                 logits[box] = prediction
                 low, high = np.minimum(low, pos), np.maximum(high, pos)
-                for offset, is_long in self._moves(prediction):
-                    # A move past the border stops at it (FFN drops it, leaving up to `deltas`
-                    # of an object along the border unvisited).
-                    target = np.clip(np.add(pos, offset), self.radius, self.last)
-                    target = tuple(int(t) for t in target)
-                    key = self._key(target)
-                    if key not in seen and self.is_valid(target):
-                        seen.add(key)
-                        queue.append(target)
-                        if is_long:
-                            seen |= self._passed_keys(pos, target)
+                self._queue_moves(pos, prediction, queue, seen)
                 if logits[start] < self.move_logit:
                     break
         box = tuple(slice(a - r, b + r + 1) for a, b, r in zip(low, high, self.radius, strict=True))

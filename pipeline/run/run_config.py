@@ -105,16 +105,16 @@ class RunConfig:
                 f"boundary_forest {self.boundary_forest!r}: this run learns its own forest on "
                 "its labelled training part; give one or the other"
             )
-        if self.boundary_forest and not self.agglomeration.fill_unsegmented:
+        if self.boundary_forest and not self.agglomeration.reads_boundary_map:
             raise ConfigError(
-                f"boundary_forest {self.boundary_forest!r} is the fill's map: it needs "
-                "[agglomeration] fill_unsegmented = true"
+                f"boundary_forest {self.boundary_forest!r} is the second pass's map: it needs "
+                "[agglomeration] fill_unsegmented = true (or max_contact_boundary below 1)"
             )
-        if self.agglomeration.fill_unsegmented and not (has_train_part or self.boundary_forest):
+        if self.agglomeration.reads_boundary_map and not (has_train_part or self.boundary_forest):
             raise ConfigError(
-                "[agglomeration] fill_unsegmented floods a boundary map learned on a labelled "
-                "training part: give [data] train_raw and train_labels, or boundary_forest (a "
-                "forest another run learned, its baseline/boundary_forest.joblib)"
+                "[agglomeration] fill_unsegmented and max_contact_boundary read a boundary map "
+                "learned on a labelled training part: give [data] train_raw and train_labels, or "
+                "boundary_forest (a forest another run learned, its baseline/boundary_forest.joblib)"
             )
 
     def partitions_for_training(self) -> PartitionConfig:

@@ -36,7 +36,7 @@ Flood fills use `pipeline.inference.flood_fill.Canvas.flood` itself.
 """
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,6 +112,12 @@ class AgglomerationConfig:
     # the same for fewer FOV evaluations. Its decision then records B's fill as empty (Jaccard
     # and A's recovered share 0), so a new `min_recovered` fills the pairs again.
     skip_second_fill: bool = False
+    # Pairs whose contact the boundary map calls membrane are not filled: their mean P(boundary)
+    # across the contact, within the analysis box, above this. Two pieces of one neurite that the
+    # first pass parted touch through cytoplasm; two neurites, through their membranes (the
+    # forest's map: about 0.8 on bodies' surfaces, 0.1-0.4 inside them). 1 fills every pair.
+    # Needs the boundary forest, as the fill does.
+    max_contact_boundary: float = 1.0
     # Last (with or without `enabled`), every voxel the first pass left unsegmented (0) goes to
     # the segment whose basin it lies in, flooding a boundary map learned on the run's training
     # part (`fill_unsegmented`): a dense segmentation, as the ground truth is. Needs a labelled
@@ -151,7 +157,7 @@ class AgglomerationConfig:
                 "fill_min_size drops objects for the fill to give their voxels away: it needs "
                 "fill_unsegmented = true"
             )
-        for name in ("min_jaccard", "min_recovered"):
+        for name in ("min_jaccard", "min_recovered", "max_contact_boundary"):
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)}")
 
@@ -172,6 +178,16 @@ class AgglomerationConfig:
             for k, v in dataclasses.asdict(self).items()
             if k not in ("enabled", "consensus", *thresholds, *FILL_SETTINGS)
         }  # fmt: skip
+
+    @property
+    def screens_contacts(self) -> bool:
+        """Whether pairs are screened by the boundary map before they are filled."""
+        return self.max_contact_boundary < 1
+
+    @property
+    def reads_boundary_map(self) -> bool:
+        """Whether the pass needs the boundary forest: to fill, or to screen pairs."""
+        return self.fill_unsegmented or (self.enabled and self.screens_contacts)
 
     @property
     def writes_layer(self) -> bool:
@@ -211,11 +227,10 @@ def _shifted(segmentation: np.ndarray, axis: int, start: int, stop: int) -> np.n
     return segmentation[tuple(box)]
 
 
-def _faces(segmentation: np.ndarray, max_gap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every contact between two different non-zero segments along an axis, directly or across
-    up to `max_gap` background voxels: the (a, b) pair (a < b), (M, 2), and the voxel on the
-    contact's low side, (M, 3)."""
-    pairs, voxels = [], []
+def _touching(segmentation: np.ndarray, max_gap: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(axis, step, mask): where a non-zero segment faces another one `step` voxels on along
+    `axis` with only background between (step 1 to `max_gap` + 1); the mask is over the low
+    voxels (`_shifted(segmentation, axis, 0, -step)`)."""
     for axis in range(3):
         for step in range(1, min(max_gap + 1, segmentation.shape[axis] - 1) + 1):
             u = _shifted(segmentation, axis, 0, -step)
@@ -223,10 +238,36 @@ def _faces(segmentation: np.ndarray, max_gap: int) -> tuple[np.ndarray, np.ndarr
             touching = (u != v) & (u > 0) & (v > 0)
             for between in range(1, step):
                 touching &= _shifted(segmentation, axis, between, between - step) == 0
-            a, b = u[touching], v[touching]
-            pairs.append(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1))
-            voxels.append(np.argwhere(touching))
+            yield axis, step, touching
+
+
+def _faces(segmentation: np.ndarray, max_gap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every contact between two different non-zero segments along an axis, directly or across
+    up to `max_gap` background voxels: the (a, b) pair (a < b), (M, 2), and the voxel on the
+    contact's low side, (M, 3)."""
+    pairs, voxels = [], []
+    for axis, step, touching in _touching(segmentation, max_gap):
+        a = _shifted(segmentation, axis, 0, -step)[touching]
+        b = _shifted(segmentation, axis, step, 0)[touching]
+        pairs.append(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1))
+        voxels.append(np.argwhere(touching))
     return np.concatenate(pairs).astype(np.uint64), np.concatenate(voxels).astype(np.int64)
+
+
+def contact_boundary(
+    labels: np.ndarray, boundary: np.ndarray, ids: tuple[int, int], max_gap: int
+) -> float:
+    """The mean P(boundary) across the contacts of segments `ids` in `labels` (each contact the
+    mean of its voxels, from the one in A to the one in B, the gap between included); -1 where
+    they do not touch."""
+    total, count = 0.0, 0
+    for axis, step, touching in _touching(labels, max_gap):
+        u, v = _shifted(labels, axis, 0, -step), _shifted(labels, axis, step, 0)
+        touching &= np.isin(u, ids) & np.isin(v, ids)
+        across = sum(_shifted(boundary, axis, k, k - step) for k in range(step + 1)) / (step + 1)
+        total += float(across[touching].sum())
+        count += int(np.count_nonzero(touching))
+    return total / count if count else -1.0
 
 
 def _central_voxels(group: np.ndarray, voxels: np.ndarray, groups: int) -> np.ndarray:
@@ -298,6 +339,10 @@ class PairDecision:
     recovered_b: float  # share of B's voxels that A's fill covers
     fov_evaluations: int  # both fills
     seeded: bool  # a seed was found on both sides (if not: no fill, no merge)
+    # The mean P(boundary) across the contact in the analysis box, where pairs are screened
+    # (`max_contact_boundary`; above it, no fill and no merge); -1 where not looked at, or where
+    # they do not touch within the box.
+    contact_boundary: float = -1.0
 
 
 def _radius(fovs: float, model: ModelConfig) -> np.ndarray:
@@ -382,6 +427,7 @@ def pair_measures(
     inference_config: InferenceConfig,
     config: AgglomerationConfig,
     budgets: Sequence[int],
+    read_boundary: Reader | None = None,
 ) -> list[PairDecision]:
     """Fill from A and from B around their contact `point` and measure (deterministic for a
     deterministic predictor), with each of `budgets` (ascending) as the FOV evaluations per fill,
@@ -393,12 +439,26 @@ def pair_measures(
     labels = read_segmentation(window)
     analysis = np.zeros(labels.shape, bool)
     centre = point - [s.start for s in window]
-    analysis[_window(centre, _radius(config.analysis_radius_fovs, model), labels.shape)] = True
+    near = _window(centre, _radius(config.analysis_radius_fovs, model), labels.shape)
+    analysis[near] = True
+    seeds = _seeds(labels, (a, b), analysis, model)
+    screened = -1.0
+    if config.screens_contacts:
+        if read_boundary is None:
+            raise ConfigError("max_contact_boundary screens pairs by a boundary map: none given")
+        near_global = tuple(
+            slice(w.start + n.start, w.start + n.stop) for w, n in zip(window, near, strict=True)
+        )
+        screened = contact_boundary(
+            labels[near], read_boundary(near_global), (a, b), config.max_gap
+        )
+        if screened > config.max_contact_boundary:  # membrane between them: neither is filled
+            unfilled = PairDecision(a, b, 0.0, 0.0, 0.0, 0, seeds is not None, screened)
+            return [unfilled for _ in budgets]
     fill_config = dataclasses.replace(inference_config, max_fov_evaluations_per_object=max(budgets))
     canvas = Canvas(normalize_image(read_image(window), model), predict, model, fill_config)
     # As google/ffn: the other segments stay as context, so no FOV is centred in them.
     np.copyto(canvas.segmentation, labels, where=(labels != a) & (labels != b))
-    seeds = _seeds(labels, (a, b), analysis, model)
     in_a, in_b = ((labels == i) & analysis for i in (a, b))
     from_a = _fills(canvas, seeds[0] if seeds else None, budgets)
     if config.skip_second_fill and all(
@@ -414,7 +474,9 @@ def pair_measures(
         jaccard = float(np.count_nonzero(fill_a & fill_b) / union) if union else 0.0
         recovered_a, recovered_b = _share(fill_b, in_a), _share(fill_a, in_b)
         fovs, seeded = fovs_a + fovs_b, seeds is not None
-        measures.append(PairDecision(a, b, jaccard, recovered_a, recovered_b, fovs, seeded))
+        measures.append(
+            PairDecision(a, b, jaccard, recovered_a, recovered_b, fovs, seeded, screened)
+        )
     return measures
 
 
@@ -427,18 +489,38 @@ def decide_pairs(
     model: ModelConfig,
     inference_config: InferenceConfig,
     config: AgglomerationConfig,
+    read_boundary: Reader | None = None,
 ) -> list[PairDecision]:
     """Every pair of the table measured with `config`'s budget per fill (`pair_measures`), in
-    its order. `read_image` returns uint8 raw, `read_segmentation` the first pass's ids, both for
-    a box of the volume (global slices)."""
+    its order. `read_image` returns uint8 raw, `read_segmentation` the first pass's ids,
+    `read_boundary` (where pairs are screened) P(boundary), each for a box of the volume (global
+    slices)."""
     budget = (config.max_fov_evaluations_per_fill,)
+    if config.screens_contacts and read_boundary is not None and len(pairs):
+        read_boundary = _read_once(read_boundary, [
+            _window(point, _radius(config.window_radius_fovs, model), volume_shape)
+            for point in pairs.points
+        ])  # fmt: skip
     return [
         pair_measures(
             read_image, read_segmentation, volume_shape, (int(ids[0]), int(ids[1])), point,
-            predict, model, inference_config, config, budget,
+            predict, model, inference_config, config, budget, read_boundary,
         )[0]
         for ids, point in zip(pairs.ids, pairs.points, strict=True)
     ]  # fmt: skip
+
+
+def _read_once(read: Reader, boxes: Sequence[Box]) -> Reader:
+    """A reader of boxes within `boxes` that reads their bounding box once (the boundary map is
+    a forest's prediction: once over a core costs less than once per pair)."""
+    start = np.min([[s.start for s in box] for box in boxes], axis=0)
+    stop = np.max([[s.stop for s in box] for box in boxes], axis=0)
+    whole = read(tuple(slice(int(a), int(b)) for a, b in zip(start, stop, strict=True)))
+
+    def within(box: Box) -> np.ndarray:
+        return whole[tuple(slice(s.start - a, s.stop - a) for s, a in zip(box, start, strict=True))]
+
+    return within
 
 
 # ---------------------------------------------------------------------------------------------
@@ -675,8 +757,10 @@ def save_decisions(path: str | Path, decisions: Sequence[PairDecision]) -> None:
 def load_decisions(path: str | Path) -> list[PairDecision]:
     names = [f.name for f in dataclasses.fields(PairDecision)]
     with np.load(path) as f:
-        columns = [f[name].tolist() for name in names]
-    return [PairDecision(*row) for row in zip(*columns, strict=True)]
+        found = {name: f[name].tolist() for name in names if name in f}
+    # Files from before a field was added hold none of it: its default.
+    rows = [dict(zip(found, row, strict=True)) for row in zip(*found.values(), strict=True)]
+    return [PairDecision(**row) for row in rows]
 
 
 _COLUMN_TYPES = {int: np.uint64, float: np.float64, bool: bool}

@@ -158,6 +158,21 @@ def test_long_moves_where_the_network_is_sure_make_the_same_objects_from_fewer_f
         segment(raw, stand_in_predictor, MODEL, long)  # MODEL's deltas are its radius
 
 
+def test_fovs_the_flood_has_already_seen_take_their_moves_from_its_predictions():
+    raw, labels = hand_made_volume()
+    short_steps = dataclasses.replace(MODEL, deltas_zyx=(1, 2, 2))  # FOVs overlap heavily
+    ffn, ffn_stats = segment(raw, stand_in_predictor, short_steps, CONFIG)
+    seen = dataclasses.replace(CONFIG, min_unseen_share=0.02)
+    fewer, stats = segment(raw, stand_in_predictor, short_steps, seen)
+    assert_same_segmentation(ffn, labels)
+    # The same objects, but for the few voxels that only the FOVs not evaluated would have seen.
+    assert stats.objects == 3
+    assert_no_merges(fewer, labels)
+    assert 0 < np.count_nonzero((fewer == 0) != (labels == 0)) < 1e-3 * labels.size
+    assert ffn_stats.fovs_seen_enough == 0 and stats.fovs_seen_enough > 0
+    assert stats.fov_evaluations < 0.5 * ffn_stats.fov_evaluations
+
+
 def test_seeds_are_inside_objects_and_innermost_first():
     raw, labels = hand_made_volume()
     seeds = seed_peaks(raw, CONFIG, (2, 4, 4))

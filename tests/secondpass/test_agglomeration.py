@@ -207,6 +207,40 @@ def test_skipping_the_second_fill_merges_the_same_pairs_for_fewer_fovs(tissue, n
     assert "min_recovered" not in CONFIG.fill_settings()
 
 
+def test_pairs_whose_contact_the_boundary_map_calls_membrane_are_not_filled(tissue, network):
+    """`max_contact_boundary`: a map that is 1 on membranes only. A planted split (no membrane
+    between its halves) is filled and merged as without the screen; true neighbours touch across
+    a membrane voxel (mean 1/3 across the contact) and are kept apart without a FOV."""
+    raw, labels = tissue
+    raw, labels = raw[CROP], labels[CROP]
+    obj = largest_objects(labels, 1)[0]
+    split = plant_split(labels, obj, int(labels.max()) + 1)
+    membrane = (labels == 0).astype(np.float32)
+    table = candidate_pairs(split, min_contact=CONFIG.min_contact, max_gap=GAP)
+    rows = [row(table, obj, int(labels.max()) + 1)]
+    rows += [int(r) for r in np.argsort(-table.contacts, kind="stable")[:3] if r not in rows]
+    screening = replace(CONFIG, max_contact_boundary=0.2)
+    predict, model = network
+
+    def decisions(config, boundary=None):
+        return decide_pairs(
+            lambda box: raw[box], lambda box: split[box], split.shape, table.select(rows),
+            predict, model, InferenceConfig(), config, boundary,
+        )  # fmt: skip
+
+    full = decisions(CONFIG)
+    screened = decisions(screening, lambda box: membrane[box])
+    assert screened[0].contact_boundary == 0
+    assert replace(screened[0], contact_boundary=full[0].contact_boundary) == full[0]
+    assert CONFIG.merges(full[0]) and screening.merges(screened[0])
+    for before, after in zip(full[1:], screened[1:], strict=True):
+        assert not CONFIG.merges(before) and before.fov_evaluations > 0
+        assert after.contact_boundary == pytest.approx(1 / 3)
+        assert not screening.merges(after) and after.fov_evaluations == 0
+    with pytest.raises(ConfigError, match="boundary map: none given"):
+        decisions(screening)
+
+
 # ---------------------------------------------------------------------------------------------
 # Candidate pairs
 
@@ -396,6 +430,7 @@ def test_objects_too_small_in_the_whole_volume_are_filled_from_their_neighbours(
         ({"max_fov_evaluations_per_fill": 0}, "max_fov_evaluations_per_fill must be >= 1"),
         ({"min_jaccard": 0}, "min_jaccard must be in"),
         ({"min_recovered": 1.5}, "min_recovered must be in"),
+        ({"max_contact_boundary": 0}, "max_contact_boundary must be in"),
     ],
 )
 def test_config_errors(setting, message):
