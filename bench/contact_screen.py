@@ -26,7 +26,6 @@ from agglomerate import staged_eval  # bench/agglomerate.py
 from pipeline.core.atomic import atomic_path
 from pipeline.data.volumes import open_volume
 from pipeline.evaluation.boundary_map import boundary_reader
-from pipeline.export.layers import segmentation_spec
 from pipeline.inference.flood_fill import inference_model
 from pipeline.run.run_config import load_run_config
 from pipeline.run.run_layout import RunPaths
