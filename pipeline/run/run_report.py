@@ -227,11 +227,13 @@ def _inference_lines(stitched: dict) -> list[str]:
     if not (stitched and "inference" in stitched):  # older runs' stitch.json listed every block
         return []
     blocks, total = stitched["stitch"]["blocks"], stitched["inference"]
+    seen = total.get("fovs_seen_enough")
+    skipped = f" ({seen} more the floods had seen were not evaluated)" if seen else ""
     return [
         "", "## Inference", "",
         f"{blocks} block(s), {total['seconds'] / blocks:.1f} s per block, "
         f"{total['voxels_per_second']:,.0f} voxels/s per task; {total['fov_evaluations']} FOV "
-        f"evaluations; {stitched['stitch']['objects']} objects after stitching.",
+        f"evaluations{skipped}; {stitched['stitch']['objects']} objects after stitching.",
     ]  # fmt: skip
 
 
@@ -260,9 +262,11 @@ def _agglomeration_lines(agglomerated: dict, stitched: dict) -> list[str]:
         return []
     first = (stitched.get("inference") or {}).get("fov_evaluations")
     share = f" ({agglomerated['fov_evaluations'] / first:.0%} of the first pass's)" if first else ""
+    screened = agglomerated.get("screened_pairs")
+    membrane = f" ({screened} not filled: membrane across their contact)" if screened else ""
     return [
         "", "## Agglomeration (FFN's second pass)", "",
-        f"{agglomerated['pairs']} touching pairs tested, {agglomerated['merged_pairs']} merged "
+        f"{agglomerated['pairs']} touching pairs tested{membrane}, {agglomerated['merged_pairs']} merged "
         f"({agglomerated['merged_segments']} segments into {agglomerated['merged_objects']} objects); "
         f"{agglomerated['fov_evaluations']} FOV evaluations{share}.",
     ]  # fmt: skip

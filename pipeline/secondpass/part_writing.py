@@ -129,6 +129,8 @@ def pass_summary(
         "pairs": len(decided),
         "merged_pairs": sum(config.merges(d) for d in decided),
         "unseeded_pairs": sum(not d.seeded for d in decided),
+        # Not filled: membrane across the contact (`max_contact_boundary`).
+        "screened_pairs": sum(d.contact_boundary > config.max_contact_boundary for d in decided),
         "merged_segments": len(merges[0]),
         "merged_objects": len(set(merges[1].tolist())),  # what they became
         "fov_evaluations": sum(d.fov_evaluations for d in decided),

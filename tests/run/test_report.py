@@ -73,6 +73,23 @@ def test_the_report_says_where_a_training_went_on_at_another_world_size(tmp_path
     assert "300 steps from scratch on 2 rank(s) (1 rank(s) at first, 2 from step 150)" in report
 
 
+def test_the_report_counts_the_fovs_not_evaluated_and_the_pairs_not_filled(tmp_path):
+    """`min_unseen_share` and `max_contact_boundary` save FOV evaluations: the report says how
+    many, beside those made."""
+    (tmp_path / "inference").mkdir()
+    (tmp_path / "agglomerate").mkdir()
+    inference = {"seconds": 10.0, "voxels_per_second": 100.0, "fov_evaluations": 1601,
+                 "fovs_seen_enough": 2514}  # fmt: skip
+    stitched = {"stitch": {"blocks": 1, "objects": 60}, "inference": inference}
+    (tmp_path / "inference/stitch.json").write_text(json.dumps(stitched))
+    second = {"pairs": 121, "screened_pairs": 95, "merged_pairs": 2, "merged_segments": 3,
+              "merged_objects": 1, "fov_evaluations": 125, "pairs_decided": True}  # fmt: skip
+    (tmp_path / "agglomerate/agglomerate.json").write_text(json.dumps(second))
+    report = write_report(tmp_path).read_text()
+    assert "1601 FOV evaluations (2514 more the floods had seen were not evaluated)" in report
+    assert "121 touching pairs tested (95 not filled: membrane across their contact)" in report
+
+
 def test_every_app_the_workflow_plans_belongs_to_a_stage_of_the_report():
     """A task whose app has no stage would be left out of the report's stage times."""
     import dataclasses
