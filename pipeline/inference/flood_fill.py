@@ -553,7 +553,9 @@ class Canvas:
         known = self.logits[self._fov(pos)]
         return np.where(np.isnan(known), self.pad_logit, known)
 
-    def _seen_enough(self, batch: list[tuple[int, ...]], start: tuple[int, ...]) -> list:
+    def _seen_enough(
+        self, batch: list[tuple[int, ...]], start: tuple[int, ...]
+    ) -> list[tuple[int, ...]]:
         """Remove from `batch` and return the FOVs with less than `min_unseen_share` of their
         voxels new to the flood (never the seed's), in order."""
         share = self.config.min_unseen_share
