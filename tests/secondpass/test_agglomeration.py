@@ -38,6 +38,7 @@ from pipeline.secondpass.agglomeration import (
     PairDecision,
     candidate_pairs,
     consensus_labels,
+    contact_boundary,
     core_contacts,
     decide_pairs,
     fill_unsegmented,
@@ -268,6 +269,19 @@ def test_contacts_across_a_gap():
     table = candidate_pairs(segmentation, max_gap=1)
     np.testing.assert_array_equal(table.ids, [[1, 2]])
     np.testing.assert_array_equal(table.contacts, [9])
+
+
+def test_a_contacts_boundary_is_the_mean_across_it_gap_included():
+    """One contact face to face, one across a background voxel: each the mean of its voxels from
+    A's to B's; a third segment's contacts do not count; no contact, -1."""
+    labels = np.array([[[1, 2, 0, 0], [1, 0, 2, 0], [3, 3, 3, 3]]], np.uint64)
+    boundary = np.arange(12, dtype=np.float32).reshape(1, 3, 4) / 12
+    face, across = (0 + 1) / 2 / 12, (4 + 5 + 6) / 3 / 12
+    assert contact_boundary(labels, boundary, (1, 2), max_gap=1) == pytest.approx(
+        (face + across) / 2
+    )
+    assert contact_boundary(labels, boundary, (1, 2), max_gap=0) == pytest.approx(face)
+    assert contact_boundary(labels, boundary, (1, 4), max_gap=1) == -1
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])
