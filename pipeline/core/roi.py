@@ -37,6 +37,11 @@ class Roi:
         return cls(tuple(b[0] for b in bounds), tuple(b[1] for b in bounds))
 
     @classmethod
+    def of(cls, box: tuple[slice, ...]) -> "Roi":
+        """The ROI of a box of slices (starts and stops given)."""
+        return cls(tuple(s.start for s in box), tuple(s.stop for s in box))
+
+    @classmethod
     def whole(cls, shape: Sequence[int]) -> "Roi":
         return cls((0, 0, 0), tuple(int(s) for s in shape))
 
@@ -100,7 +105,7 @@ def with_context(
 ) -> tuple[tuple[slice, ...], tuple[slice, ...]]:
     """`box` with `margin` voxels more on every side, as far as the volume of `shape` goes, and
     where `box` lies within that."""
-    roi = Roi(tuple(s.start for s in box), tuple(s.stop for s in box))
+    roi = Roi.of(box)
     grown = roi.grown((margin,) * len(box), shape)
     return grown.slices, roi.relative_to(grown).slices
 

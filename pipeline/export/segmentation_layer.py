@@ -161,10 +161,6 @@ def check_replaceable(final: Path) -> None:
         raise PrecomputedError(f"{final}: exists and is not an export; refusing to replace it")
 
 
-def _roi(region: tuple[slice, ...]) -> Roi:
-    return Roi(tuple(s.start for s in region), tuple(s.stop for s in region))
-
-
 def chunk_files(box: Roi, scale: Scale, key: str, gzip: bool) -> list[str]:
     """The chunk files (relative to the layer) that writing `box` (voxels of `scale`) makes."""
     ranges = [
@@ -246,13 +242,13 @@ class SegmentationWriter:
         # (z, y, x) in C order is (x, y, z) in Fortran order: a view, no copy.
         data = np.asarray(ids, np.uint64).T
         if self.region_zyx:
-            write_shard(self._layer, 0, _roi(region), data)
+            write_shard(self._layer, 0, Roi.of(region), data)
         else:
             self._volume[tuple(region[::-1])] = data
 
     def chunk_names(self, region: tuple[slice, ...]) -> list[str]:
         """The files (relative to the layer) that writing `region` makes."""
-        return stitched_files(self._volume, _roi(region), self._scale, self._key, self._gzip)
+        return stitched_files(self._volume, Roi.of(region), self._scale, self._key, self._gzip)
 
     def digest(self, name: str) -> str | None:
         """sha256 of chunk file `name` (`chunk_names`), None when it is missing."""

@@ -495,8 +495,7 @@ class Canvas:
     def _evaluate(self, batch: list[tuple[int, ...]]) -> np.ndarray:
         boxes = [self._fov(pos) for pos in batch]
         images = np.stack([self.image[box] for box in boxes])[..., None]
-        seeds = np.stack([self.logits[box] for box in boxes])[..., None]
-        seeds[np.isnan(seeds)] = self.pad_logit
+        seeds = np.stack([self._known(pos) for pos in batch])[..., None]
         logits = np.asarray(self.predict(images, seeds))
         if logits.shape != images.shape:
             raise InferenceError(

@@ -48,7 +48,7 @@ from skimage.segmentation import watershed
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import ConfigError, VolumeShapeError
-from pipeline.core.roi import with_context
+from pipeline.core.roi import Roi, with_context
 from pipeline.inference.blocks import BlockGrid
 from pipeline.inference.flood_fill import Canvas, InferenceConfig, Predictor
 from pipeline.inference.stitching import block_core
@@ -446,9 +446,7 @@ def pair_measures(
     if config.screens_contacts:
         if read_boundary is None:
             raise ConfigError("max_contact_boundary screens pairs by a boundary map: none given")
-        near_global = tuple(
-            slice(w.start + n.start, w.start + n.stop) for w, n in zip(window, near, strict=True)
-        )
+        near_global = Roi.of(near).within(Roi.of(window)).slices
         screened = contact_boundary(
             labels[near], read_boundary(near_global), (a, b), config.max_gap
         )
@@ -515,10 +513,11 @@ def _read_once(read: Reader, boxes: Sequence[Box]) -> Reader:
     a forest's prediction: once over a core costs less than once per pair)."""
     start = np.min([[s.start for s in box] for box in boxes], axis=0)
     stop = np.max([[s.stop for s in box] for box in boxes], axis=0)
-    whole = read(tuple(slice(int(a), int(b)) for a, b in zip(start, stop, strict=True)))
+    region = Roi(tuple(int(a) for a in start), tuple(int(b) for b in stop))
+    whole = read(region.slices)
 
     def within(box: Box) -> np.ndarray:
-        return whole[tuple(slice(s.start - a, s.stop - a) for s, a in zip(box, start, strict=True))]
+        return whole[Roi.of(box).relative_to(region).slices]
 
     return within
 
